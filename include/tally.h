@@ -1,0 +1,237 @@
+/*
+ * tally: a caching GPU memory allocator that knows who owns every byte.
+ *
+ * This is the one public header. Every function returns promptly and never
+ * prints except through the diagnostics sink (tally_set_sink). Functions that
+ * return int use 0 for success and a negative TALLY_E* code for failure; the
+ * reason is then available from tally_last_error() on the calling thread.
+ *
+ * The library initialises itself on first use (reading TALLY_CONF once);
+ * tally_init() does it explicitly. Every function is thread-safe.
+ */
+#ifndef TALLY_H
+#define TALLY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TALLY_VERSION_MAJOR 0
+#define TALLY_VERSION_MINOR 1
+#define TALLY_VERSION_PATCH 0
+#define TALLY_VERSION "0.1.0"
+
+#if defined(TALLY_BUILDING_LIBRARY)
+#define TALLY_API __attribute__((visibility("default")))
+#else
+#define TALLY_API
+#endif
+
+/* Error codes (returned negated by int functions). */
+enum {
+    TALLY_OK = 0,
+    TALLY_EINVAL = 1,   /* bad argument: size, device, pointer, name */
+    TALLY_ENOMEM = 2,   /* device (or metadata) memory exhausted */
+    TALLY_ECONF = 3,    /* bad configuration key or value */
+    TALLY_EBACKEND = 4, /* the backend failed for a reason other than memory */
+    TALLY_ESTATE = 5,   /* call not valid in the current state */
+    TALLY_EIO = 6       /* a file could not be read or written */
+};
+
+/* ---- Version, set-up, errors, diagnostics ------------------------------ */
+
+/* The library's version string, e.g. "0.1.0" (equal to TALLY_VERSION). */
+TALLY_API const char *tally_version(void);
+
+/* Initialise explicitly: read TALLY_CONF, pick the backend. Called implicitly
+ * by every other function; returns 0, or a negative code if the configuration
+ * or backend is unusable (the message says which). */
+TALLY_API int tally_init(void);
+
+/* Set configuration keys, in TALLY_CONF syntax ("key:value,key:value").
+ * Before initialisation any key may be set; afterwards only keys marked
+ * "runtime" in docs/configuration.md (memory fraction, gc threshold, leak
+ * report, ...). Every key and value is validated; on error nothing changes. */
+TALLY_API int tally_configure(const char *conf);
+
+/* The configuration in effect, as "key:value" lines, through the sink given.
+ * write(arg, text, len) receives the text in pieces. */
+typedef void (*tally_write_fn)(void *arg, const char *text, size_t len);
+TALLY_API int tally_write_options(tally_write_fn write, void *arg);
+
+/* The message of the last failed call on this thread ("" if none). */
+TALLY_API const char *tally_last_error(void);
+
+/* Where diagnostics go (one line per message, ending in '\n'). NULL restores
+ * the default, stderr. */
+TALLY_API void tally_set_sink(tally_write_fn write, void *arg);
+
+/* Name of the backend in use: "host", "cuda" or "async" (initialises). */
+TALLY_API const char *tally_backend_name(void);
+
+/* Number of devices the backend exposes (initialises); negative on error. */
+TALLY_API int tally_device_count(void);
+
+/* ---- Allocation --------------------------------------------------------- */
+
+/* Allocate size bytes on device for use on stream (NULL: the default
+ * stream). Returns NULL for size 0 (not an error), and NULL with an error for
+ * a bad device, a size that is negative when read as ssize_t, or when the
+ * device is out of memory after freeing the cache (the OOM report is written
+ * to the sink). The memory is 512-byte aligned. */
+TALLY_API void *tally_malloc(size_t size, int device, void *stream);
+
+/* Return a block. NULL is ignored. A pointer tally never returned, or one
+ * already freed, is reported on the sink and ignored. */
+TALLY_API void tally_free(void *ptr);
+
+/* As tally_free, and also check that size and device agree with the record
+ * (size is the size asked for at allocation, device its device). A mismatch
+ * is reported; the block is still freed from the record's facts. Returns 0, or
+ * -TALLY_EINVAL for an unknown pointer / double free / mismatch. */
+TALLY_API int tally_free_checked(void *ptr, size_t size, int device);
+
+/* Mark the block as used on stream: it will be reused only after the work
+ * queued on stream at the time of its free has completed. */
+TALLY_API int tally_record_stream(void *ptr, void *stream);
+
+/* Release every fully free cached segment of device (-1: every device) to the
+ * backend, after waiting for pending stream events. Returns bytes released. */
+TALLY_API size_t tally_empty_cache(int device);
+
+/* Limit device's reserved memory to fraction (0..1] of its capacity; 0 or
+ * above 1 is an error. */
+TALLY_API int tally_set_memory_fraction(double fraction, int device);
+
+/* Free and total memory of the device as the backend reports it. */
+TALLY_API int tally_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes);
+
+/* Facts about one live block: its device, stream, requested and rounded size. */
+typedef struct tally_block_info {
+    int device;
+    void *stream;
+    size_t requested_size;
+    size_t size;
+    uint32_t tag;    /* interned tag id (tally_tag_name gives the text) */
+    uint32_t stage;  /* interned stage id */
+    uint64_t seq;    /* allocation sequence number on its device */
+} tally_block_info_t;
+TALLY_API int tally_block_info(const void *ptr, tally_block_info_t *info);
+
+/* Walk every device's segments and blocks and verify the invariants (block
+ * chains, sizes, free index, pointer map, statistics against a recount).
+ * Returns 0, or -TALLY_ESTATE with the first violation in tally_last_error(). */
+TALLY_API int tally_check(void);
+
+/* ---- Statistics (torch.cuda.memory_stats, same definitions) -------------- */
+
+typedef struct tally_stat {
+    int64_t current, peak, allocated, freed;
+} tally_stat_t;
+
+/* Index into the per-pool arrays below. */
+enum { TALLY_POOL_ALL = 0, TALLY_POOL_SMALL = 1, TALLY_POOL_LARGE = 2, TALLY_POOL_COUNT = 3 };
+
+/* The pool-indexed statistics, in PyTorch's order. X(name) */
+#define TALLY_POOL_STATS(X) \
+    X(allocation) X(segment) X(active) X(inactive_split) X(allocated_bytes) \
+    X(reserved_bytes) X(active_bytes) X(inactive_split_bytes) X(requested_bytes)
+
+typedef struct tally_stats {
+#define TALLY_X_(name) tally_stat_t name[TALLY_POOL_COUNT];
+    TALLY_POOL_STATS(TALLY_X_)
+#undef TALLY_X_
+    tally_stat_t oversize_allocations;
+    tally_stat_t oversize_segments;
+    int64_t num_alloc_retries;
+    int64_t num_ooms;
+    int64_t max_split_size;       /* -1 when unlimited */
+    int64_t num_sync_all_streams;
+    int64_t num_device_alloc;
+    int64_t num_device_free;
+    /* Fragmentation figures PyTorch lacks. */
+    int64_t largest_free_block;   /* bytes, largest cached free block */
+    int64_t cached_free_bytes;    /* reserved - active */
+    double utilisation;           /* peak allocated / peak reserved (0 if none) */
+} tally_stats_t;
+
+/* Fill *out with device's statistics (a consistent snapshot). */
+TALLY_API int tally_get_stats(int device, tally_stats_t *out);
+
+/* Set every peak to its current value (torch.cuda.reset_peak_memory_stats). */
+TALLY_API int tally_reset_peak_stats(int device);
+
+/* Zero allocated / freed counts and the num_* scalars
+ * (torch.cuda.reset_accumulated_memory_stats). */
+TALLY_API int tally_reset_accumulated_stats(int device);
+
+/* The statistics as one flat JSON object with torch.cuda.memory_stats keys
+ * ("allocation.all.current": 3, ...), sorted as PyTorch sorts them. */
+TALLY_API int tally_write_stats_json(int device, tally_write_fn write, void *arg);
+
+/* ---- Ownership ledger: tags and stages ----------------------------------- */
+
+/* Push tag onto the calling thread's tag stack: blocks this thread allocates
+ * belong to the innermost tag (untagged blocks show as "untagged"). Names are
+ * 1-200 printable characters, interned once. */
+TALLY_API int tally_tag_push(const char *tag);
+
+/* Pop the calling thread's innermost tag; an empty stack is an error. */
+TALLY_API int tally_tag_pop(void);
+
+/* Begin a stage (process-wide stack): blocks allocated from now on, by any
+ * thread, record it as their stage until it ends or a nested one begins. */
+TALLY_API int tally_stage_begin(const char *name);
+
+/* End the innermost stage, which must be called name (else an error naming
+ * the innermost). Reports the stage's survivors (blocks allocated during it,
+ * nested stages included, still live; persistent tags left out) to the sink
+ * when stage_report is on, and releases cached segments when
+ * release_at_stage_end is on. */
+TALLY_API int tally_stage_end(const char *name);
+
+/* The text of an interned tag or stage id (as in tally_block_info_t). */
+TALLY_API const char *tally_tag_name(uint32_t id);
+TALLY_API const char *tally_stage_name(uint32_t id);
+
+/* ---- Reports ------------------------------------------------------------ */
+
+/* device's statistics as the table torch.cuda.memory_summary(device,
+ * abbreviated) returns, byte for byte: lines of 75 columns between '|' bars,
+ * each ending in '\n' (a number too wide for its cell widens its line, as in
+ * PyTorch). abbreviated != 0 leaves out the "from large pool" and "from small
+ * pool" rows. The text reaches write(arg, text, len) in pieces. Returns 0, or
+ * the negative code of tally_get_stats (e.g. for a bad device). */
+TALLY_API int tally_write_summary(int device, int abbreviated, tally_write_fn write, void *arg);
+
+/* The ledger by tag x stage x device (current, peak, blocks; foreign rows
+ * marked) and the stage history, as text. */
+TALLY_API int tally_write_ledger(tally_write_fn write, void *arg);
+
+/* The leak report of every live block, grouped by (tag, stage, device,
+ * site), largest first (full != 0), or only its SUMMARY line. */
+TALLY_API int tally_write_leaks(int full, tally_write_fn write, void *arg);
+
+/* Write the JSON report (docs/reports.md) to path; NULL uses report_path.
+ * %p in the path becomes the pid, %r the rank (RANK, else 0). The file is
+ * replaced atomically. */
+TALLY_API int tally_write_report(const char *path);
+
+/* ---- Host backend controls (simulated devices; no effect on cuda) -------- */
+
+/* While held (hold != 0), events recorded on stream stay pending, as if the
+ * stream had queued work; releasing completes them. Lets tests and replays
+ * model cross-stream reuse without a GPU. */
+TALLY_API int tally_host_stream_hold(void *stream, int hold);
+
+/* Make the Nth backend allocation from now fail with out-of-memory (1 = the
+ * next one); 0 cancels. every != 0 repeats the failure every `every` calls. */
+TALLY_API int tally_host_fail_alloc(uint64_t nth, uint64_t every);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TALLY_H */

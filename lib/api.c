@@ -1,0 +1,495 @@
+/* The public C API: initialisation (options, backend choice, devices),
+ * argument checks, and the lock around each call into the cache. Bad input
+ * is rejected here with one line naming the problem; the cache below only
+ * ever sees valid devices, sizes and blocks. */
+#include "ledger.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+tally_global_t tally__g = {.once = PTHREAD_ONCE_INIT};
+
+static pthread_once_t options_once = PTHREAD_ONCE_INIT;
+static int options_rc;
+static char options_error[512];
+static _Atomic int initialised;
+
+const char *tally_version(void)
+{
+    return TALLY_VERSION;
+}
+
+/* Defaults, then TALLY_CONF; once, before anything else. */
+static void load_options(void)
+{
+    tally__options_default(&tally__opt);
+    const char *conf = getenv("TALLY_CONF");
+    if (conf && *conf) {
+        options_rc = tally__options_parse(&tally__opt, conf, false);
+        if (options_rc)
+            snprintf(options_error, sizeof options_error, "TALLY_CONF: %s", tally_last_error());
+    }
+}
+
+static int apply_fraction_locked(tally_device_t *d, double fraction)
+{
+    size_t free_b = 0, total = 0;
+    if (tally__g.backend->mem_info(d->id, &free_b, &total))
+        return tally__fail(TALLY_EBACKEND, "memory fraction: cannot read the capacity of device %d", d->id);
+    d->fraction = fraction;
+    d->allowed_max = fraction > 0 && fraction < 1.0 ? (uint64_t)(fraction * (double)total) : UINT64_MAX;
+    if (fraction == 0)
+        d->allowed_max = 0;
+    return 0;
+}
+
+static const tally_backend_t *choose_backend(char *why, size_t whylen)
+{
+    switch (tally__opt.backend) {
+    case TALLY_BACKEND_HOST:
+        return &tally__backend_host;
+    case TALLY_BACKEND_CUDA:
+#ifdef TALLY_HAVE_CUDA
+        return &tally__backend_cuda;
+#else
+        snprintf(why, whylen, "backend cuda: this build has no CUDA support (no CUDA found at build time)");
+        return NULL;
+#endif
+    case TALLY_BACKEND_ASYNC:
+        snprintf(why, whylen, "backend async: not available in this build yet");
+        return NULL;
+    default:
+        break;
+    }
+#ifdef TALLY_HAVE_CUDA
+    char probe[200];
+    if (tally__cuda_probe(probe, sizeof probe)) {
+        tally__diag("backend auto: using cuda (%s)", probe);
+        return &tally__backend_cuda;
+    }
+    tally__diag("backend auto: using host, simulated devices (%s)", probe);
+#else
+    tally__diag("backend auto: using host, simulated devices (built without CUDA)");
+#endif
+    (void)why;
+    (void)whylen;
+    return &tally__backend_host;
+}
+
+void tally__exit_register(void);
+
+static void do_init(void)
+{
+    pthread_once(&options_once, load_options);
+    if (options_rc) {
+        tally__g.init_rc = options_rc;
+        snprintf(tally__g.init_error, sizeof tally__g.init_error, "%s", options_error);
+        return;
+    }
+    char why[256] = "";
+    const tally_backend_t *be = choose_backend(why, sizeof why);
+    if (!be || be->init(&tally__opt, why, sizeof why)) {
+        tally__g.init_rc = -TALLY_EBACKEND;
+        snprintf(tally__g.init_error, sizeof tally__g.init_error, "%s", why[0] ? why : "backend init failed");
+        tally__diag("%s", tally__g.init_error);
+        return;
+    }
+    tally__g.backend = be;
+    int n = be->device_count();
+    if (n > TALLY_MAX_DEVICES)
+        n = TALLY_MAX_DEVICES;
+    for (int i = 0; i < n; i++) {
+        tally_device_t *d = tally__meta_calloc(sizeof *d);
+        if (!d || tally__ptrmap_init(&d->map, 1024) || tally__ledger_device_init(d)) {
+            tally__g.init_rc = -TALLY_ENOMEM;
+            snprintf(tally__g.init_error, sizeof tally__g.init_error, "out of host memory at initialisation");
+            return;
+        }
+        pthread_mutex_init(&d->lock, NULL);
+        d->id = i;
+        d->small.kind = TALLY_POOL_SMALL;
+        d->large.kind = TALLY_POOL_LARGE;
+        d->allowed_max = UINT64_MAX;
+        d->stats.max_split_size = tally__opt.max_split_size == UINT64_MAX ? -1 : (int64_t)tally__opt.max_split_size;
+        tally__g.dev[i] = d;
+    }
+    tally__g.ndev = n;
+    if (tally__opt.memory_fraction > 0)
+        for (int i = 0; i < n; i++)
+            apply_fraction_locked(tally__g.dev[i], tally__opt.memory_fraction);
+    if (tally__opt.home_device == -2) {
+        const char *lr = getenv("LOCAL_RANK");
+        char *end;
+        long v = lr ? strtol(lr, &end, 10) : -1;
+        tally__opt.home_device = (lr && *lr && !*end && v >= 0 && v < TALLY_MAX_DEVICES) ? (int)v : -1;
+    }
+    tally__exit_register();
+    atomic_store(&initialised, 1);
+}
+
+int tally__ensure_init(void)
+{
+    pthread_once(&tally__g.once, do_init);
+    if (TALLY_UNLIKELY(tally__g.init_rc))
+        return tally__fail_quiet(-tally__g.init_rc, "%s", tally__g.init_error);
+    return 0;
+}
+
+int tally_init(void)
+{
+    return tally__ensure_init();
+}
+
+bool tally__is_initialised(void)
+{
+    return atomic_load(&initialised) != 0;
+}
+
+int tally_configure(const char *conf)
+{
+    if (!conf)
+        return tally__fail(TALLY_EINVAL, "tally_configure: conf is NULL");
+    pthread_once(&options_once, load_options);
+    if (!tally__is_initialised())
+        return tally__options_parse(&tally__opt, conf, false);
+    tally_options_t next = tally__opt;
+    int rc = tally__options_parse(&next, conf, true);
+    if (rc)
+        return rc;
+    if (next.memory_fraction != tally__opt.memory_fraction) {
+        for (int i = 0; i < tally__g.ndev; i++) {
+            tally_device_t *d = tally__g.dev[i];
+            tally__mutex_lock(&d->lock);
+            apply_fraction_locked(d, next.memory_fraction);
+            tally__mutex_unlock(&d->lock);
+        }
+    }
+    if (next.home_device == -2) {
+        const char *lr = getenv("LOCAL_RANK");
+        next.home_device = lr && *lr ? atoi(lr) : -1;
+    }
+    tally__opt = next;
+    return 0;
+}
+
+int tally_write_options(tally_write_fn write, void *arg)
+{
+    if (!write)
+        return tally__fail(TALLY_EINVAL, "tally_write_options: write is NULL");
+    pthread_once(&options_once, load_options);
+    tally_out_t o;
+    tally__out_init(&o, write, arg);
+    return tally__options_write(&tally__opt, &o);
+}
+
+const char *tally_backend_name(void)
+{
+    if (tally__ensure_init())
+        return "none";
+    return tally__g.backend->name;
+}
+
+int tally_device_count(void)
+{
+    int rc = tally__ensure_init();
+    return rc ? rc : tally__g.ndev;
+}
+
+/* The device, or NULL with an error naming the call and the number. */
+tally_device_t *tally__device(int device, const char *fn)
+{
+    if (tally__ensure_init())
+        return NULL;
+    if (device < 0 || device >= tally__g.ndev) {
+        tally__fail(TALLY_EINVAL, "%s: device %d does not exist (backend %s has %d device%s)", fn, device,
+                    tally__g.backend->name, tally__g.ndev, tally__g.ndev == 1 ? "" : "s");
+        return NULL;
+    }
+    return tally__g.dev[device];
+}
+
+void *tally_malloc(size_t size, int device, void *stream)
+{
+    if (size == 0)
+        return NULL;
+    if (TALLY_UNLIKELY((ssize_t)size < 0)) {
+        tally__fail(TALLY_EINVAL, "tally_malloc: size %zu is negative as a signed size (%zd)", size, (ssize_t)size);
+        return NULL;
+    }
+    tally_device_t *d = tally__device(device, "tally_malloc");
+    if (!d)
+        return NULL;
+    tally__mutex_lock(&d->lock);
+    tally_block_t *b = tally__cache_malloc_locked(d, size, stream);
+    void *p = b ? (void *)b->addr : NULL;
+    tally__mutex_unlock(&d->lock);
+    return p;
+}
+
+/* ---- finding a block by pointer ----------------------------------------- */
+
+static _Thread_local int last_device;
+
+/* Lock the device holding ptr's live block and return the block (the lock
+ * stays held), or NULL with no lock held. take removes it from the map. */
+static tally_block_t *find_live(uintptr_t a, bool take, tally_device_t **out)
+{
+    int n = tally__g.ndev;
+    int start = last_device < n ? last_device : 0;
+    for (int k = 0; k < n; k++) {
+        int i = (start + k) % n;
+        tally_device_t *d = tally__g.dev[i];
+        tally__mutex_lock(&d->lock);
+        tally_block_t *b = take ? tally__ptrmap_take(&d->map, a) : tally__ptrmap_get(&d->map, a);
+        if (b) {
+            last_device = i;
+            *out = d;
+            return b;
+        }
+        tally__mutex_unlock(&d->lock);
+    }
+    return NULL;
+}
+
+/* Why ptr is not a live block: a double free (naming its owner), a pointer
+ * inside a segment, or one tally never returned. */
+static int bad_pointer(const char *fn, uintptr_t a)
+{
+    for (int i = 0; i < tally__g.ndev; i++) {
+        tally_device_t *d = tally__g.dev[i];
+        tally__mutex_lock(&d->lock);
+        for (uint32_t k = 0; k < TALLY_FREED_RING; k++) {
+            /* Newest first, so the report names the latest owner. */
+            tally_freed_t *f = &d->freed[(d->freed_next - 1 - k) % TALLY_FREED_RING];
+            if (f->addr == a && f->seq) {
+                tally_freed_t copy = *f;
+                tally__mutex_unlock(&d->lock);
+                return tally__fail(TALLY_EINVAL,
+                                   "%s: double free of %p (device %d, %zu bytes, tag %s, stage %s, allocation #%llu)",
+                                   fn, (void *)a, i, copy.size, tally__tag_name(copy.tag),
+                                   tally__stage_name(copy.stage), (unsigned long long)copy.seq);
+            }
+        }
+        tally_segment_t *s = tally__cache_segment_of_locked(d, a);
+        tally__mutex_unlock(&d->lock);
+        if (s)
+            return tally__fail(TALLY_EINVAL,
+                               "%s: %p is inside a segment of device %d but is not the start of a live block "
+                               "(double free or interior pointer)",
+                               fn, (void *)a, i);
+    }
+    return tally__fail(TALLY_EINVAL, "%s: pointer %p was not allocated by tally", fn, (void *)a);
+}
+
+void tally_free(void *ptr)
+{
+    if (!ptr || tally__ensure_init())
+        return;
+    tally_device_t *d;
+    tally_block_t *b = find_live((uintptr_t)ptr, true, &d);
+    if (!b) {
+        bad_pointer("tally_free", (uintptr_t)ptr);
+        return;
+    }
+    tally__cache_free_locked(d, b);
+    tally__mutex_unlock(&d->lock);
+}
+
+int tally_free_checked(void *ptr, size_t size, int device)
+{
+    if (!ptr)
+        return 0;
+    int rc = tally__ensure_init();
+    if (rc)
+        return rc;
+    tally_device_t *d;
+    tally_block_t *b = find_live((uintptr_t)ptr, true, &d);
+    if (!b)
+        return bad_pointer("tally_free", (uintptr_t)ptr);
+    size_t req = b->requested;
+    tally__cache_free_locked(d, b);
+    tally__mutex_unlock(&d->lock);
+    if (device != d->id)
+        return tally__fail(TALLY_EINVAL, "tally_free: %p belongs to device %d, not %d as the caller says (freed anyway)",
+                           ptr, d->id, device);
+    if (size != req)
+        return tally__fail(TALLY_EINVAL, "tally_free: %p was allocated with %zu bytes, not %zu as the caller says "
+                           "(freed anyway)", ptr, req, size);
+    return 0;
+}
+
+int tally_record_stream(void *ptr, void *stream)
+{
+    int rc = tally__ensure_init();
+    if (rc)
+        return rc;
+    if (!ptr)
+        return tally__fail(TALLY_EINVAL, "tally_record_stream: pointer is NULL");
+    tally_device_t *d;
+    tally_block_t *b = find_live((uintptr_t)ptr, false, &d);
+    if (!b)
+        return bad_pointer("tally_record_stream", (uintptr_t)ptr);
+    rc = tally__cache_record_stream_locked(d, b, stream);
+    tally__mutex_unlock(&d->lock);
+    return rc;
+}
+
+int tally_block_info(const void *ptr, tally_block_info_t *info)
+{
+    int rc = tally__ensure_init();
+    if (rc)
+        return rc;
+    if (!ptr || !info)
+        return tally__fail(TALLY_EINVAL, "tally_block_info: NULL argument");
+    tally_device_t *d;
+    tally_block_t *b = find_live((uintptr_t)ptr, false, &d);
+    if (!b)
+        return tally__fail_quiet(TALLY_EINVAL, "tally_block_info: %p is not a live block", ptr);
+    info->device = d->id;
+    info->stream = b->stream;
+    info->requested_size = b->requested;
+    info->size = b->size;
+    info->tag = b->tag;
+    info->stage = b->stage;
+    info->seq = b->seq;
+    tally__mutex_unlock(&d->lock);
+    return 0;
+}
+
+size_t tally_empty_cache(int device)
+{
+    if (tally__ensure_init())
+        return 0;
+    if (device != -1 && !tally__device(device, "tally_empty_cache"))
+        return 0;
+    size_t released = 0;
+    for (int i = 0; i < tally__g.ndev; i++) {
+        if (device != -1 && device != i)
+            continue;
+        tally_device_t *d = tally__g.dev[i];
+        tally__mutex_lock(&d->lock);
+        released += tally__cache_release_all_locked(d);
+        tally__mutex_unlock(&d->lock);
+    }
+    return released;
+}
+
+int tally_set_memory_fraction(double fraction, int device)
+{
+    if (!(fraction >= 0.0 && fraction <= 1.0))
+        return tally__fail(TALLY_EINVAL, "tally_set_memory_fraction: fraction %g is not in [0, 1]", fraction);
+    tally_device_t *d = tally__device(device, "tally_set_memory_fraction");
+    if (!d)
+        return -TALLY_EINVAL;
+    tally__mutex_lock(&d->lock);
+    int rc = apply_fraction_locked(d, fraction);
+    tally__mutex_unlock(&d->lock);
+    return rc;
+}
+
+int tally_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes)
+{
+    if (!free_bytes || !total_bytes)
+        return tally__fail(TALLY_EINVAL, "tally_mem_get_info: NULL argument");
+    tally_device_t *d = tally__device(device, "tally_mem_get_info");
+    if (!d)
+        return -TALLY_EINVAL;
+    tally__mutex_lock(&d->lock);
+    int rc = tally__g.backend->mem_info(device, free_bytes, total_bytes);
+    tally__mutex_unlock(&d->lock);
+    return rc ? tally__fail(TALLY_EBACKEND, "tally_mem_get_info: backend failed on device %d", device) : 0;
+}
+
+int tally_check(void)
+{
+    int rc = tally__ensure_init();
+    if (rc)
+        return rc;
+    char why[400];
+    for (int i = 0; i < tally__g.ndev; i++) {
+        tally_device_t *d = tally__g.dev[i];
+        tally__mutex_lock(&d->lock);
+        rc = tally__cache_check_locked(d, why, sizeof why);
+        tally__mutex_unlock(&d->lock);
+        if (rc)
+            return tally__fail(TALLY_ESTATE, "tally_check: device %d: %s", i, why);
+    }
+    return 0;
+}
+
+int tally_get_stats(int device, tally_stats_t *out)
+{
+    if (!out)
+        return tally__fail(TALLY_EINVAL, "tally_get_stats: out is NULL");
+    tally_device_t *d = tally__device(device, "tally_get_stats");
+    if (!d)
+        return -TALLY_EINVAL;
+    tally__mutex_lock(&d->lock);
+    tally__cache_fill_derived_locked(d, out);
+    tally__mutex_unlock(&d->lock);
+    return 0;
+}
+
+int tally_reset_peak_stats(int device)
+{
+    tally_device_t *d = tally__device(device, "tally_reset_peak_stats");
+    if (!d)
+        return -TALLY_EINVAL;
+    tally__mutex_lock(&d->lock);
+    tally__stats_reset_peak(&d->stats);
+    tally__mutex_unlock(&d->lock);
+    return 0;
+}
+
+int tally_reset_accumulated_stats(int device)
+{
+    tally_device_t *d = tally__device(device, "tally_reset_accumulated_stats");
+    if (!d)
+        return -TALLY_EINVAL;
+    tally__mutex_lock(&d->lock);
+    tally__stats_reset_accumulated(&d->stats);
+    d->accum_reset = true;
+    tally__mutex_unlock(&d->lock);
+    return 0;
+}
+
+int tally_write_stats_json(int device, tally_write_fn write, void *arg)
+{
+    tally_stats_t s;
+    if (!write)
+        return tally__fail(TALLY_EINVAL, "tally_write_stats_json: write is NULL");
+    int rc = tally_get_stats(device, &s);
+    if (rc)
+        return rc;
+    tally_out_t o;
+    tally__out_init(&o, write, arg);
+    tally__stats_json(&s, &o);
+    tally__out_flush(&o);
+    return o.failed ? -TALLY_ENOMEM : 0;
+}
+
+static int need_host(const char *fn)
+{
+    int rc = tally__ensure_init();
+    if (rc)
+        return rc;
+    if (tally__g.backend != &tally__backend_host)
+        return tally__fail(TALLY_ESTATE, "%s: only the host backend has this control (backend is %s)", fn,
+                           tally__g.backend->name);
+    return 0;
+}
+
+int tally_host_stream_hold(void *stream, int hold)
+{
+    int rc = need_host("tally_host_stream_hold");
+    return rc ? rc : tally__host_stream_hold(stream, hold);
+}
+
+int tally_host_fail_alloc(uint64_t nth, uint64_t every)
+{
+    int rc = need_host("tally_host_fail_alloc");
+    return rc ? rc : tally__host_fail_alloc(nth, every);
+}

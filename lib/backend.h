@@ -1,0 +1,48 @@
+/* The backend contract: where device memory comes from. The cache calls
+ * nothing else to reach a device. Every function returns 0 on success;
+ * alloc returns TALLY_ENOMEM (positive) when the device is out of memory and
+ * TALLY_EBACKEND for any other failure, with a reason in `why`.
+ *
+ * Preconditions: device is in [0, device_count). Functions that touch a
+ * device select it around the call and restore the caller's current device.
+ * alloc / free / event functions are called with the device's lock held,
+ * except shutdown. None of them may be called from an exit handler when the
+ * backend says can_exit_call is false (CUDA may already be torn down). */
+#ifndef TALLY_BACKEND_H
+#define TALLY_BACKEND_H
+
+#include "internal.h"
+
+typedef struct tally_backend {
+    const char *name;
+    bool can_exit_call;
+    /* Prepare; fill why on failure. */
+    int (*init)(const tally_options_t *opt, char *why, size_t whylen);
+    int (*device_count)(void);
+    int (*alloc)(int device, size_t size, void *stream, void **ptr, char *why, size_t whylen);
+    int (*free)(int device, void *ptr, size_t size, void *stream);
+    int (*mem_info)(int device, size_t *free_bytes, size_t *total_bytes);
+    /* Events: created on the device, recorded on a stream; query returns 0
+     * when complete, 1 while pending, negative on error. */
+    int (*event_create)(int device, void **event);
+    int (*event_record)(int device, void *event, void *stream);
+    int (*event_query)(int device, void *event);
+    int (*event_sync)(int device, void *event);
+    int (*event_destroy)(int device, void *event);
+    /* Wait for all work on device. */
+    int (*synchronize)(int device);
+    void (*shutdown)(void);
+} tally_backend_t;
+
+extern const tally_backend_t tally__backend_host;
+#ifdef TALLY_HAVE_CUDA
+extern const tally_backend_t tally__backend_cuda;
+/* Non-zero when a CUDA device is visible; why says what was seen. */
+int tally__cuda_probe(char *why, size_t whylen);
+#endif
+
+/* Host backend controls (backend_host.c), reached through the public API. */
+int tally__host_stream_hold(void *stream, int hold);
+int tally__host_fail_alloc(uint64_t nth, uint64_t every);
+
+#endif

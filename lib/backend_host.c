@@ -1,0 +1,249 @@
+/* The host backend: simulated devices in host memory, so the whole cache,
+ * ledger and report stack runs and is tested without a GPU.
+ *
+ * - backed mode: segments are anonymous private mappings the program may
+ *   read and write (pages are committed by the OS on first touch).
+ * - virtual mode: segments are PROT_NONE reservations with MAP_NORESERVE,
+ *   never touched, so an 80 GiB trace replays on a 24 GiB machine.
+ * Each simulated device has a capacity; allocation beyond it is an OOM.
+ * Streams are opaque pointers. An event completes at once unless its stream
+ * is held (tally_host_stream_hold), which models queued work. Fault injection
+ * fails chosen allocation calls with out-of-memory. */
+#include "backend.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+typedef struct host_event {
+    void *stream;
+    uint64_t ticket; /* the stream's hold generation when recorded */
+    int device;
+    bool pending;
+} host_event_t;
+
+#define HOLD_SLOTS 64
+typedef struct hold_slot {
+    void *stream;
+    uint64_t generation; /* bumps on every release */
+    int held;
+} hold_slot_t;
+
+static tally_mutex_t host_lock = TALLY_MUTEX_INIT;
+static int ndev;
+static uint64_t capacity;
+static int mode;
+static uint64_t used[TALLY_MAX_DEVICES];
+static hold_slot_t holds[HOLD_SLOTS];
+static uint64_t fail_countdown, fail_every;
+
+static int host_init(const tally_options_t *opt, char *why, size_t whylen)
+{
+    tally__mutex_lock(&host_lock);
+    ndev = opt->host_devices;
+    capacity = opt->host_capacity;
+    mode = opt->host_mode;
+    memset(used, 0, sizeof used);
+    tally__mutex_unlock(&host_lock);
+    (void)why;
+    (void)whylen;
+    return 0;
+}
+
+static int host_device_count(void)
+{
+    return ndev;
+}
+
+/* Returns true when this call is the injected failure. */
+static bool fault_fires_locked(void)
+{
+    if (!fail_countdown)
+        return false;
+    if (--fail_countdown)
+        return false;
+    fail_countdown = fail_every;
+    return true;
+}
+
+static int host_alloc(int device, size_t size, void *stream, void **ptr, char *why, size_t whylen)
+{
+    (void)stream;
+    tally__mutex_lock(&host_lock);
+    if (fault_fires_locked()) {
+        tally__mutex_unlock(&host_lock);
+        snprintf(why, whylen, "injected allocation failure");
+        return TALLY_ENOMEM;
+    }
+    if (size > capacity - used[device]) {
+        tally__mutex_unlock(&host_lock);
+        snprintf(why, whylen, "simulated device %d is full (%llu of %llu bytes in use, %zu asked)", device,
+                 (unsigned long long)used[device], (unsigned long long)capacity, size);
+        return TALLY_ENOMEM;
+    }
+    used[device] += size;
+    tally__mutex_unlock(&host_lock);
+    int prot = mode == TALLY_HOST_VIRTUAL ? PROT_NONE : PROT_READ | PROT_WRITE;
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+    void *p = mmap(NULL, size, prot, flags, -1, 0);
+    if (p == MAP_FAILED) {
+        int err = errno;
+        tally__mutex_lock(&host_lock);
+        used[device] -= size;
+        tally__mutex_unlock(&host_lock);
+        snprintf(why, whylen, "mmap of %zu bytes failed: %s", size, strerror(err));
+        return TALLY_ENOMEM;
+    }
+    *ptr = p;
+    return 0;
+}
+
+static int host_free(int device, void *ptr, size_t size, void *stream)
+{
+    (void)stream;
+    munmap(ptr, size);
+    tally__mutex_lock(&host_lock);
+    used[device] -= size;
+    tally__mutex_unlock(&host_lock);
+    return 0;
+}
+
+static int host_mem_info(int device, size_t *free_bytes, size_t *total_bytes)
+{
+    tally__mutex_lock(&host_lock);
+    *free_bytes = (size_t)(capacity - used[device]);
+    *total_bytes = (size_t)capacity;
+    tally__mutex_unlock(&host_lock);
+    return 0;
+}
+
+static hold_slot_t *find_hold_locked(void *stream, bool create)
+{
+    hold_slot_t *empty = NULL;
+    for (int i = 0; i < HOLD_SLOTS; i++) {
+        if (holds[i].stream == stream && (holds[i].held || holds[i].generation))
+            return &holds[i];
+        if (!empty && !holds[i].held && !holds[i].generation)
+            empty = &holds[i];
+    }
+    if (create && empty) {
+        empty->stream = stream;
+        return empty;
+    }
+    return NULL;
+}
+
+static int host_event_create(int device, void **event)
+{
+    host_event_t *e = tally__meta_calloc(sizeof *e);
+    if (!e)
+        return TALLY_ENOMEM;
+    e->device = device;
+    *event = e;
+    return 0;
+}
+
+static int host_event_record(int device, void *event, void *stream)
+{
+    (void)device;
+    host_event_t *e = event;
+    tally__mutex_lock(&host_lock);
+    hold_slot_t *h = find_hold_locked(stream, false);
+    e->stream = stream;
+    e->pending = h && h->held;
+    e->ticket = h ? h->generation : 0;
+    tally__mutex_unlock(&host_lock);
+    return 0;
+}
+
+static int host_event_query(int device, void *event)
+{
+    (void)device;
+    host_event_t *e = event;
+    if (!e->pending)
+        return 0;
+    tally__mutex_lock(&host_lock);
+    hold_slot_t *h = find_hold_locked(e->stream, false);
+    /* Complete once the stream's hold that covered it was released. */
+    if (!h || h->generation != e->ticket)
+        e->pending = false;
+    tally__mutex_unlock(&host_lock);
+    return e->pending ? 1 : 0;
+}
+
+static int host_event_sync(int device, void *event)
+{
+    /* Waiting on a held stream models a host thread blocking until the
+     * queued work finishes: the work is taken as done. */
+    host_event_t *e = event;
+    (void)device;
+    e->pending = false;
+    return 0;
+}
+
+static int host_event_destroy(int device, void *event)
+{
+    (void)device;
+    tally__meta_free(event);
+    return 0;
+}
+
+static int host_synchronize(int device)
+{
+    (void)device;
+    return 0;
+}
+
+static void host_shutdown(void)
+{
+}
+
+int tally__host_stream_hold(void *stream, int hold)
+{
+    tally__mutex_lock(&host_lock);
+    hold_slot_t *h = find_hold_locked(stream, hold != 0);
+    if (!h) {
+        tally__mutex_unlock(&host_lock);
+        if (!hold)
+            return 0;
+        return tally__fail(TALLY_ENOMEM, "host backend: more than %d held streams", HOLD_SLOTS);
+    }
+    if (hold) {
+        h->held = 1;
+        if (!h->generation)
+            h->generation = 1;
+    } else if (h->held) {
+        h->held = 0;
+        h->generation++;
+    }
+    tally__mutex_unlock(&host_lock);
+    return 0;
+}
+
+int tally__host_fail_alloc(uint64_t nth, uint64_t every)
+{
+    tally__mutex_lock(&host_lock);
+    fail_countdown = nth;
+    fail_every = every;
+    tally__mutex_unlock(&host_lock);
+    return 0;
+}
+
+const tally_backend_t tally__backend_host = {
+    .name = "host",
+    .can_exit_call = true,
+    .init = host_init,
+    .device_count = host_device_count,
+    .alloc = host_alloc,
+    .free = host_free,
+    .mem_info = host_mem_info,
+    .event_create = host_event_create,
+    .event_record = host_event_record,
+    .event_query = host_event_query,
+    .event_sync = host_event_sync,
+    .event_destroy = host_event_destroy,
+    .synchronize = host_synchronize,
+    .shutdown = host_shutdown,
+};

@@ -1,0 +1,627 @@
+/* The caching allocator, with PyTorch's native semantics as the baseline
+ * (docs/architecture.md): 512-byte rounding (optionally power-of-two
+ * divisions), a small pool (<= 1 MiB, 2 MiB segments) and a large pool
+ * (20 MiB segments under 10 MiB, else 2 MiB-rounded), best fit per stream,
+ * splitting and merging, max_split_size, garbage collection under a memory
+ * fraction, the release-and-retry sequence before an OOM, and stream events
+ * that hold a block back until other streams are done with it.
+ * Every function here runs with the device's lock held. */
+#include "cache.h"
+#include "ledger.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define MIN_BLOCK 512u
+#define SMALL_SIZE ((size_t)1 << 20)
+#define SMALL_BUFFER ((size_t)2 << 20)
+#define LARGE_BUFFER ((size_t)20 << 20)
+#define MIN_LARGE_ALLOC ((size_t)10 << 20)
+#define ROUND_LARGE ((size_t)2 << 20)
+
+static inline int floor_log2(size_t x)
+{
+    return 63 - __builtin_clzll((unsigned long long)x);
+}
+
+size_t tally__round_size(size_t size)
+{
+    if (size < MIN_BLOCK)
+        return MIN_BLOCK;
+    int idx = floor_log2(size) - 20;
+    if (idx < 0)
+        idx = 0;
+    if (idx >= TALLY_ROUNDUP_INTERVALS)
+        idx = TALLY_ROUNDUP_INTERVALS - 1;
+    size_t div = tally__opt.roundup_divisions[idx];
+    if (div > 1 && size > (size_t)MIN_BLOCK * div) {
+        if ((size & (size - 1)) == 0)
+            return size;
+        size_t floor2 = (size_t)1 << floor_log2(size);
+        size_t step = floor2 >> floor_log2(div);
+        if (step == 0)
+            return floor2 << 1;
+        size_t r = size & ~(step - 1);
+        return r == size ? size : r + step;
+    }
+    return (size + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
+}
+
+size_t tally__segment_size(size_t rounded)
+{
+    if (rounded <= SMALL_SIZE)
+        return SMALL_BUFFER;
+    if (rounded < MIN_LARGE_ALLOC)
+        return LARGE_BUFFER;
+    return (rounded + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
+}
+
+static inline tally_pool_t *pool_of(tally_device_t *d, int kind)
+{
+    return kind == TALLY_POOL_SMALL ? &d->small : &d->large;
+}
+
+/* ---- block records ------------------------------------------------------- */
+
+static tally_block_t *block_new(tally_device_t *d)
+{
+    if (!d->spare_blocks) {
+        enum { BATCH = 64 };
+        tally_block_t *batch = tally__meta_alloc(BATCH * sizeof *batch);
+        if (!batch)
+            return NULL;
+        for (int i = 0; i < BATCH; i++) {
+            batch[i].next = d->spare_blocks;
+            d->spare_blocks = &batch[i];
+        }
+    }
+    tally_block_t *b = d->spare_blocks;
+    d->spare_blocks = b->next;
+    memset(b, 0, sizeof *b);
+    return b;
+}
+
+static void block_delete(tally_device_t *d, tally_block_t *b)
+{
+    tally__meta_free(b->uses);
+    b->uses = NULL;
+    b->next = d->spare_blocks;
+    d->spare_blocks = b;
+}
+
+/* ---- segments ------------------------------------------------------------ */
+
+static void segment_link(tally_device_t *d, tally_segment_t *s)
+{
+    s->prev = NULL;
+    s->next = d->segments;
+    if (d->segments)
+        d->segments->prev = s;
+    d->segments = s;
+    d->nsegments++;
+}
+
+static void segment_unlink(tally_device_t *d, tally_segment_t *s)
+{
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        d->segments = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    d->nsegments--;
+}
+
+tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t addr)
+{
+    for (tally_segment_t *s = d->segments; s; s = s->next)
+        if (addr >= s->base && addr - s->base < s->size)
+            return s;
+    return NULL;
+}
+
+/* Return a whole-segment free block to the backend. */
+static void release_block(tally_device_t *d, tally_block_t *b)
+{
+    tally_segment_t *s = b->seg;
+    tally_pool_t *p = pool_of(d, b->pool);
+    d->stats.num_device_free++;
+    tally__g.backend->free(d->id, (void *)b->addr, b->size, b->stream);
+    d->reserved -= b->size;
+    tally__stat_pool(d->stats.segment, b->pool, -1);
+    tally__stat_pool(d->stats.reserved_bytes, b->pool, -(int64_t)b->size);
+    if (b->size >= tally__opt.max_split_size)
+        tally__stat_add(&d->stats.oversize_segments, -1);
+    tally__pool_erase(p, b);
+    tally__timeline_locked(d, TALLY_EV_SEGMENT_FREE, b->addr, b->size, b->stream);
+    segment_unlink(d, s);
+    tally__meta_free(s);
+    block_delete(d, b);
+}
+
+/* Blocks are collected first: releasing changes the pool being walked. */
+typedef struct collect {
+    tally_block_t **items;
+    size_t n, cap;
+    size_t min_size;
+} collect_t;
+
+static void collect_whole(tally_block_t *b, void *arg)
+{
+    collect_t *c = arg;
+    if (b->prev || b->next || b->size < c->min_size)
+        return;
+    if (c->n < c->cap)
+        c->items[c->n++] = b;
+}
+
+static size_t release_pool(tally_device_t *d, tally_pool_t *p)
+{
+    if (!p->count)
+        return 0;
+    collect_t c = {tally__meta_alloc(p->count * sizeof(tally_block_t *)), 0, p->count, 0};
+    if (!c.items)
+        return 0;
+    tally__pool_walk(p, collect_whole, &c);
+    size_t released = 0;
+    for (size_t i = 0; i < c.n; i++) {
+        released += c.items[i]->size;
+        release_block(d, c.items[i]);
+    }
+    tally__meta_free(c.items);
+    return released;
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+static void free_block(tally_device_t *d, tally_block_t *b);
+
+static tally_event_entry_t *entry_new(tally_device_t *d)
+{
+    tally_event_entry_t *e = d->spare_entries;
+    if (e) {
+        d->spare_entries = e->next;
+        return e;
+    }
+    return tally__meta_alloc(sizeof *e);
+}
+
+static void event_put_back(tally_device_t *d, void *event)
+{
+    if (d->nspare_events == d->cap_spare_events) {
+        size_t cap = d->cap_spare_events ? d->cap_spare_events * 2 : 16;
+        void **grown = tally__meta_alloc(cap * sizeof *grown);
+        if (!grown) {
+            tally__g.backend->event_destroy(d->id, event);
+            return;
+        }
+        if (d->nspare_events)
+            memcpy(grown, d->spare_events, d->nspare_events * sizeof *grown);
+        tally__meta_free(d->spare_events);
+        d->spare_events = grown;
+        d->cap_spare_events = cap;
+    }
+    d->spare_events[d->nspare_events++] = event;
+}
+
+/* Record one event per stream the block was used on; the block stays active
+ * until they complete. Returns 0, or -1 if no event could be made (the
+ * caller then waits for the device instead). */
+static int insert_events(tally_device_t *d, tally_block_t *b)
+{
+    for (uint16_t i = 0; i < b->nuses; i++) {
+        void *ev = NULL;
+        if (d->nspare_events)
+            ev = d->spare_events[--d->nspare_events];
+        else if (tally__g.backend->event_create(d->id, &ev))
+            ev = NULL;
+        tally_event_entry_t *e = ev ? entry_new(d) : NULL;
+        if (!e || tally__g.backend->event_record(d->id, ev, b->uses[i])) {
+            if (ev)
+                event_put_back(d, ev);
+            tally__meta_free(e);
+            tally__g.backend->synchronize(d->id);
+            continue;
+        }
+        e->event = ev;
+        e->block = b;
+        e->next = NULL;
+        if (d->events_tail)
+            d->events_tail->next = e;
+        else
+            d->events_head = e;
+        d->events_tail = e;
+        b->event_count++;
+    }
+    b->nuses = 0;
+    return 0;
+}
+
+/* Resolve completed events (all of them when wait is set); free blocks
+ * whose last event completed. */
+static void process_events(tally_device_t *d, bool wait)
+{
+    tally_event_entry_t **link = &d->events_head, *last = NULL;
+    while (*link) {
+        tally_event_entry_t *e = *link;
+        int done = wait ? tally__g.backend->event_sync(d->id, e->event)
+                        : tally__g.backend->event_query(d->id, e->event);
+        if (done != 0 && !(done < 0 && wait)) {
+            last = e;
+            link = &e->next;
+            continue;
+        }
+        *link = e->next;
+        tally_block_t *b = e->block;
+        event_put_back(d, e->event);
+        e->next = d->spare_entries;
+        d->spare_entries = e;
+        if (--b->event_count == 0)
+            free_block(d, b);
+    }
+    d->events_tail = last;
+}
+
+static void synchronize_and_free_events(tally_device_t *d)
+{
+    d->stats.num_sync_all_streams++;
+    process_events(d, true);
+}
+
+/* ---- free ---------------------------------------------------------------- */
+
+static size_t try_merge(tally_device_t *d, tally_block_t *dst, tally_block_t *src)
+{
+    if (!src || src->state != BLOCK_FREE)
+        return 0;
+    if (src == dst->prev) {
+        dst->addr = src->addr;
+        dst->prev = src->prev;
+        if (dst->prev)
+            dst->prev->next = dst;
+        else
+            dst->seg->head = dst;
+    } else {
+        dst->next = src->next;
+        if (dst->next)
+            dst->next->prev = dst;
+    }
+    size_t subsumed = src->size;
+    dst->size += subsumed;
+    tally__pool_erase(pool_of(d, src->pool), src);
+    block_delete(d, src);
+    return subsumed;
+}
+
+/* Put a block whose user is done (and whose events completed) into its pool,
+ * merging with free neighbours. */
+static void free_block(tally_device_t *d, tally_block_t *b)
+{
+    size_t original = b->size;
+    int64_t dblocks = 0, dbytes = 0;
+    tally_block_t *cands[2] = {b->prev, b->next};
+    for (int i = 0; i < 2; i++) {
+        size_t s = try_merge(d, b, cands[i]);
+        if (s) {
+            dblocks -= 1;
+            dbytes -= (int64_t)s;
+        }
+    }
+    b->state = BLOCK_FREE;
+    tally__pool_insert(pool_of(d, b->pool), b);
+    if (b->prev || b->next) {
+        dblocks += 1;
+        dbytes += (int64_t)b->size;
+    }
+    if (dblocks)
+        tally__stat_pool(d->stats.inactive_split, b->pool, dblocks);
+    if (dbytes)
+        tally__stat_pool(d->stats.inactive_split_bytes, b->pool, dbytes);
+    tally__stat_pool(d->stats.active, b->pool, -1);
+    tally__stat_pool(d->stats.active_bytes, b->pool, -(int64_t)original);
+    tally__stat_pool(d->stats.requested_bytes, b->pool, -(int64_t)b->requested);
+}
+
+void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
+{
+    tally__stat_pool(d->stats.allocation, b->pool, -1);
+    tally__stat_pool(d->stats.allocated_bytes, b->pool, -(int64_t)b->size);
+    if (b->size >= tally__opt.max_split_size)
+        tally__stat_add(&d->stats.oversize_allocations, -1);
+    tally__ledger_on_free_locked(d, b);
+    tally__timeline_locked(d, TALLY_EV_FREE, b->addr, b->size, b->stream);
+    tally_freed_t *f = &d->freed[d->freed_next++ % TALLY_FREED_RING];
+    f->addr = b->addr;
+    f->size = b->requested;
+    f->tag = b->tag;
+    f->stage = b->stage;
+    f->seq = b->seq;
+    if (b->nuses) {
+        b->state = BLOCK_PENDING;
+        insert_events(d, b);
+        if (b->event_count)
+            return;
+    }
+    free_block(d, b);
+}
+
+int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void *stream)
+{
+    if (stream == b->stream)
+        return 0;
+    for (uint16_t i = 0; i < b->nuses; i++)
+        if (b->uses[i] == stream)
+            return 0;
+    if (b->nuses == b->cap_uses) {
+        if (b->cap_uses >= 4096)
+            return tally__fail(TALLY_EINVAL, "record_stream: block %p already used on %u streams", (void *)b->addr,
+                               b->nuses);
+        uint16_t cap = b->cap_uses ? (uint16_t)(b->cap_uses * 2) : 4;
+        void **grown = tally__meta_alloc(cap * sizeof *grown);
+        if (!grown)
+            return tally__fail(TALLY_ENOMEM, "record_stream: out of host memory");
+        if (b->nuses)
+            memcpy(grown, b->uses, b->nuses * sizeof *grown);
+        tally__meta_free(b->uses);
+        b->uses = grown;
+        b->cap_uses = cap;
+    }
+    b->uses[b->nuses++] = stream;
+    return 0;
+}
+
+/* ---- allocate ------------------------------------------------------------ */
+
+typedef struct alloc_params {
+    void *stream;
+    size_t size;       /* rounded request */
+    size_t alloc_size; /* segment size if a new one is needed */
+    int pool;
+    tally_block_t *block;
+    int err;           /* TALLY_ENOMEM or TALLY_EBACKEND after a failed backend call */
+    char why[256];
+} alloc_params_t;
+
+static bool gc_enabled(tally_device_t *d)
+{
+    return d->allowed_max != UINT64_MAX && tally__opt.gc_threshold > 0;
+}
+
+static bool get_free_block(tally_device_t *d, alloc_params_t *p)
+{
+    tally_pool_t *pool = pool_of(d, p->pool);
+    if (gc_enabled(d))
+        pool->get_free_calls++;
+    tally_block_t *b = tally__pool_lower_bound(pool, p->stream, p->size);
+    if (!b || b->stream != p->stream)
+        return false;
+    uint64_t msplit = tally__opt.max_split_size;
+    if (p->size < msplit && b->size >= msplit)
+        return false;
+    if (p->size >= msplit && b->size >= p->size + tally__opt.max_non_split_rounding)
+        return false;
+    tally__pool_erase(pool, b);
+    p->block = b;
+    return true;
+}
+
+static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
+{
+    size_t size = p->alloc_size;
+    if (retry)
+        d->stats.num_alloc_retries++;
+    if (d->allowed_max != UINT64_MAX && d->reserved + size > d->allowed_max) {
+        p->err = TALLY_ENOMEM;
+        snprintf(p->why, sizeof p->why, "memory fraction limit of %llu bytes reached",
+                 (unsigned long long)d->allowed_max);
+        return false;
+    }
+    void *ptr = NULL;
+    int rc = tally__g.backend->alloc(d->id, size, p->stream, &ptr, p->why, sizeof p->why);
+    if (rc) {
+        p->err = rc;
+        return false;
+    }
+    tally_segment_t *s = tally__meta_calloc(sizeof *s);
+    tally_block_t *b = s ? block_new(d) : NULL;
+    if (!b) {
+        tally__meta_free(s);
+        tally__g.backend->free(d->id, ptr, size, p->stream);
+        p->err = TALLY_ENOMEM;
+        snprintf(p->why, sizeof p->why, "out of host memory for metadata");
+        return false;
+    }
+    s->base = (uintptr_t)ptr;
+    s->size = size;
+    s->stream = p->stream;
+    s->pool = (uint8_t)p->pool;
+    s->device = d->id;
+    s->head = b;
+    segment_link(d, s);
+    b->addr = (uintptr_t)ptr;
+    b->size = size;
+    b->stream = p->stream;
+    b->seg = s;
+    b->pool = (uint8_t)p->pool;
+    d->reserved += size;
+    tally__stat_pool(d->stats.segment, p->pool, 1);
+    tally__stat_pool(d->stats.reserved_bytes, p->pool, (int64_t)size);
+    if (size >= tally__opt.max_split_size)
+        tally__stat_add(&d->stats.oversize_segments, 1);
+    d->stats.num_device_alloc++;
+    tally__timeline_locked(d, TALLY_EV_SEGMENT_ALLOC, b->addr, size, p->stream);
+    p->block = b;
+    return true;
+}
+
+/* With max_split_size set: free one cached oversize block big enough for the
+ * request, or several of the largest ones that together are. */
+static bool release_available_cached_blocks(tally_device_t *d, alloc_params_t *p)
+{
+    uint64_t msplit = tally__opt.max_split_size;
+    if (msplit == UINT64_MAX)
+        return false;
+    tally_pool_t *pool = pool_of(d, p->pool);
+    size_t want = p->size < msplit ? (size_t)msplit : p->size;
+    tally_block_t *b = tally__pool_lower_bound(pool, p->stream, want);
+    if (b && b->stream == p->stream) {
+        release_block(d, b);
+        return true;
+    }
+    size_t released = 0;
+    tally_block_t *cur = b ? tally__pool_before(pool, b->stream, b->size, b->addr)
+                           : tally__pool_before(pool, (void *)UINTPTR_MAX, SIZE_MAX, UINTPTR_MAX);
+    while (released < want && cur && cur->size >= msplit && cur->stream == p->stream) {
+        tally_block_t *prev = tally__pool_before(pool, cur->stream, cur->size, cur->addr);
+        if (cur->prev || cur->next) {
+            cur = prev;
+            continue;
+        }
+        released += cur->size;
+        release_block(d, cur);
+        cur = prev;
+    }
+    return released >= want;
+}
+
+static void garbage_collect(tally_device_t *d)
+{
+    uint64_t threshold = (uint64_t)(tally__opt.gc_threshold * (double)d->allowed_max);
+    if (d->reserved <= threshold)
+        return;
+    uint64_t target = d->reserved - threshold, reclaimed = 0;
+    tally_pool_t *pool = &d->large;
+    collect_t c = {tally__meta_alloc((pool->count + 1) * sizeof(tally_block_t *)), 0, pool->count, 0};
+    if (!c.items)
+        return;
+    tally__pool_walk(pool, collect_whole, &c);
+    double total_age = 0;
+    size_t n = c.n;
+    for (size_t i = 0; i < c.n; i++)
+        total_age += (double)(pool->get_free_calls - c.items[i]->gc_base);
+    bool freed = true;
+    while (reclaimed < target && freed && n > 0) {
+        double age_threshold = total_age / (double)n;
+        freed = false;
+        for (size_t i = 0; i < c.n; i++) {
+            tally_block_t *b = c.items[i];
+            if (!b)
+                continue;
+            double age = (double)(pool->get_free_calls - b->gc_base);
+            if (age >= age_threshold) {
+                freed = true;
+                reclaimed += b->size;
+                total_age -= age;
+                n--;
+                c.items[i] = NULL;
+                release_block(d, b);
+            }
+        }
+    }
+    tally__meta_free(c.items);
+}
+
+size_t tally__cache_release_all_locked(tally_device_t *d)
+{
+    synchronize_and_free_events(d);
+    size_t released = release_pool(d, &d->large);
+    released += release_pool(d, &d->small);
+    return released;
+}
+
+static bool should_split(const tally_block_t *b, size_t size)
+{
+    size_t remaining = b->size - size;
+    if (b->pool == TALLY_POOL_SMALL)
+        return remaining >= MIN_BLOCK;
+    return size < tally__opt.max_split_size && remaining > SMALL_SIZE;
+}
+
+tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *stream)
+{
+    if (d->events_head)
+        process_events(d, false);
+    alloc_params_t p;
+    p.stream = stream;
+    p.size = tally__round_size(orig);
+    p.pool = p.size <= SMALL_SIZE ? TALLY_POOL_SMALL : TALLY_POOL_LARGE;
+    p.alloc_size = tally__segment_size(p.size);
+    p.block = NULL;
+    p.err = 0;
+    p.why[0] = 0;
+    bool found = get_free_block(d, &p);
+    if (!found) {
+        if (gc_enabled(d))
+            garbage_collect(d);
+        found = alloc_block(d, &p, false) ||
+                (p.err == TALLY_ENOMEM && release_available_cached_blocks(d, &p) && alloc_block(d, &p, false)) ||
+                (p.err == TALLY_ENOMEM && (tally__cache_release_all_locked(d), true) && alloc_block(d, &p, true));
+    }
+    if (!found) {
+        if (p.err == TALLY_ENOMEM) {
+            d->stats.num_ooms++;
+            tally__timeline_locked(d, TALLY_EV_OOM, 0, p.alloc_size, stream);
+            tally__report_oom_locked(d, orig, p.size, p.alloc_size, p.why);
+            tally__fail_quiet(TALLY_ENOMEM, "out of memory on device %d: %zu bytes asked (%s)", d->id, orig, p.why);
+        } else {
+            tally__fail(TALLY_EBACKEND, "device %d: backend error: %s", d->id, p.why);
+        }
+        return NULL;
+    }
+    tally_block_t *b = p.block;
+    bool already_split = b->prev || b->next;
+    if (should_split(b, p.size)) {
+        tally_block_t *rest = block_new(d);
+        if (rest) {
+            /* The front piece is handed out; the rest goes back to the pool. */
+            rest->addr = b->addr + p.size;
+            rest->size = b->size - p.size;
+            rest->stream = b->stream;
+            rest->seg = b->seg;
+            rest->pool = b->pool;
+            rest->state = BLOCK_FREE;
+            rest->prev = b;
+            rest->next = b->next;
+            if (rest->next)
+                rest->next->prev = rest;
+            b->next = rest;
+            b->size = p.size;
+            tally__pool_insert(pool_of(d, b->pool), rest);
+            if (already_split) {
+                tally__stat_pool(d->stats.inactive_split_bytes, b->pool, -(int64_t)b->size);
+            } else {
+                tally__stat_pool(d->stats.inactive_split_bytes, b->pool, (int64_t)rest->size);
+                tally__stat_pool(d->stats.inactive_split, b->pool, 1);
+            }
+        } else if (already_split) {
+            /* No record for the remainder: hand out the whole block. */
+            tally__stat_pool(d->stats.inactive_split_bytes, b->pool, -(int64_t)b->size);
+            tally__stat_pool(d->stats.inactive_split, b->pool, -1);
+        }
+    } else if (already_split) {
+        tally__stat_pool(d->stats.inactive_split_bytes, b->pool, -(int64_t)b->size);
+        tally__stat_pool(d->stats.inactive_split, b->pool, -1);
+    }
+    if (tally__ptrmap_put(&d->map, b->addr, b)) {
+        /* Cannot track it: put it back and fail cleanly. */
+        b->requested = 0;
+        tally__stat_pool(d->stats.active, b->pool, 1);
+        tally__stat_pool(d->stats.active_bytes, b->pool, (int64_t)b->size);
+        free_block(d, b);
+        tally__fail(TALLY_ENOMEM, "out of host memory for the pointer map");
+        return NULL;
+    }
+    b->state = BLOCK_ALLOCATED;
+    b->requested = orig;
+    b->seq = ++d->seq;
+    tally__stat_pool(d->stats.allocation, b->pool, 1);
+    tally__stat_pool(d->stats.allocated_bytes, b->pool, (int64_t)b->size);
+    tally__stat_pool(d->stats.active, b->pool, 1);
+    tally__stat_pool(d->stats.active_bytes, b->pool, (int64_t)b->size);
+    tally__stat_pool(d->stats.requested_bytes, b->pool, (int64_t)orig);
+    if (b->size >= tally__opt.max_split_size)
+        tally__stat_add(&d->stats.oversize_allocations, 1);
+    tally__ledger_on_alloc_locked(d, b);
+    tally__timeline_locked(d, TALLY_EV_ALLOC, b->addr, b->size, stream);
+    return b;
+}

@@ -1,0 +1,145 @@
+/* The caching layer's data: segments (one backend allocation each), blocks
+ * (pieces of a segment, chained by address), pools of free blocks ordered by
+ * (stream, size, address), the pointer map of handed-out blocks, and the
+ * per-device state that one lock protects. Functions ending in _locked need
+ * that device's lock held. */
+#ifndef TALLY_CACHE_H
+#define TALLY_CACHE_H
+
+#include "backend.h"
+#include "internal.h"
+
+enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2 };
+
+typedef struct tally_segment tally_segment_t;
+typedef struct tally_block tally_block_t;
+
+struct tally_block {
+    uintptr_t addr;
+    size_t size;      /* bytes of the block (rounded) */
+    size_t requested; /* bytes asked for */
+    void *stream;
+    tally_segment_t *seg;
+    tally_block_t *prev, *next;  /* address neighbours in the segment */
+    tally_block_t *left, *right; /* free-pool treap links */
+    uint32_t prio;               /* treap priority */
+    uint8_t pool;                /* TALLY_POOL_SMALL or TALLY_POOL_LARGE */
+    uint8_t state;               /* BLOCK_* */
+    uint16_t event_count;        /* outstanding stream events */
+    uint16_t nuses, cap_uses;    /* streams recorded by record_stream */
+    void **uses;
+    uint64_t gc_base; /* pool's get-free call count when it became free */
+    /* Ledger facts (ledger.c). */
+    uint32_t tag, stage;
+    uint32_t lentry; /* index of its ledger row */
+    uint64_t seq;
+    void *site;
+};
+
+struct tally_segment {
+    uintptr_t base;
+    size_t size;
+    void *stream;
+    uint8_t pool;
+    int device;
+    tally_segment_t *prev, *next; /* device's segment list */
+    tally_block_t *head;          /* lowest-address block */
+};
+
+typedef struct tally_pool {
+    tally_block_t *root;
+    size_t count;
+    uint64_t get_free_calls;
+    uint8_t kind;
+} tally_pool_t;
+
+/* Open-addressing map from block address to block (handed-out blocks). */
+typedef struct tally_ptrmap {
+    uintptr_t *keys;
+    tally_block_t **vals;
+    size_t mask; /* capacity - 1 */
+    size_t count;
+} tally_ptrmap_t;
+
+typedef struct tally_event_entry {
+    void *event;
+    tally_block_t *block;
+    struct tally_event_entry *next;
+} tally_event_entry_t;
+
+/* Recently freed blocks, kept to name the owner in a double-free report. */
+#define TALLY_FREED_RING 1024
+typedef struct tally_freed {
+    uintptr_t addr;
+    size_t size;
+    uint32_t tag, stage;
+    uint64_t seq;
+} tally_freed_t;
+
+typedef struct tally_device {
+    tally_mutex_t lock;
+    int id;
+    tally_pool_t small, large;
+    tally_stats_t stats;
+    tally_segment_t *segments;
+    size_t nsegments;
+    tally_ptrmap_t map;
+    tally_block_t *spare_blocks;        /* free list of block records */
+    tally_event_entry_t *events_head, *events_tail;
+    tally_event_entry_t *spare_entries;
+    void **spare_events;
+    size_t nspare_events, cap_spare_events;
+    uint64_t reserved;                  /* bytes obtained from the backend */
+    uint64_t allowed_max;               /* memory-fraction cap, UINT64_MAX if none */
+    double fraction;
+    uint64_t seq;
+    bool accum_reset;                   /* allocated - freed no longer equals current */
+    tally_freed_t freed[TALLY_FREED_RING];
+    uint32_t freed_next;
+    void *ledger;                       /* ledger.c's per-device counters */
+} tally_device_t;
+
+typedef struct tally_global {
+    pthread_once_t once;
+    int init_rc;
+    char init_error[512];
+    const tally_backend_t *backend;
+    int ndev;
+    tally_device_t *dev[TALLY_MAX_DEVICES];
+} tally_global_t;
+
+extern tally_global_t tally__g;
+
+/* Initialise once (api.c); returns 0 or the init error. */
+int tally__ensure_init(void);
+
+/* tree.c: free-block pools */
+void tally__pool_insert(tally_pool_t *p, tally_block_t *b);
+void tally__pool_erase(tally_pool_t *p, tally_block_t *b);
+/* Smallest block with key >= (stream, size, 0), or NULL. */
+tally_block_t *tally__pool_lower_bound(tally_pool_t *p, void *stream, size_t size);
+/* Largest block with key < (stream, size, addr), or NULL. */
+tally_block_t *tally__pool_before(tally_pool_t *p, void *stream, size_t size, uintptr_t addr);
+/* In-order walk; fn may not modify the pool. Returns the number visited. */
+size_t tally__pool_walk(const tally_pool_t *p, void (*fn)(tally_block_t *, void *), void *arg);
+/* Verify order and heap property; returns node count or -1. */
+long tally__pool_verify(const tally_pool_t *p);
+
+/* ptrmap.c */
+int tally__ptrmap_init(tally_ptrmap_t *m, size_t capacity);
+int tally__ptrmap_put(tally_ptrmap_t *m, uintptr_t key, tally_block_t *b);
+tally_block_t *tally__ptrmap_get(const tally_ptrmap_t *m, uintptr_t key);
+tally_block_t *tally__ptrmap_take(tally_ptrmap_t *m, uintptr_t key);
+void tally__ptrmap_free(tally_ptrmap_t *m);
+
+/* cache.c */
+tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t size, void *stream);
+void tally__cache_free_locked(tally_device_t *d, tally_block_t *b);
+int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void *stream);
+size_t tally__cache_release_all_locked(tally_device_t *d);
+int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen);
+void tally__cache_fill_derived_locked(tally_device_t *d, tally_stats_t *out);
+/* The device's segment containing addr, or NULL. */
+tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t addr);
+
+#endif

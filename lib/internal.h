@@ -1,0 +1,129 @@
+/* Declarations shared between the library's files (never installed).
+ * Names: public tally_*, cross-file internals tally__*, the rest static.
+ *
+ * Lock order: a device lock (tally_device_t.lock) may be held while taking
+ * the ledger's name lock or the sink lock; never the other way round, and
+ * never two device locks at once. */
+#ifndef TALLY_INTERNAL_H
+#define TALLY_INTERNAL_H
+
+#define TALLY_BUILDING_LIBRARY 1
+#include "tally.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TALLY_INTERNAL __attribute__((visibility("hidden")))
+#define TALLY_LIKELY(x) __builtin_expect(!!(x), 1)
+#define TALLY_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---- locks ---------------------------------------------------------------- */
+typedef pthread_mutex_t tally_mutex_t;
+#define TALLY_MUTEX_INIT PTHREAD_MUTEX_INITIALIZER
+#define tally__mutex_lock(m) pthread_mutex_lock(m)
+#define tally__mutex_unlock(m) pthread_mutex_unlock(m)
+
+/* ---- host-side metadata memory (jemalloc private arena, meta.c) ----------- */
+void *tally__meta_alloc(size_t size);
+void *tally__meta_calloc(size_t size);
+void tally__meta_free(void *p);
+char *tally__meta_strdup(const char *s);
+/* Bytes of metadata currently held (for docs / tests). */
+size_t tally__meta_bytes(void);
+/* "jemalloc" when a private jemalloc arena is in use, else "tally-heap". */
+const char *tally__meta_source(void);
+
+/* ---- output and diagnostics (out.c) -------------------------------------- */
+typedef struct tally_out {
+    tally_write_fn write;
+    void *arg;
+    size_t len;
+    int failed;
+    char buf[4096];
+} tally_out_t;
+void tally__out_init(tally_out_t *o, tally_write_fn write, void *arg);
+void tally__out_write(tally_out_t *o, const char *text, size_t len);
+void tally__out_puts(tally_out_t *o, const char *text);
+void tally__out_printf(tally_out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void tally__out_json_str(tally_out_t *o, const char *s);
+void tally__out_flush(tally_out_t *o);
+void tally__write_file(void *arg, const char *text, size_t len);
+
+/* One line "tally: ..." to the sink. */
+void tally__diag(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Record the message as this thread's last error, write it to the sink, and
+ * return -code. fail_quiet records without writing. */
+int tally__fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int tally__fail_quiet(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void tally__clear_error(void);
+void tally__sink_write(const char *text, size_t len);
+void tally__sink_writer(void *arg, const char *text, size_t len);
+
+/* ---- options (options.c) ------------------------------------------------- */
+enum { TALLY_BACKEND_AUTO, TALLY_BACKEND_HOST, TALLY_BACKEND_CUDA, TALLY_BACKEND_ASYNC };
+enum { TALLY_HOST_BACKED, TALLY_HOST_VIRTUAL };
+enum { TALLY_LEAK_OFF, TALLY_LEAK_SUMMARY, TALLY_LEAK_FULL };
+#define TALLY_ROUNDUP_INTERVALS 16
+#define TALLY_MAX_DEVICES 64
+
+typedef struct tally_options {
+    int backend;
+    int host_devices;
+    uint64_t host_capacity;
+    int host_mode;
+    uint64_t max_split_size;            /* UINT64_MAX: unlimited */
+    uint64_t max_non_split_rounding;    /* oversize reuse slack, bytes */
+    double gc_threshold;                /* 0: off */
+    uint32_t roundup_divisions[TALLY_ROUNDUP_INTERVALS];
+    double memory_fraction;             /* 0: none; applies to every device */
+    int ledger;                         /* record tags / stages per block */
+    int backtrace_depth;
+    int release_at_stage_end;
+    int stage_report;
+    int leak_report;
+    int leak_exitcode;
+    int home_device;                    /* -1 none, -2 auto */
+    int timeline;
+    int timeline_events;
+    char persistent_tags[512];
+    char report_path[512];
+} tally_options_t;
+
+extern tally_options_t tally__opt;
+/* Parse conf into opt (validating every key); when runtime is set, reject
+ * keys that cannot change after initialisation. On error opt is unchanged. */
+int tally__options_parse(tally_options_t *opt, const char *conf, bool runtime);
+void tally__options_default(tally_options_t *opt);
+/* Parse a size with optional suffix (B, KB, KiB, MB, MiB, GB, GiB, TB, TiB). */
+int tally__parse_size(const char *s, uint64_t *out);
+/* The options as key:value lines with their help. */
+int tally__options_write(const tally_options_t *o, tally_out_t *out);
+/* Rounded block size and segment size for a request (cache.c). */
+size_t tally__round_size(size_t size);
+size_t tally__segment_size(size_t rounded);
+
+/* ---- statistics (stats.c) ------------------------------------------------ */
+static inline void tally__stat_add(tally_stat_t *s, int64_t amount)
+{
+    s->current += amount;
+    if (s->current > s->peak)
+        s->peak = s->current;
+    if (amount > 0)
+        s->allocated += amount;
+    else
+        s->freed -= amount;
+}
+/* Add amount to the "all" entry and to the pool's entry of a stat array. */
+static inline void tally__stat_pool(tally_stat_t *arr, int pool, int64_t amount)
+{
+    tally__stat_add(&arr[TALLY_POOL_ALL], amount);
+    tally__stat_add(&arr[pool], amount);
+}
+void tally__stats_reset_peak(tally_stats_t *s);
+void tally__stats_reset_accumulated(tally_stats_t *s);
+/* Flat JSON of memory_stats keys for s. */
+void tally__stats_json(const tally_stats_t *s, tally_out_t *o);
+
+#endif /* TALLY_INTERNAL_H */

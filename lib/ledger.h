@@ -1,0 +1,84 @@
+/* The ledger: who owns each live block. Interned tag and stage names, the
+ * per-thread tag stack, the process-wide stage stack, counters per
+ * (tag, stage, device), allocation sites, the stage history, and the
+ * bounded event timeline. Hooks named _locked run under the device lock. */
+#ifndef TALLY_LEDGER_H
+#define TALLY_LEDGER_H
+
+#include "cache.h"
+
+#include <stdatomic.h>
+
+#define TALLY_TAG_NONE 0   /* "untagged" */
+#define TALLY_STAGE_NONE 0 /* "(none)" */
+
+/* One counter row: what a (tag, stage) holds on a device. */
+typedef struct tally_ledger_entry {
+    uint32_t tag, stage;
+    tally_stat_t bytes;
+    tally_stat_t blocks;
+} tally_ledger_entry_t;
+
+typedef struct tally_ledger_dev {
+    tally_ledger_entry_t *entries;
+    uint32_t count, cap;
+    uint32_t *index; /* open addressing over entries, UINT32_MAX = empty */
+    uint32_t index_mask;
+    uint64_t last_key;
+    uint32_t last_idx;
+    /* Running peaks since the innermost stage began (see ledger.c). */
+    int64_t win_peak_alloc, win_peak_reserved;
+} tally_ledger_dev_t;
+
+/* The calling thread's innermost tag, and the process's innermost stage. */
+uint32_t tally__current_tag(void);
+extern _Atomic uint32_t tally__current_stage;
+
+void tally__ledger_on_alloc_locked(tally_device_t *d, tally_block_t *b);
+void tally__ledger_on_free_locked(tally_device_t *d, tally_block_t *b);
+int tally__ledger_device_init(tally_device_t *d);
+
+/* Names (interned once; ids are stable for the process). */
+const char *tally__tag_name(uint32_t id);
+const char *tally__stage_name(uint32_t id);
+int tally__intern_tag(const char *name, uint32_t *id);
+int tally__intern_stage(const char *name, uint32_t *id);
+bool tally__tag_is_persistent(uint32_t id);
+
+/* Allocation sites (backtraces), interned; NULL when off. */
+typedef struct tally_site tally_site_t;
+tally_site_t *tally__site_capture(int depth);
+/* Symbolised frames of a site, one per line, through out. */
+void tally__site_write(const tally_site_t *site, tally_out_t *o, const char *indent);
+/* A short one-line label of the site (first frame outside tally). */
+void tally__site_label(const tally_site_t *site, char *buf, size_t len);
+uint32_t tally__site_id(const tally_site_t *site);
+
+/* Timeline (timeline.c): a bounded ring of events per device. */
+enum {
+    TALLY_EV_ALLOC,
+    TALLY_EV_FREE,
+    TALLY_EV_SEGMENT_ALLOC,
+    TALLY_EV_SEGMENT_FREE,
+    TALLY_EV_OOM,
+    TALLY_EV_STAGE_BEGIN,
+    TALLY_EV_STAGE_END
+};
+typedef struct tally_event_rec {
+    uint64_t time_us;
+    uintptr_t addr;
+    uint64_t size;
+    void *stream;
+    uint32_t tag, stage;
+    uint8_t action;
+    int64_t allocated, reserved; /* device totals after the event */
+} tally_event_rec_t;
+void tally__timeline_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream);
+/* Copy out up to max events, oldest first; returns the count. */
+size_t tally__timeline_copy_locked(tally_device_t *d, tally_event_rec_t *out, size_t max);
+uint64_t tally__now_us(void);
+
+/* Reports written under the device lock. */
+void tally__report_oom_locked(tally_device_t *d, size_t asked, size_t rounded, size_t segment, const char *why);
+
+#endif

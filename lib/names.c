@@ -1,0 +1,250 @@
+/* Interned names and allocation sites. A tag or stage name is hashed once,
+ * when pushed or begun, and becomes a small integer; blocks and counters
+ * carry only the integer. Sites are native backtraces deduplicated by their
+ * frames and symbolised only when a report is written. Tables only grow; an
+ * id or site stays valid for the life of the process. */
+#include "ledger.h"
+
+#include <execinfo.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct intern_table {
+    char **names;     /* id -> name */
+    uint32_t count, cap;
+    uint32_t *index;  /* open addressing over ids, UINT32_MAX = empty */
+    uint32_t mask;
+} intern_table_t;
+
+static tally_mutex_t names_lock = TALLY_MUTEX_INIT;
+static intern_table_t tags, stages;
+
+static uint64_t hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static int table_grow(intern_table_t *t)
+{
+    uint32_t cap = t->cap ? t->cap * 2 : 64;
+    char **names = tally__meta_alloc(cap * sizeof *names);
+    uint32_t *index = tally__meta_alloc(cap * 2 * sizeof *index);
+    if (!names || !index) {
+        tally__meta_free(names);
+        tally__meta_free(index);
+        return -TALLY_ENOMEM;
+    }
+    memset(index, 0xff, cap * 2 * sizeof *index);
+    if (t->count)
+        memcpy(names, t->names, t->count * sizeof *names);
+    uint32_t mask = cap * 2 - 1;
+    for (uint32_t id = 0; id < t->count; id++) {
+        uint32_t i = (uint32_t)hash_str(names[id]) & mask;
+        while (index[i] != UINT32_MAX)
+            i = (i + 1) & mask;
+        index[i] = id;
+    }
+    /* Readers may hold the old names array without the lock only through
+     * name_of, which copies under the lock; safe to free. */
+    tally__meta_free(t->names);
+    tally__meta_free(t->index);
+    t->names = names;
+    t->index = index;
+    t->cap = cap;
+    t->mask = mask;
+    return 0;
+}
+
+static int intern(intern_table_t *t, const char *name, uint32_t *id)
+{
+    if (!name || !*name)
+        return tally__fail(TALLY_EINVAL, "name is empty");
+    size_t len = strlen(name);
+    if (len > 200)
+        return tally__fail(TALLY_EINVAL, "name '%.40s...' is longer than 200 characters", name);
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)name[i] < 0x20)
+            return tally__fail(TALLY_EINVAL, "name '%.40s' contains a control character", name);
+    tally__mutex_lock(&names_lock);
+    if (t->count == t->cap && table_grow(t)) {
+        tally__mutex_unlock(&names_lock);
+        return tally__fail(TALLY_ENOMEM, "out of host memory for names");
+    }
+    uint32_t i = (uint32_t)hash_str(name) & t->mask;
+    while (t->index[i] != UINT32_MAX) {
+        if (strcmp(t->names[t->index[i]], name) == 0) {
+            *id = t->index[i];
+            tally__mutex_unlock(&names_lock);
+            return 0;
+        }
+        i = (i + 1) & t->mask;
+    }
+    char *copy = tally__meta_strdup(name);
+    if (!copy) {
+        tally__mutex_unlock(&names_lock);
+        return tally__fail(TALLY_ENOMEM, "out of host memory for names");
+    }
+    t->names[t->count] = copy;
+    t->index[i] = t->count;
+    *id = t->count++;
+    tally__mutex_unlock(&names_lock);
+    return 0;
+}
+
+static pthread_once_t reserved_once = PTHREAD_ONCE_INIT;
+
+static void reserve_names(void)
+{
+    uint32_t id;
+    /* Id 0 of each table is the name reports use for "none". */
+    intern(&tags, "untagged", &id);
+    intern(&stages, "(none)", &id);
+}
+
+static void ensure_reserved(void)
+{
+    pthread_once(&reserved_once, reserve_names);
+}
+
+int tally__intern_tag(const char *name, uint32_t *id)
+{
+    ensure_reserved();
+    return intern(&tags, name, id);
+}
+
+int tally__intern_stage(const char *name, uint32_t *id)
+{
+    ensure_reserved();
+    return intern(&stages, name, id);
+}
+
+static const char *name_of(intern_table_t *t, uint32_t id, const char *fallback)
+{
+    ensure_reserved();
+    tally__mutex_lock(&names_lock);
+    /* Name strings are never freed, so the pointer outlives the lock. */
+    const char *s = id < t->count ? t->names[id] : fallback;
+    tally__mutex_unlock(&names_lock);
+    return s;
+}
+
+const char *tally__tag_name(uint32_t id)
+{
+    return name_of(&tags, id, "?");
+}
+
+const char *tally__stage_name(uint32_t id)
+{
+    return name_of(&stages, id, "?");
+}
+
+bool tally__tag_is_persistent(uint32_t id)
+{
+    const char *name = tally__tag_name(id);
+    const char *list = tally__opt.persistent_tags;
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, '|');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0)
+            return true;
+        if (!end)
+            break;
+        p = end + 1;
+    }
+    return false;
+}
+
+/* ---- allocation sites ---------------------------------------------------- */
+
+struct tally_site {
+    struct tally_site *next; /* hash chain */
+    uint64_t hash;
+    uint32_t id;
+    int depth;
+    void *frames[];
+};
+
+#define SITE_BUCKETS 4096
+static tally_mutex_t site_lock = TALLY_MUTEX_INIT;
+static tally_site_t *site_buckets[SITE_BUCKETS];
+static uint32_t site_count;
+
+tally_site_t *tally__site_capture(int depth)
+{
+    enum { SKIP = 3 }; /* this function, the ledger hook, the cache */
+    void *frames[64 + SKIP + 4];
+    if (depth <= 0)
+        return NULL;
+    int want = depth + SKIP + 4;
+    if (want > (int)(sizeof frames / sizeof frames[0]))
+        want = (int)(sizeof frames / sizeof frames[0]);
+    int n = backtrace(frames, want);
+    /* Drop the frames inside tally (those up to and including tally_malloc). */
+    int first = n > SKIP ? SKIP : 0;
+    int keep = n - first;
+    if (keep > depth)
+        keep = depth;
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < keep; i++)
+        h = (h ^ (uint64_t)(uintptr_t)frames[first + i]) * 1099511628211ull;
+    tally__mutex_lock(&site_lock);
+    tally_site_t **slot = &site_buckets[h % SITE_BUCKETS];
+    for (tally_site_t *s = *slot; s; s = s->next) {
+        if (s->hash == h && s->depth == keep && memcmp(s->frames, frames + first, (size_t)keep * sizeof(void *)) == 0) {
+            tally__mutex_unlock(&site_lock);
+            return s;
+        }
+    }
+    tally_site_t *s = tally__meta_alloc(sizeof *s + (size_t)keep * sizeof(void *));
+    if (s) {
+        s->hash = h;
+        s->depth = keep;
+        s->id = ++site_count;
+        memcpy(s->frames, frames + first, (size_t)keep * sizeof(void *));
+        s->next = *slot;
+        *slot = s;
+    }
+    tally__mutex_unlock(&site_lock);
+    return s;
+}
+
+uint32_t tally__site_id(const tally_site_t *site)
+{
+    return site ? site->id : 0;
+}
+
+void tally__site_write(const tally_site_t *site, tally_out_t *o, const char *indent)
+{
+    if (!site)
+        return;
+    char **syms = backtrace_symbols(site->frames, site->depth);
+    for (int i = 0; i < site->depth; i++)
+        tally__out_printf(o, "%s#%d %s\n", indent, i, syms ? syms[i] : "?");
+    free(syms);
+}
+
+void tally__site_label(const tally_site_t *site, char *buf, size_t len)
+{
+    if (!site || !site->depth) {
+        snprintf(buf, len, "-");
+        return;
+    }
+    char **syms = backtrace_symbols(site->frames, 1);
+    snprintf(buf, len, "%s", syms ? syms[0] : "?");
+    free(syms);
+}
+
+const char *tally_tag_name(uint32_t id)
+{
+    return tally__tag_name(id);
+}
+
+const char *tally_stage_name(uint32_t id)
+{
+    return tally__stage_name(id);
+}
