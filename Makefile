@@ -28,7 +28,7 @@ TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 SETUP    := $(BUILD)/.setup-ok
 
 .PHONY: all lib demo test test-c test-py bench asan ubsan tsan clean setup
-all: lib $(BUILD)/bin/tally $(BUILD)/bin/demo
+all: lib $(BUILD)/bin/demo $(if $(wildcard tools/tally_cli.c),$(BUILD)/bin/tally)
 
 lib: $(BUILD)/lib/libtally.so $(BUILD)/lib/libtally.a
 
@@ -68,7 +68,8 @@ demo: $(BUILD)/bin/demo
 # Each test binary runs alone (cmocka prints its own summary); the last line
 # sums them up. TEST_FILTER=summary runs test_summary only.
 test: test-c test-py
-test-c: $(TESTS) $(BUILD)/bin/tally
+test-c: $(TESTS) $(BUILD)/lib/libtally.so $(if $(wildcard tools/tally_cli.c),$(BUILD)/bin/tally)
+	@bash tests/check_exports.sh $(BUILD)/lib/libtally.so
 	@BUILD=$(BUILD) bash tests/run.sh $(TESTS)
 test-py: lib
 	@if [ -d python/tests ]; then TALLY_LIB=$(CURDIR)/$(BUILD)/lib/libtally.so PYTHONPATH=python python3 -m unittest discover -s python/tests -t python; fi

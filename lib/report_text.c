@@ -44,10 +44,15 @@ void tally__report_stage(const tally_stage_rec_t *rec, tally_out_t *o)
     tally__fmt_bytes((uint64_t)rec->peak_allocated, a, sizeof a);
     tally__fmt_bytes((uint64_t)rec->peak_reserved, b, sizeof b);
     tally__fmt_bytes(rec->survivor_bytes, c, sizeof c);
-    tally__out_printf(o, "tally: stage %s ended after %.3f s: peak allocated %s, peak reserved %s; %s in %llu block%s "
-                         "outlive%s it\n",
-                      name, (double)rec->wall_us / 1e6, a, b, c, (unsigned long long)rec->survivor_blocks,
-                      plural(rec->survivor_blocks), rec->survivor_blocks == 1 ? "s" : "");
+    if (rec->survivor_blocks)
+        tally__out_printf(o, "tally: stage %s ended after %.3f s: peak allocated %s, peak reserved %s; %s in %llu "
+                             "block%s outlive%s it\n",
+                          name, (double)rec->wall_us / 1e6, a, b, c, (unsigned long long)rec->survivor_blocks,
+                          plural(rec->survivor_blocks), rec->survivor_blocks == 1 ? "s" : "");
+    else
+        tally__out_printf(o, "tally: stage %s ended after %.3f s: peak allocated %s, peak reserved %s; nothing "
+                             "outlives it\n",
+                          name, (double)rec->wall_us / 1e6, a, b);
     for (uint32_t i = 0; i < rec->nsurv; i++) {
         const tally_survivor_t *s = &rec->surv[i];
         char f[64];
@@ -216,8 +221,10 @@ static void stage_line(const tally_stage_rec_t *rec, void *arg)
 void tally__report_ledger(tally_out_t *o)
 {
     int home = tally__opt.home_device;
-    tally__out_printf(o, "tally ledger (backend %s, home device %s%d)\n", tally__g.backend->name,
-                      home >= 0 ? "" : "none, ", home >= 0 ? home : -1);
+    char homebuf[16] = "none";
+    if (home >= 0)
+        snprintf(homebuf, sizeof homebuf, "%d", home);
+    tally__out_printf(o, "tally ledger (backend %s, home device %s)\n", tally__g.backend->name, homebuf);
     tally__out_printf(o, "%-6s %-20s %-20s %12s %12s %10s %s\n", "device", "tag", "stage", "current", "peak",
                       "blocks", "");
     for (int i = 0; i < tally__g.ndev; i++) {

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The shared library exports only tally_* symbols, and every exported
+# function is declared in include/tally.h.
+set -u
+so=${1:-build/lib/libtally.so}
+syms=$(nm -D --defined-only "$so" | awk '$2 ~ /^[TDBRVW]$/ {print $3}' | sed 's/@.*//' | sort -u)
+bad=$(printf '%s\n' "$syms" | grep -v '^tally_' || true)
+undoc=""
+for s in $syms; do
+  case "$s" in tally_*) grep -q "\b$s(" include/tally.h || undoc="$undoc $s";; esac
+done
+if [ -n "$bad" ] || [ -n "$undoc" ]; then
+  [ -n "$bad" ] && echo "exports: symbols outside tally_*: $bad"
+  [ -n "$undoc" ] && echo "exports: not declared in include/tally.h:$undoc"
+  echo "exports: FAILED"; exit 1
+fi
+echo "exports: $(printf '%s\n' "$syms" | wc -l) symbols, all tally_* and declared in include/tally.h"
