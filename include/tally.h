@@ -220,6 +220,34 @@ TALLY_API int tally_write_leaks(int full, tally_write_fn write, void *arg);
  * replaced atomically. */
 TALLY_API int tally_write_report(const char *path);
 
+/* ---- PyTorch pluggable-allocator entry points ---- */
+
+/* The functions torch.cuda.memory.CUDAPluggableAllocator(path,
+ * "tally_torch_alloc", "tally_torch_free") calls, and the hooks its
+ * allocator object's set_*_fn setters take (docs/pytorch.md).
+ *
+ * alloc: size bytes on device for stream; NULL for size 0. When it fails and
+ * the library was linked with lib/torch_oom.cc, it throws a C++ exception
+ * (std::runtime_error, "CUDA out of memory. Tried to allocate ...") that
+ * PyTorch turns into a Python RuntimeError; otherwise it returns NULL. */
+TALLY_API void *tally_torch_alloc(size_t size, int device, void *stream);
+
+/* free: frees by tally's own record; size and device are hints that may be
+ * wrong (the first disagreement of each kind is reported), and the current
+ * device does not matter. Safe at any time, also after the exit report. */
+TALLY_API void tally_torch_free(void *ptr, size_t size, int device, void *stream);
+
+/* Hooks: CUDA lazy init, torch.cuda.empty_cache(),
+ * torch.cuda.set_per_process_memory_fraction(), Tensor.record_stream(). */
+TALLY_API void tally_torch_init(int device_count);
+TALLY_API void tally_torch_empty_cache(void);
+TALLY_API void tally_torch_memory_fraction(double fraction, int device);
+TALLY_API void tally_torch_record_stream(void *ptr, void *stream);
+
+/* 1 when tally_torch_alloc raises a C++ exception on failure (lib/torch_oom.cc
+ * is linked in), 0 when it returns NULL. */
+TALLY_API int tally_torch_oom_raises(void);
+
 /* ---- Host backend controls (simulated devices; no effect on cuda) -------- */
 
 /* While held (hold != 0), events recorded on stream stay pending, as if the

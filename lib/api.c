@@ -108,7 +108,7 @@ static void do_init(void)
             snprintf(tally__g.init_error, sizeof tally__g.init_error, "out of host memory at initialisation");
             return;
         }
-        pthread_mutex_init(&d->lock, NULL);
+        atomic_init(&d->lock.state, 0);
         d->id = i;
         d->small.kind = TALLY_POOL_SMALL;
         d->large.kind = TALLY_POOL_LARGE;
@@ -132,6 +132,8 @@ static void do_init(void)
 
 int tally__ensure_init(void)
 {
+    if (TALLY_LIKELY(atomic_load_explicit(&initialised, memory_order_acquire)))
+        return 0;
     pthread_once(&tally__g.once, do_init);
     if (TALLY_UNLIKELY(tally__g.init_rc))
         return tally__fail_quiet(-tally__g.init_rc, "%s", tally__g.init_error);
@@ -238,9 +240,8 @@ static _Thread_local int last_device;
 static tally_block_t *find_live(uintptr_t a, bool take, tally_device_t **out)
 {
     int n = tally__g.ndev;
-    int start = last_device < n ? last_device : 0;
-    for (int k = 0; k < n; k++) {
-        int i = (start + k) % n;
+    int i = last_device < n ? last_device : 0;
+    for (int k = 0; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
         tally_device_t *d = tally__g.dev[i];
         tally__mutex_lock(&d->lock);
         tally_block_t *b = take ? tally__ptrmap_take(&d->map, a) : tally__ptrmap_get(&d->map, a);

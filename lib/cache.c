@@ -77,7 +77,17 @@ static tally_block_t *block_new(tally_device_t *d)
     }
     tally_block_t *b = d->spare_blocks;
     d->spare_blocks = b->next;
-    memset(b, 0, sizeof *b);
+    /* Callers set addr, size, stream, seg, pool, prev and next. */
+    b->left = b->right = NULL;
+    b->state = BLOCK_FREE;
+    b->event_count = 0;
+    b->nuses = b->cap_uses = 0;
+    b->uses = NULL;
+    b->requested = 0;
+    b->tag = b->stage = 0;
+    b->lentry = UINT32_MAX;
+    b->seq = 0;
+    b->site = NULL;
     return b;
 }
 
@@ -128,10 +138,10 @@ static void release_block(tally_device_t *d, tally_block_t *b)
     d->stats.num_device_free++;
     tally__g.backend->free(d->id, (void *)b->addr, b->size, b->stream);
     d->reserved -= b->size;
-    tally__stat_pool(d->stats.segment, b->pool, -1);
-    tally__stat_pool(d->stats.reserved_bytes, b->pool, -(int64_t)b->size);
+    tally__stat_pool_dec(d->stats.segment, b->pool, 1);
+    tally__stat_pool_dec(d->stats.reserved_bytes, b->pool, (int64_t)b->size);
     if (b->size >= tally__opt.max_split_size)
-        tally__stat_add(&d->stats.oversize_segments, -1);
+        tally__stat_dec(&d->stats.oversize_segments, 1);
     tally__pool_erase(p, b);
     tally__timeline_locked(d, TALLY_EV_SEGMENT_FREE, b->addr, b->size, b->stream);
     segment_unlink(d, s);
@@ -317,17 +327,17 @@ static void free_block(tally_device_t *d, tally_block_t *b)
         tally__stat_pool(d->stats.inactive_split, b->pool, dblocks);
     if (dbytes)
         tally__stat_pool(d->stats.inactive_split_bytes, b->pool, dbytes);
-    tally__stat_pool(d->stats.active, b->pool, -1);
-    tally__stat_pool(d->stats.active_bytes, b->pool, -(int64_t)original);
-    tally__stat_pool(d->stats.requested_bytes, b->pool, -(int64_t)b->requested);
+    tally__stat_pool_dec(d->stats.active, b->pool, 1);
+    tally__stat_pool_dec(d->stats.active_bytes, b->pool, (int64_t)original);
+    tally__stat_pool_dec(d->stats.requested_bytes, b->pool, (int64_t)b->requested);
 }
 
 void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
 {
-    tally__stat_pool(d->stats.allocation, b->pool, -1);
-    tally__stat_pool(d->stats.allocated_bytes, b->pool, -(int64_t)b->size);
+    tally__stat_pool_dec(d->stats.allocation, b->pool, 1);
+    tally__stat_pool_dec(d->stats.allocated_bytes, b->pool, (int64_t)b->size);
     if (b->size >= tally__opt.max_split_size)
-        tally__stat_add(&d->stats.oversize_allocations, -1);
+        tally__stat_dec(&d->stats.oversize_allocations, 1);
     tally__ledger_on_free_locked(d, b);
     tally__timeline_locked(d, TALLY_EV_FREE, b->addr, b->size, b->stream);
     tally_freed_t *f = &d->freed[d->freed_next++ % TALLY_FREED_RING];
@@ -393,7 +403,7 @@ static bool get_free_block(tally_device_t *d, alloc_params_t *p)
     if (gc_enabled(d))
         pool->get_free_calls++;
     tally_block_t *b = tally__pool_lower_bound(pool, p->stream, p->size);
-    if (!b || b->stream != p->stream)
+    if (!b)
         return false;
     uint64_t msplit = tally__opt.max_split_size;
     if (p->size < msplit && b->size >= msplit)
@@ -414,6 +424,12 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
         p->err = TALLY_ENOMEM;
         snprintf(p->why, sizeof p->why, "memory fraction limit of %llu bytes reached",
                  (unsigned long long)d->allowed_max);
+        return false;
+    }
+    struct tally_binset *bins;
+    if (tally__pool_prepare(pool_of(d, p->pool), p->stream, &bins)) {
+        p->err = TALLY_ENOMEM;
+        snprintf(p->why, sizeof p->why, "out of host memory for metadata");
         return false;
     }
     void *ptr = NULL;
@@ -437,17 +453,19 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
     s->pool = (uint8_t)p->pool;
     s->device = d->id;
     s->head = b;
+    s->bins = bins;
     segment_link(d, s);
     b->addr = (uintptr_t)ptr;
     b->size = size;
     b->stream = p->stream;
     b->seg = s;
     b->pool = (uint8_t)p->pool;
+    b->prev = b->next = NULL;
     d->reserved += size;
-    tally__stat_pool(d->stats.segment, p->pool, 1);
-    tally__stat_pool(d->stats.reserved_bytes, p->pool, (int64_t)size);
+    tally__stat_pool_inc(d->stats.segment, p->pool, 1);
+    tally__stat_pool_inc(d->stats.reserved_bytes, p->pool, (int64_t)size);
     if (size >= tally__opt.max_split_size)
-        tally__stat_add(&d->stats.oversize_segments, 1);
+        tally__stat_inc(&d->stats.oversize_segments, 1);
     d->stats.num_device_alloc++;
     tally__timeline_locked(d, TALLY_EV_SEGMENT_ALLOC, b->addr, size, p->stream);
     p->block = b;
@@ -459,18 +477,20 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
 static bool release_available_cached_blocks(tally_device_t *d, alloc_params_t *p)
 {
     uint64_t msplit = tally__opt.max_split_size;
-    if (msplit == UINT64_MAX)
+    /* Small-pool blocks (<= 2 MiB) are never oversize (max_split_size >= 20 MiB). */
+    if (msplit == UINT64_MAX || p->pool == TALLY_POOL_SMALL)
         return false;
     tally_pool_t *pool = pool_of(d, p->pool);
     size_t want = p->size < msplit ? (size_t)msplit : p->size;
     tally_block_t *b = tally__pool_lower_bound(pool, p->stream, want);
-    if (b && b->stream == p->stream) {
+    if (b) {
         release_block(d, b);
         return true;
     }
+    /* No single block is big enough: release the largest ones of this
+     * stream, from the top down, until together they are. */
     size_t released = 0;
-    tally_block_t *cur = b ? tally__pool_before(pool, b->stream, b->size, b->addr)
-                           : tally__pool_before(pool, (void *)UINTPTR_MAX, SIZE_MAX, UINTPTR_MAX);
+    tally_block_t *cur = tally__pool_before(pool, p->stream, want, 0);
     while (released < want && cur && cur->size >= msplit && cur->stream == p->stream) {
         tally_block_t *prev = tally__pool_before(pool, cur->stream, cur->size, cur->addr);
         if (cur->prev || cur->next) {
@@ -588,25 +608,25 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
             b->size = p.size;
             tally__pool_insert(pool_of(d, b->pool), rest);
             if (already_split) {
-                tally__stat_pool(d->stats.inactive_split_bytes, b->pool, -(int64_t)b->size);
+                tally__stat_pool_dec(d->stats.inactive_split_bytes, b->pool, (int64_t)b->size);
             } else {
-                tally__stat_pool(d->stats.inactive_split_bytes, b->pool, (int64_t)rest->size);
-                tally__stat_pool(d->stats.inactive_split, b->pool, 1);
+                tally__stat_pool_inc(d->stats.inactive_split_bytes, b->pool, (int64_t)rest->size);
+                tally__stat_pool_inc(d->stats.inactive_split, b->pool, 1);
             }
         } else if (already_split) {
             /* No record for the remainder: hand out the whole block. */
-            tally__stat_pool(d->stats.inactive_split_bytes, b->pool, -(int64_t)b->size);
-            tally__stat_pool(d->stats.inactive_split, b->pool, -1);
+            tally__stat_pool_dec(d->stats.inactive_split_bytes, b->pool, (int64_t)b->size);
+            tally__stat_pool_dec(d->stats.inactive_split, b->pool, 1);
         }
     } else if (already_split) {
-        tally__stat_pool(d->stats.inactive_split_bytes, b->pool, -(int64_t)b->size);
-        tally__stat_pool(d->stats.inactive_split, b->pool, -1);
+        tally__stat_pool_dec(d->stats.inactive_split_bytes, b->pool, (int64_t)b->size);
+        tally__stat_pool_dec(d->stats.inactive_split, b->pool, 1);
     }
     if (tally__ptrmap_put(&d->map, b->addr, b)) {
         /* Cannot track it: put it back and fail cleanly. */
         b->requested = 0;
-        tally__stat_pool(d->stats.active, b->pool, 1);
-        tally__stat_pool(d->stats.active_bytes, b->pool, (int64_t)b->size);
+        tally__stat_pool_inc(d->stats.active, b->pool, 1);
+        tally__stat_pool_inc(d->stats.active_bytes, b->pool, (int64_t)b->size);
         free_block(d, b);
         tally__fail(TALLY_ENOMEM, "out of host memory for the pointer map");
         return NULL;
@@ -614,13 +634,13 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
     b->state = BLOCK_ALLOCATED;
     b->requested = orig;
     b->seq = ++d->seq;
-    tally__stat_pool(d->stats.allocation, b->pool, 1);
-    tally__stat_pool(d->stats.allocated_bytes, b->pool, (int64_t)b->size);
-    tally__stat_pool(d->stats.active, b->pool, 1);
-    tally__stat_pool(d->stats.active_bytes, b->pool, (int64_t)b->size);
-    tally__stat_pool(d->stats.requested_bytes, b->pool, (int64_t)orig);
+    tally__stat_pool_inc(d->stats.allocation, b->pool, 1);
+    tally__stat_pool_inc(d->stats.allocated_bytes, b->pool, (int64_t)b->size);
+    tally__stat_pool_inc(d->stats.active, b->pool, 1);
+    tally__stat_pool_inc(d->stats.active_bytes, b->pool, (int64_t)b->size);
+    tally__stat_pool_inc(d->stats.requested_bytes, b->pool, (int64_t)orig);
     if (b->size >= tally__opt.max_split_size)
-        tally__stat_add(&d->stats.oversize_allocations, 1);
+        tally__stat_inc(&d->stats.oversize_allocations, 1);
     tally__ledger_on_alloc_locked(d, b);
     tally__timeline_locked(d, TALLY_EV_ALLOC, b->addr, b->size, stream);
     return b;

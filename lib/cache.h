@@ -44,10 +44,24 @@ struct tally_segment {
     int device;
     tally_segment_t *prev, *next; /* device's segment list */
     tally_block_t *head;          /* lowest-address block */
+    struct tally_binset *bins;    /* small pool: its stream's bin set */
 };
 
+/* Small-pool free blocks of one stream, binned by exact size (tree.c). */
+#define TALLY_SMALL_BINS 4096
+typedef struct tally_binset {
+    void *stream;
+    uint64_t summary;  /* bit w: bits[w] != 0 */
+    uint64_t bits[TALLY_SMALL_BINS / 64];
+    tally_block_t *roots[TALLY_SMALL_BINS];
+} tally_binset_t;
+
+/* Free blocks: the large pool is one treap ordered by (stream, size,
+ * address); the small pool is a bin set per stream. */
 typedef struct tally_pool {
     tally_block_t *root;
+    tally_binset_t **sets;
+    uint32_t nsets, cap_sets, last_set;
     size_t count;
     uint64_t get_free_calls;
     uint8_t kind;
@@ -114,9 +128,12 @@ extern tally_global_t tally__g;
 int tally__ensure_init(void);
 
 /* tree.c: free-block pools */
+/* Make room for blocks of stream (before its first segment); 0 or -1. */
+int tally__pool_prepare(tally_pool_t *p, void *stream, struct tally_binset **set);
 void tally__pool_insert(tally_pool_t *p, tally_block_t *b);
 void tally__pool_erase(tally_pool_t *p, tally_block_t *b);
-/* Smallest block with key >= (stream, size, 0), or NULL. */
+/* Best fit: the smallest block of this stream with size >= size (lowest
+ * address among equals), or NULL. */
 tally_block_t *tally__pool_lower_bound(tally_pool_t *p, void *stream, size_t size);
 /* Largest block with key < (stream, size, addr), or NULL. */
 tally_block_t *tally__pool_before(tally_pool_t *p, void *stream, size_t size, uintptr_t addr);

@@ -11,6 +11,7 @@
 #include "tally.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -20,10 +21,28 @@
 #define TALLY_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
 /* ---- locks ---------------------------------------------------------------- */
-typedef pthread_mutex_t tally_mutex_t;
-#define TALLY_MUTEX_INIT PTHREAD_MUTEX_INITIALIZER
-#define tally__mutex_lock(m) pthread_mutex_lock(m)
-#define tally__mutex_unlock(m) pthread_mutex_unlock(m)
+/* A small futex lock (0 free, 1 held, 2 held with waiters): one atomic
+ * exchange to take it uncontended, a short spin, then sleep in the kernel.
+ * Cheaper than pthread_mutex_t on the hot path; see lock.c. */
+typedef struct tally_mutex {
+    _Atomic int state;
+} tally_mutex_t;
+#define TALLY_MUTEX_INIT {0}
+void tally__mutex_wait(tally_mutex_t *m);
+void tally__mutex_wake(tally_mutex_t *m);
+static inline void tally__mutex_lock(tally_mutex_t *m)
+{
+    int expected = 0;
+    if (TALLY_LIKELY(atomic_compare_exchange_strong_explicit(&m->state, &expected, 1, memory_order_acquire,
+                                                             memory_order_relaxed)))
+        return;
+    tally__mutex_wait(m);
+}
+static inline void tally__mutex_unlock(tally_mutex_t *m)
+{
+    if (TALLY_UNLIKELY(atomic_exchange_explicit(&m->state, 0, memory_order_release) == 2))
+        tally__mutex_wake(m);
+}
 
 /* ---- host-side metadata memory (jemalloc private arena, meta.c) ----------- */
 void *tally__meta_alloc(size_t size);
@@ -114,6 +133,29 @@ static inline void tally__stat_add(tally_stat_t *s, int64_t amount)
         s->allocated += amount;
     else
         s->freed -= amount;
+}
+/* Known-sign updates, branch-free apart from the peak. */
+static inline void tally__stat_inc(tally_stat_t *s, int64_t n)
+{
+    s->current += n;
+    s->allocated += n;
+    if (s->current > s->peak)
+        s->peak = s->current;
+}
+static inline void tally__stat_dec(tally_stat_t *s, int64_t n)
+{
+    s->current -= n;
+    s->freed += n;
+}
+static inline void tally__stat_pool_inc(tally_stat_t *arr, int pool, int64_t n)
+{
+    tally__stat_inc(&arr[TALLY_POOL_ALL], n);
+    tally__stat_inc(&arr[pool], n);
+}
+static inline void tally__stat_pool_dec(tally_stat_t *arr, int pool, int64_t n)
+{
+    tally__stat_dec(&arr[TALLY_POOL_ALL], n);
+    tally__stat_dec(&arr[pool], n);
 }
 /* Add amount to the "all" entry and to the pool's entry of a stat array. */
 static inline void tally__stat_pool(tally_stat_t *arr, int pool, int64_t amount)

@@ -133,8 +133,8 @@ void tally__ledger_on_alloc_locked(tally_device_t *d, tally_block_t *b)
     uint32_t r = row_of(ld, b->tag, b->stage);
     if (TALLY_UNLIKELY(r == UINT32_MAX))
         return;
-    tally__stat_add(&ld->entries[r].bytes, (int64_t)b->size);
-    tally__stat_add(&ld->entries[r].blocks, 1);
+    tally__stat_inc(&ld->entries[r].bytes, (int64_t)b->size);
+    tally__stat_inc(&ld->entries[r].blocks, 1);
     b->lentry = r;
 }
 
@@ -143,6 +143,6 @@ void tally__ledger_on_free_locked(tally_device_t *d, tally_block_t *b)
     if (b->lentry == UINT32_MAX)
         return;
     tally_ledger_dev_t *ld = d->ledger;
-    tally__stat_add(&ld->entries[b->lentry].bytes, -(int64_t)b->size);
-    tally__stat_add(&ld->entries[b->lentry].blocks, -1);
+    tally__stat_dec(&ld->entries[b->lentry].bytes, (int64_t)b->size);
+    tally__stat_dec(&ld->entries[b->lentry].blocks, 1);
 }

@@ -73,7 +73,12 @@ typedef struct tally_event_rec {
     uint8_t action;
     int64_t allocated, reserved; /* device totals after the event */
 } tally_event_rec_t;
-void tally__timeline_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream);
+void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream);
+static inline void tally__timeline_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream)
+{
+    if (TALLY_UNLIKELY(tally__opt.timeline))
+        tally__timeline_record_locked(d, action, addr, size, stream);
+}
 /* Copy out up to max events, oldest first; returns the count. */
 size_t tally__timeline_copy_locked(tally_device_t *d, tally_event_rec_t *out, size_t max);
 uint64_t tally__now_us(void);

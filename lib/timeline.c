@@ -21,10 +21,8 @@ uint64_t tally__now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-void tally__timeline_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream)
+void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream)
 {
-    if (TALLY_LIKELY(!tally__opt.timeline))
-        return;
     timeline_t *t = &timelines[d->id];
     if (!t->ring) {
         size_t cap = (size_t)tally__opt.timeline_events;

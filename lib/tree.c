@@ -5,6 +5,8 @@
  * deterministic for a given history. No allocation happens here. */
 #include "cache.h"
 
+#include <string.h>
+
 static inline int key_cmp(uintptr_t s1, size_t z1, uintptr_t a1, uintptr_t s2, size_t z2, uintptr_t a2)
 {
     if (s1 != s2)
@@ -64,33 +66,158 @@ static tally_block_t *merge(tally_block_t *a, tally_block_t *b)
     return root;
 }
 
-void tally__pool_insert(tally_pool_t *p, tally_block_t *b)
+static void root_insert(tally_block_t **slot, tally_block_t *b)
 {
     b->prio = prio_of(b->addr);
-    b->gc_base = p->get_free_calls;
-    tally_block_t **slot = &p->root;
     /* Descend while the existing nodes have higher priority. */
     while (*slot && (*slot)->prio > b->prio)
         slot = block_cmp(b, *slot) < 0 ? &(*slot)->left : &(*slot)->right;
     split(*slot, b, &b->left, &b->right);
     *slot = b;
+}
+
+static bool root_erase(tally_block_t **slot, tally_block_t *b)
+{
+    while (*slot && *slot != b)
+        slot = block_cmp(b, *slot) < 0 ? &(*slot)->left : &(*slot)->right;
+    if (!*slot)
+        return false;
+    *slot = merge(b->left, b->right);
+    b->left = b->right = NULL;
+    return true;
+}
+
+/* ---- the small pool: exact size bins per stream ---------------------------
+ * Small-pool blocks are multiples of 512 B up to 2 MiB, so each stream gets
+ * 4096 bins, one per size, each a treap ordered by address, and a two-level
+ * bitmap of non-empty bins. The best fit is the lowest address in the first
+ * non-empty bin at or above the request: the same block the ordered set
+ * would give, found with two bit scans instead of a tree descent. */
+
+static tally_binset_t *binset_find(tally_pool_t *p, void *stream)
+{
+    if (p->nsets && p->sets[p->last_set]->stream == stream)
+        return p->sets[p->last_set];
+    for (uint32_t i = 0; i < p->nsets; i++) {
+        if (p->sets[i]->stream == stream) {
+            p->last_set = i;
+            return p->sets[i];
+        }
+    }
+    return NULL;
+}
+
+static tally_binset_t *binset_make(tally_pool_t *p, void *stream)
+{
+    tally_binset_t *set = binset_find(p, stream);
+    if (set)
+        return set;
+    if (p->nsets == p->cap_sets) {
+        uint32_t cap = p->cap_sets ? p->cap_sets * 2 : 4;
+        tally_binset_t **grown = tally__meta_alloc(cap * sizeof *grown);
+        if (!grown)
+            return NULL;
+        if (p->nsets)
+            memcpy(grown, p->sets, p->nsets * sizeof *grown);
+        tally__meta_free(p->sets);
+        p->sets = grown;
+        p->cap_sets = cap;
+    }
+    set = tally__meta_calloc(sizeof *set);
+    if (!set)
+        return NULL;
+    set->stream = stream;
+    p->sets[p->nsets] = set;
+    p->last_set = p->nsets++;
+    return set;
+}
+
+int tally__pool_prepare(tally_pool_t *p, void *stream, tally_binset_t **set)
+{
+    *set = NULL;
+    if (p->kind != TALLY_POOL_SMALL)
+        return 0;
+    *set = binset_make(p, stream);
+    return *set ? 0 : -1;
+}
+
+static inline uint32_t bin_of(size_t size)
+{
+    return (uint32_t)(size >> 9) - 1;
+}
+
+static void bin_insert(tally_binset_t *set, tally_block_t *b)
+{
+    uint32_t i = bin_of(b->size);
+    root_insert(&set->roots[i], b);
+    set->bits[i >> 6] |= 1ull << (i & 63);
+    set->summary |= 1ull << (i >> 6);
+}
+
+static void bin_erase(tally_binset_t *set, tally_block_t *b)
+{
+    uint32_t i = bin_of(b->size);
+    root_erase(&set->roots[i], b);
+    if (!set->roots[i]) {
+        set->bits[i >> 6] &= ~(1ull << (i & 63));
+        if (!set->bits[i >> 6])
+            set->summary &= ~(1ull << (i >> 6));
+    }
+}
+
+static tally_block_t *leftmost(tally_block_t *t)
+{
+    while (t && t->left)
+        t = t->left;
+    return t;
+}
+
+static tally_block_t *bin_lower_bound(tally_binset_t *set, size_t size)
+{
+    uint32_t i = size < 512 ? 0 : bin_of(size);
+    if (i >= TALLY_SMALL_BINS)
+        return NULL;
+    uint32_t w = i >> 6;
+    uint64_t m = set->bits[w] & (~0ull << (i & 63));
+    if (!m) {
+        uint64_t rest = w == 63 ? 0 : set->summary & (~0ull << (w + 1));
+        if (!rest)
+            return NULL;
+        w = (uint32_t)__builtin_ctzll(rest);
+        m = set->bits[w];
+    }
+    return leftmost(set->roots[(w << 6) + (uint32_t)__builtin_ctzll(m)]);
+}
+
+void tally__pool_insert(tally_pool_t *p, tally_block_t *b)
+{
+    b->gc_base = p->get_free_calls;
+    b->left = b->right = NULL;
+    if (p->kind == TALLY_POOL_SMALL) {
+        /* tally__pool_prepare gave the segment its stream's bin set. */
+        bin_insert(b->seg->bins, b);
+    } else {
+        root_insert(&p->root, b);
+    }
     p->count++;
 }
 
 void tally__pool_erase(tally_pool_t *p, tally_block_t *b)
 {
-    tally_block_t **slot = &p->root;
-    while (*slot && *slot != b)
-        slot = block_cmp(b, *slot) < 0 ? &(*slot)->left : &(*slot)->right;
-    if (!*slot)
+    if (p->kind == TALLY_POOL_SMALL) {
+        bin_erase(b->seg->bins, b);
+    } else if (!root_erase(&p->root, b)) {
         return;
-    *slot = merge(b->left, b->right);
-    b->left = b->right = NULL;
+    }
     p->count--;
 }
 
 tally_block_t *tally__pool_lower_bound(tally_pool_t *p, void *stream, size_t size)
 {
+    if (p->kind == TALLY_POOL_SMALL) {
+        tally_binset_t *set = binset_find(p, stream);
+        return set ? bin_lower_bound(set, size) : NULL;
+    }
     tally_block_t *t = p->root, *best = NULL;
     while (t) {
         if (key_cmp((uintptr_t)t->stream, t->size, t->addr, (uintptr_t)stream, size, 0) >= 0) {
@@ -100,7 +227,8 @@ tally_block_t *tally__pool_lower_bound(tally_pool_t *p, void *stream, size_t siz
             t = t->right;
         }
     }
-    return best;
+    /* Only a block of this stream is a fit. */
+    return best && best->stream == stream ? best : NULL;
 }
 
 tally_block_t *tally__pool_before(tally_pool_t *p, void *stream, size_t size, uintptr_t addr)
@@ -142,7 +270,22 @@ static size_t walk(tally_block_t *t, void (*fn)(tally_block_t *, void *), void *
 
 size_t tally__pool_walk(const tally_pool_t *p, void (*fn)(tally_block_t *, void *), void *arg)
 {
-    return walk(p->root, fn, arg);
+    if (p->kind != TALLY_POOL_SMALL)
+        return walk(p->root, fn, arg);
+    size_t n = 0;
+    for (uint32_t s = 0; s < p->nsets; s++)
+        for (uint32_t i = 0; i < TALLY_SMALL_BINS; i++)
+            if (p->sets[s]->roots[i])
+                n += walk(p->sets[s]->roots[i], fn, arg);
+    return n;
+}
+
+static bool bin_members_ok(const tally_block_t *t, void *stream, size_t size)
+{
+    if (!t)
+        return true;
+    return t->stream == stream && t->size == size && bin_members_ok(t->left, stream, size) &&
+           bin_members_ok(t->right, stream, size);
 }
 
 static long verify(const tally_block_t *t, const tally_block_t *lo, const tally_block_t *hi)
@@ -162,7 +305,24 @@ static long verify(const tally_block_t *t, const tally_block_t *lo, const tally_
 
 long tally__pool_verify(const tally_pool_t *p)
 {
-    long n = verify(p->root, NULL, NULL);
+    long n = 0;
+    if (p->kind != TALLY_POOL_SMALL) {
+        n = verify(p->root, NULL, NULL);
+    } else {
+        for (uint32_t s = 0; s < p->nsets; s++) {
+            const tally_binset_t *set = p->sets[s];
+            for (uint32_t i = 0; i < TALLY_SMALL_BINS; i++) {
+                bool bit = (set->bits[i >> 6] >> (i & 63)) & 1;
+                bool word = (set->summary >> (i >> 6)) & 1;
+                if (bit != (set->roots[i] != NULL) || (bit && !word))
+                    return -1;
+                long k = verify(set->roots[i], NULL, NULL);
+                if (k < 0 || !bin_members_ok(set->roots[i], set->stream, ((size_t)i + 1) << 9))
+                    return -1;
+                n += k;
+            }
+        }
+    }
     if (n >= 0 && (size_t)n != p->count)
         return -1;
     return n;
