@@ -59,8 +59,12 @@ static const tally_backend_t *choose_backend(char *why, size_t whylen)
         return NULL;
 #endif
     case TALLY_BACKEND_ASYNC:
-        snprintf(why, whylen, "backend async: not available in this build yet");
+#ifdef TALLY_HAVE_CUDA
+        return &tally__backend_async;
+#else
+        snprintf(why, whylen, "backend async: this build has no CUDA support (no CUDA found at build time)");
         return NULL;
+#endif
     default:
         break;
     }
@@ -93,7 +97,11 @@ static void do_init(void)
     const tally_backend_t *be = choose_backend(why, sizeof why);
     if (!be || be->init(&tally__opt, why, sizeof why)) {
         tally__g.init_rc = -TALLY_EBACKEND;
-        snprintf(tally__g.init_error, sizeof tally__g.init_error, "%s", why[0] ? why : "backend init failed");
+        if (be)
+            snprintf(tally__g.init_error, sizeof tally__g.init_error, "backend %s unusable: %s", be->name,
+                     why[0] ? why : "init failed");
+        else
+            snprintf(tally__g.init_error, sizeof tally__g.init_error, "%s", why);
         tally__diag("%s", tally__g.init_error);
         return;
     }
@@ -441,6 +449,8 @@ int tally_reset_peak_stats(int device)
         return -TALLY_EINVAL;
     tally__mutex_lock(&d->lock);
     tally__stats_reset_peak(&d->stats);
+    if (tally__g.backend->pool_reset_peak)
+        tally__g.backend->pool_reset_peak(d->id);
     tally__mutex_unlock(&d->lock);
     return 0;
 }

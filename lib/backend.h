@@ -16,6 +16,9 @@
 typedef struct tally_backend {
     const char *name;
     bool can_exit_call;
+    /* The backend caches by itself (async): the cache layer keeps one record
+     * per allocation and never splits, merges or holds freed blocks. */
+    bool passthrough;
     /* Prepare; fill why on failure. */
     int (*init)(const tally_options_t *opt, char *why, size_t whylen);
     int (*device_count)(void);
@@ -29,14 +32,22 @@ typedef struct tally_backend {
     int (*event_query)(int device, void *event);
     int (*event_sync)(int device, void *event);
     int (*event_destroy)(int device, void *event);
+    /* Make stream wait for event (pass-through backends; may be NULL). */
+    int (*stream_wait)(int device, void *stream, void *event);
     /* Wait for all work on device. */
     int (*synchronize)(int device);
+    /* Pool backends (may be NULL): give cached memory back down to keep
+     * bytes; read reserved current/high and used current/high; reset highs. */
+    int (*trim)(int device, size_t keep);
+    int (*pool_usage)(int device, uint64_t usage[4]);
+    int (*pool_reset_peak)(int device);
     void (*shutdown)(void);
 } tally_backend_t;
 
 extern const tally_backend_t tally__backend_host;
 #ifdef TALLY_HAVE_CUDA
 extern const tally_backend_t tally__backend_cuda;
+extern const tally_backend_t tally__backend_async;
 /* Non-zero when a CUDA device is visible; why says what was seen. */
 int tally__cuda_probe(char *why, size_t whylen);
 #endif

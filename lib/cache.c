@@ -130,11 +130,11 @@ tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t add
     return NULL;
 }
 
-/* Return a whole-segment free block to the backend. */
-static void release_block(tally_device_t *d, tally_block_t *b)
+/* Return a whole segment (one block) to the backend; in_pool says whether
+ * the block sits in its pool (pass-through blocks never do). */
+static void release_segment(tally_device_t *d, tally_block_t *b, bool in_pool)
 {
     tally_segment_t *s = b->seg;
-    tally_pool_t *p = pool_of(d, b->pool);
     d->stats.num_device_free++;
     tally__g.backend->free(d->id, (void *)b->addr, b->size, b->stream);
     d->reserved -= b->size;
@@ -142,11 +142,17 @@ static void release_block(tally_device_t *d, tally_block_t *b)
     tally__stat_pool_dec(d->stats.reserved_bytes, b->pool, (int64_t)b->size);
     if (b->size >= tally__opt.max_split_size)
         tally__stat_dec(&d->stats.oversize_segments, 1);
-    tally__pool_erase(p, b);
+    if (in_pool)
+        tally__pool_erase(pool_of(d, b->pool), b);
     tally__timeline_locked(d, TALLY_EV_SEGMENT_FREE, b->addr, b->size, b->stream);
     segment_unlink(d, s);
     tally__meta_free(s);
     block_delete(d, b);
+}
+
+static void release_block(tally_device_t *d, tally_block_t *b)
+{
+    release_segment(d, b, true);
 }
 
 /* Blocks are collected first: releasing changes the pool being walked. */
@@ -332,6 +338,30 @@ static void free_block(tally_device_t *d, tally_block_t *b)
     tally__stat_pool_dec(d->stats.requested_bytes, b->pool, (int64_t)b->requested);
 }
 
+/* Pass-through free: the pool orders the free after the block's last use on
+ * every stream it was recorded on, so the memory returns at once. */
+static void passthrough_free(tally_device_t *d, tally_block_t *b)
+{
+    const tally_backend_t *be = tally__g.backend;
+    for (uint16_t i = 0; i < b->nuses; i++) {
+        void *ev = NULL;
+        if (d->nspare_events)
+            ev = d->spare_events[--d->nspare_events];
+        else if (be->event_create(d->id, &ev))
+            ev = NULL;
+        if (!ev || be->event_record(d->id, ev, b->uses[i]) || be->stream_wait(d->id, b->stream, ev))
+            be->synchronize(d->id); /* no event: wait for everything instead */
+        if (ev)
+            event_put_back(d, ev);
+    }
+    b->nuses = 0;
+    tally__stat_pool_dec(d->stats.active, b->pool, 1);
+    tally__stat_pool_dec(d->stats.active_bytes, b->pool, (int64_t)b->size);
+    tally__stat_pool_dec(d->stats.requested_bytes, b->pool, (int64_t)b->requested);
+    b->state = BLOCK_FREE;
+    release_segment(d, b, false);
+}
+
 void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
 {
     tally__stat_pool_dec(d->stats.allocation, b->pool, 1);
@@ -346,6 +376,10 @@ void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
     f->tag = b->tag;
     f->stage = b->stage;
     f->seq = b->seq;
+    if (TALLY_UNLIKELY(tally__g.backend->passthrough)) {
+        passthrough_free(d, b);
+        return;
+    }
     if (b->nuses) {
         b->state = BLOCK_PENDING;
         insert_events(d, b);
@@ -543,10 +577,39 @@ static void garbage_collect(tally_device_t *d)
 
 size_t tally__cache_release_all_locked(tally_device_t *d)
 {
+    const tally_backend_t *be = tally__g.backend;
+    if (be->passthrough) {
+        /* The pool holds the cache: wait for the device, then trim it. */
+        uint64_t before[4] = {0}, after[4] = {0};
+        d->stats.num_sync_all_streams++;
+        be->synchronize(d->id);
+        be->pool_usage(d->id, before);
+        be->trim(d->id, 0);
+        be->pool_usage(d->id, after);
+        return before[0] > after[0] ? (size_t)(before[0] - after[0]) : 0;
+    }
     synchronize_and_free_events(d);
     size_t released = release_pool(d, &d->large);
     released += release_pool(d, &d->small);
     return released;
+}
+
+/* A cached block, else a new segment, with PyTorch's retry sequence; for a
+ * pass-through backend always a new allocation (the backend's pool caches). */
+static bool find_block(tally_device_t *d, alloc_params_t *p)
+{
+    if (TALLY_UNLIKELY(tally__g.backend->passthrough)) {
+        p->alloc_size = p->size;
+        return alloc_block(d, p, false) ||
+               (p->err == TALLY_ENOMEM && (tally__cache_release_all_locked(d), true) && alloc_block(d, p, true));
+    }
+    if (get_free_block(d, p))
+        return true;
+    if (gc_enabled(d))
+        garbage_collect(d);
+    return alloc_block(d, p, false) ||
+           (p->err == TALLY_ENOMEM && release_available_cached_blocks(d, p) && alloc_block(d, p, false)) ||
+           (p->err == TALLY_ENOMEM && (tally__cache_release_all_locked(d), true) && alloc_block(d, p, true));
 }
 
 static bool should_split(const tally_block_t *b, size_t size)
@@ -569,15 +632,7 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
     p.block = NULL;
     p.err = 0;
     p.why[0] = 0;
-    bool found = get_free_block(d, &p);
-    if (!found) {
-        if (gc_enabled(d))
-            garbage_collect(d);
-        found = alloc_block(d, &p, false) ||
-                (p.err == TALLY_ENOMEM && release_available_cached_blocks(d, &p) && alloc_block(d, &p, false)) ||
-                (p.err == TALLY_ENOMEM && (tally__cache_release_all_locked(d), true) && alloc_block(d, &p, true));
-    }
-    if (!found) {
+    if (!find_block(d, &p)) {
         if (p.err == TALLY_ENOMEM) {
             d->stats.num_ooms++;
             tally__timeline_locked(d, TALLY_EV_OOM, 0, p.alloc_size, stream);
@@ -590,7 +645,7 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
     }
     tally_block_t *b = p.block;
     bool already_split = b->prev || b->next;
-    if (should_split(b, p.size)) {
+    if (!tally__g.backend->passthrough && should_split(b, p.size)) {
         tally_block_t *rest = block_new(d);
         if (rest) {
             /* The front piece is handed out; the rest goes back to the pool. */

@@ -205,6 +205,14 @@ void tally__cache_fill_derived_locked(tally_device_t *d, tally_stats_t *out)
     out->largest_free_block = 0;
     tally__pool_walk(&d->small, largest, &out->largest_free_block);
     tally__pool_walk(&d->large, largest, &out->largest_free_block);
+    const tally_backend_t *be = tally__g.backend;
+    uint64_t usage[4];
+    if (be->passthrough && be->pool_usage && be->pool_usage(d->id, usage) == 0) {
+        /* The pool's own figures: reserved = memory the pool holds from the
+         * driver (current, high-water mark); docs/architecture.md. */
+        out->reserved_bytes[TALLY_POOL_ALL].current = (int64_t)usage[0];
+        out->reserved_bytes[TALLY_POOL_ALL].peak = (int64_t)usage[1];
+    }
     out->cached_free_bytes = out->reserved_bytes[0].current - out->active_bytes[0].current;
     int64_t pr = out->reserved_bytes[0].peak;
     out->utilisation = pr > 0 ? (double)out->allocated_bytes[0].peak / (double)pr : 0.0;

@@ -106,6 +106,8 @@ typedef struct tally_options {
     int home_device;                    /* -1 none, -2 auto */
     int timeline;
     int timeline_events;
+    int async_private_pool;             /* async backend: own pool, not the device default */
+    uint64_t async_release_threshold;   /* bytes the async pool keeps cached */
     char persistent_tags[512];
     char report_path[512];
 } tally_options_t;

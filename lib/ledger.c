@@ -9,8 +9,12 @@
 #include <string.h>
 
 #define TAG_STACK 64
-static _Thread_local uint32_t tag_stack[TAG_STACK];
-static _Thread_local int tag_depth;
+/* One thread-local object, so the hot path resolves one TLS address. */
+typedef struct tag_state {
+    int depth;
+    uint32_t stack[TAG_STACK];
+} tag_state_t;
+static _Thread_local tag_state_t tags;
 
 /* Innermost stage (stage.c writes it; allocations read it). */
 _Atomic uint32_t tally__current_stage;
@@ -20,26 +24,29 @@ int tally_tag_push(const char *tag)
     uint32_t id;
     if (!tag)
         return tally__fail(TALLY_EINVAL, "tally_tag_push: tag is NULL");
-    if (tag_depth == TAG_STACK)
+    tag_state_t *t = &tags;
+    if (t->depth == TAG_STACK)
         return tally__fail(TALLY_ESTATE, "tally_tag_push: '%s': tag stack is full (%d deep)", tag, TAG_STACK);
     int rc = tally__intern_tag(tag, &id);
     if (rc)
         return tally__fail(-rc, "tally_tag_push: %s", tally_last_error());
-    tag_stack[tag_depth++] = id;
+    t->stack[t->depth++] = id;
     return 0;
 }
 
 int tally_tag_pop(void)
 {
-    if (tag_depth == 0)
+    tag_state_t *t = &tags;
+    if (t->depth == 0)
         return tally__fail(TALLY_ESTATE, "tally_tag_pop: the tag stack of this thread is empty");
-    tag_depth--;
+    t->depth--;
     return 0;
 }
 
 uint32_t tally__current_tag(void)
 {
-    return tag_depth ? tag_stack[tag_depth - 1] : TALLY_TAG_NONE;
+    const tag_state_t *t = &tags;
+    return t->depth ? t->stack[t->depth - 1] : TALLY_TAG_NONE;
 }
 
 int tally__ledger_device_init(tally_device_t *d)

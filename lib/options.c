@@ -29,6 +29,7 @@ typedef struct option_row {
 static const char *const backend_names[] = {"auto", "host", "cuda", "async", NULL};
 static const char *const host_mode_names[] = {"backed", "virtual", NULL};
 static const char *const leak_names[] = {"off", "summary", "full", NULL};
+static const char *const pool_names[] = {"default", "private", NULL};
 
 #define OFF(f) offsetof(tally_options_t, f)
 static const option_row_t rows[] = {
@@ -40,6 +41,10 @@ static const option_row_t rows[] = {
      "capacity of each simulated device (size with suffix, e.g. 80GiB)"},
     {"host_mode", T_ENUM, OFF(host_mode), 0, 0, host_mode_names, false,
      "backed: real host memory; virtual: address space only, never touched"},
+    {"async_pool", T_ENUM, OFF(async_private_pool), 0, 0, pool_names, false,
+     "async backend: the device's default memory pool, or a private one"},
+    {"async_release_threshold", T_SIZE, OFF(async_release_threshold), 0, 0, NULL, false,
+     "async backend: bytes the pool keeps cached after synchronisation ('all' keeps everything)"},
     {"max_split_size_mb", T_SPLIT_MB, OFF(max_split_size), 0, 0, NULL, false,
      "blocks at or above this size (MiB, >= 20) are never split; 'none' for unlimited"},
     {"max_non_split_rounding_mb", T_SPLIT_MB, OFF(max_non_split_rounding), 0, 0, NULL, false,
@@ -92,6 +97,7 @@ void tally__options_default(tally_options_t *o)
     o->leak_report = TALLY_LEAK_SUMMARY;
     o->home_device = -2;
     o->timeline_events = 65536;
+    o->async_release_threshold = UINT64_MAX;
 }
 
 int tally__parse_size(const char *s, uint64_t *out)
@@ -170,7 +176,8 @@ static int parse_roundup(const char *key, const char *v, uint32_t *div)
     long long n;
     uint32_t tmp[TALLY_ROUNDUP_INTERVALS];
     if (v[0] != '[') {
-        if (parse_long(v, &n) || !is_pow2(n) || n > 65536)
+        /* 0 (off) is accepted too, so the printed form always parses back. */
+        if (parse_long(v, &n) || (n != 0 && !is_pow2(n)) || n > 65536)
             return tally__fail(TALLY_ECONF, "config: %s: '%s' is not a power of two", key, v);
         for (int i = 0; i < TALLY_ROUNDUP_INTERVALS; i++)
             div[i] = (uint32_t)n;
@@ -252,6 +259,10 @@ static int set_one(tally_options_t *o, const char *key, const char *val, bool ru
         return 0;
     case T_SIZE: {
         uint64_t b;
+        if (strcmp(key, "async_release_threshold") == 0 && strcmp(val, "all") == 0) {
+            *(uint64_t *)field = UINT64_MAX;
+            return 0;
+        }
         if (tally__parse_size(val, &b) || b == 0)
             return tally__fail(TALLY_ECONF, "config: %s: '%s' is not a size (e.g. 80GiB)", key, val);
         *(uint64_t *)field = b;
@@ -373,7 +384,10 @@ int tally__options_write(const tally_options_t *o, tally_out_t *out)
             tally__out_printf(out, "%d", *(const int *)field);
             break;
         case T_SIZE:
-            tally__out_printf(out, "%llu", (unsigned long long)*(const uint64_t *)field);
+            if (*(const uint64_t *)field == UINT64_MAX)
+                tally__out_puts(out, "all");
+            else
+                tally__out_printf(out, "%llu", (unsigned long long)*(const uint64_t *)field);
             break;
         case T_DOUBLE:
             tally__out_printf(out, "%g", *(const double *)field);
@@ -394,9 +408,17 @@ int tally__options_write(const tally_options_t *o, tally_out_t *out)
         }
         case T_ROUNDUP: {
             const uint32_t *d = (const uint32_t *)field;
+            bool same = true;
+            for (int k = 1; k < TALLY_ROUNDUP_INTERVALS; k++)
+                same = same && d[k] == d[0];
+            if (same) {
+                tally__out_printf(out, "%u", d[0]);
+                break;
+            }
+            /* Slot k governs [2^k MiB, 2^(k+1) MiB); slot 0 also everything below. */
             tally__out_puts(out, "[");
             for (int k = 0; k < TALLY_ROUNDUP_INTERVALS; k++)
-                tally__out_printf(out, "%s%u", k ? "," : "", d[k]);
+                tally__out_printf(out, "%s%lld:%u", k ? "," : "", 1LL << k, d[k]);
             tally__out_puts(out, "]");
             break;
         }
