@@ -23,6 +23,11 @@ endif
 
 LIB_SRC  := $(sort $(wildcard lib/*.c))
 LIB_OBJ  := $(LIB_SRC:lib/%.c=$(BUILD)/obj/%.o)
+# C++ (lib/torch_oom.cc, the OOM exception for PyTorch): libtally.so only.
+CXX      ?= c++
+CXXFLAGS += -std=c++17 $(OPT) -g -Wall -Wextra -fvisibility=hidden -fPIC $(SAN) -Iinclude -Ilib
+LIB_CXX_SRC := $(sort $(wildcard lib/*.cc))
+LIB_CXX_OBJ := $(LIB_CXX_SRC:lib/%.cc=$(BUILD)/obj/%.o)
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 SETUP    := $(BUILD)/.setup-ok
@@ -37,18 +42,27 @@ $(SETUP): tools/setup.sh
 	@bash tools/setup.sh
 	@mkdir -p $(BUILD) && touch $@
 
-$(BUILD)/obj/%.o: lib/%.c $(wildcard lib/*.h) include/tally.h | $(SETUP)
+# The library itself needs only a C compiler (and CUDA if present); the
+# Debian packages of tools/setup.sh are for the tests and benchmarks.
+$(BUILD)/obj/%.o: lib/%.c $(wildcard lib/*.h) include/tally.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: lib/%.cc include/tally.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+# tally_torch_alloc may unwind a C++ exception (torch_oom.cc) through its frame.
+$(BUILD)/obj/torch_abi.o: CFLAGS += -fexceptions
 
 $(BUILD)/lib/libtally.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
 # Only tally_* symbols leave the shared library (visibility plus a version script).
-$(BUILD)/lib/libtally.so: $(LIB_OBJ) lib/exports.map
+$(BUILD)/lib/libtally.so: $(LIB_OBJ) $(LIB_CXX_OBJ) lib/exports.map
 	@mkdir -p $(dir $@)
-	$(CC) -shared $(SAN) -o $@ $(LIB_OBJ) -Wl,--version-script=lib/exports.map $(LDLIBS)
+	$(CXX) -shared $(SAN) -o $@ $(LIB_OBJ) $(LIB_CXX_OBJ) -Wl,--version-script=lib/exports.map $(LDLIBS)
 
 $(BUILD)/bin/tally: tools/tally_cli.c $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
@@ -58,7 +72,7 @@ $(BUILD)/bin/demo: tools/demo.c $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/lib/libtally.a $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a $(BUILD)/lib/libtally.so
+$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a $(BUILD)/lib/libtally.so | $(SETUP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -o $@ $< $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
@@ -74,7 +88,7 @@ test-c: $(TESTS) $(BUILD)/lib/libtally.so $(if $(wildcard tools/tally_cli.c),$(B
 test-py: lib
 	@if [ -d python/tests ]; then TALLY_LIB=$(CURDIR)/$(BUILD)/lib/libtally.so PYTHONPATH=python python3 -m unittest discover -s python/tests -t python; fi
 
-bench: all
+bench: all | $(SETUP)
 	$(MAKE) -C bench BUILD=$(abspath $(BUILD))
 	bash bench/run.sh $(abspath $(BUILD))
 

@@ -102,8 +102,9 @@ TALLY_API int tally_record_stream(void *ptr, void *stream);
  * backend, after waiting for pending stream events. Returns bytes released. */
 TALLY_API size_t tally_empty_cache(int device);
 
-/* Limit device's reserved memory to fraction (0..1] of its capacity; 0 or
- * above 1 is an error. */
+/* Limit device's reserved memory to fraction of its capacity, as
+ * torch.cuda.set_per_process_memory_fraction: fraction in [0, 1]; 1 removes
+ * the cap, 0 allows no new segments. Outside [0, 1] is an error. */
 TALLY_API int tally_set_memory_fraction(double fraction, int device);
 
 /* Free and total memory of the device as the backend reports it. */

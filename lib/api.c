@@ -85,6 +85,17 @@ static const tally_backend_t *choose_backend(char *why, size_t whylen)
 
 void tally__exit_register(void);
 
+/* home_device:auto is LOCAL_RANK when it is a valid device number, else none. */
+static int resolve_home(int home)
+{
+    if (home != -2)
+        return home;
+    const char *lr = getenv("LOCAL_RANK");
+    char *end;
+    long v = lr && *lr ? strtol(lr, &end, 10) : -1;
+    return lr && *lr && !*end && v >= 0 && v < TALLY_MAX_DEVICES ? (int)v : -1;
+}
+
 static void do_init(void)
 {
     pthread_once(&options_once, load_options);
@@ -128,12 +139,7 @@ static void do_init(void)
     if (tally__opt.memory_fraction > 0)
         for (int i = 0; i < n; i++)
             apply_fraction_locked(tally__g.dev[i], tally__opt.memory_fraction);
-    if (tally__opt.home_device == -2) {
-        const char *lr = getenv("LOCAL_RANK");
-        char *end;
-        long v = lr ? strtol(lr, &end, 10) : -1;
-        tally__opt.home_device = (lr && *lr && !*end && v >= 0 && v < TALLY_MAX_DEVICES) ? (int)v : -1;
-    }
+    tally__opt.home_device = resolve_home(tally__opt.home_device);
     tally__exit_register();
     atomic_store(&initialised, 1);
 }
@@ -177,10 +183,7 @@ int tally_configure(const char *conf)
             tally__mutex_unlock(&d->lock);
         }
     }
-    if (next.home_device == -2) {
-        const char *lr = getenv("LOCAL_RANK");
-        next.home_device = lr && *lr ? atoi(lr) : -1;
-    }
+    next.home_device = resolve_home(next.home_device);
     tally__opt = next;
     return 0;
 }
@@ -263,32 +266,54 @@ static tally_block_t *find_live(uintptr_t a, bool take, tally_device_t **out)
     return NULL;
 }
 
+/* The newest record of a block freed at address a on device d, or NULL. */
+static const tally_freed_t *freed_at_locked(tally_device_t *d, uintptr_t a)
+{
+    for (uint32_t k = 0; k < TALLY_FREED_RING; k++) {
+        const tally_freed_t *f = &d->freed[(d->freed_next - 1 - k) % TALLY_FREED_RING];
+        if (f->addr == a && f->seq)
+            return f;
+    }
+    return NULL;
+}
+
+static int report_double_free(const char *fn, uintptr_t a, int device, tally_freed_t f)
+{
+    return tally__fail(TALLY_EINVAL, "%s: double free of %p (device %d, %zu bytes, tag %s, stage %s, allocation #%llu)",
+                       fn, (void *)a, device, f.size, tally__tag_name(f.tag), tally__stage_name(f.stage),
+                       (unsigned long long)f.seq);
+}
+
 /* Why ptr is not a live block: a double free (naming its owner), a pointer
- * inside a segment, or one tally never returned. */
+ * inside a segment, or one tally never returned. The device whose segment
+ * holds the address decides: an address can be reused on another device
+ * once a segment goes back to the backend. */
 static int bad_pointer(const char *fn, uintptr_t a)
 {
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_device_t *d = tally__g.dev[i];
         tally__mutex_lock(&d->lock);
-        for (uint32_t k = 0; k < TALLY_FREED_RING; k++) {
-            /* Newest first, so the report names the latest owner. */
-            tally_freed_t *f = &d->freed[(d->freed_next - 1 - k) % TALLY_FREED_RING];
-            if (f->addr == a && f->seq) {
-                tally_freed_t copy = *f;
-                tally__mutex_unlock(&d->lock);
-                return tally__fail(TALLY_EINVAL,
-                                   "%s: double free of %p (device %d, %zu bytes, tag %s, stage %s, allocation #%llu)",
-                                   fn, (void *)a, i, copy.size, tally__tag_name(copy.tag),
-                                   tally__stage_name(copy.stage), (unsigned long long)copy.seq);
-            }
-        }
         tally_segment_t *s = tally__cache_segment_of_locked(d, a);
+        const tally_freed_t *f = s ? freed_at_locked(d, a) : NULL;
+        tally_freed_t copy = f ? *f : (tally_freed_t){0};
         tally__mutex_unlock(&d->lock);
+        if (f)
+            return report_double_free(fn, a, i, copy);
         if (s)
             return tally__fail(TALLY_EINVAL,
                                "%s: %p is inside a segment of device %d but is not the start of a live block "
                                "(double free or interior pointer)",
                                fn, (void *)a, i);
+    }
+    /* No segment holds it: a block whose segment was since released? */
+    for (int i = 0; i < tally__g.ndev; i++) {
+        tally_device_t *d = tally__g.dev[i];
+        tally__mutex_lock(&d->lock);
+        const tally_freed_t *f = freed_at_locked(d, a);
+        tally_freed_t copy = f ? *f : (tally_freed_t){0};
+        tally__mutex_unlock(&d->lock);
+        if (f)
+            return report_double_free(fn, a, i, copy);
     }
     return tally__fail(TALLY_EINVAL, "%s: pointer %p was not allocated by tally", fn, (void *)a);
 }

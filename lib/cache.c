@@ -369,7 +369,7 @@ void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
     if (b->size >= tally__opt.max_split_size)
         tally__stat_dec(&d->stats.oversize_allocations, 1);
     tally__ledger_on_free_locked(d, b);
-    tally__timeline_locked(d, TALLY_EV_FREE, b->addr, b->size, b->stream);
+    tally__timeline_block_locked(d, TALLY_EV_FREE, b);
     tally_freed_t *f = &d->freed[d->freed_next++ % TALLY_FREED_RING];
     f->addr = b->addr;
     f->size = b->requested;
@@ -697,6 +697,6 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
     if (b->size >= tally__opt.max_split_size)
         tally__stat_inc(&d->stats.oversize_allocations, 1);
     tally__ledger_on_alloc_locked(d, b);
-    tally__timeline_locked(d, TALLY_EV_ALLOC, b->addr, b->size, stream);
+    tally__timeline_block_locked(d, TALLY_EV_ALLOC, b);
     return b;
 }

@@ -32,6 +32,7 @@ struct tally_block {
     /* Ledger facts (ledger.c). */
     uint32_t tag, stage;
     uint32_t lentry; /* index of its ledger row */
+    uint32_t epoch;  /* stage instance it was born in (ledger.h) */
     uint64_t seq;
     void *site;
 };

@@ -17,7 +17,7 @@ typedef struct tag_state {
 static _Thread_local tag_state_t tags;
 
 /* Innermost stage (stage.c writes it; allocations read it). */
-_Atomic uint32_t tally__current_stage;
+_Atomic uint64_t tally__current_stage;
 
 int tally_tag_push(const char *tag)
 {
@@ -131,10 +131,13 @@ void tally__ledger_on_alloc_locked(tally_device_t *d, tally_block_t *b)
     if (reserved > ld->win_peak_reserved)
         ld->win_peak_reserved = reserved;
     b->lentry = UINT32_MAX;
+    b->epoch = 0;
     if (!tally__opt.ledger)
         return;
     b->tag = tally__current_tag();
-    b->stage = atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
+    uint64_t st = atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
+    b->stage = (uint32_t)st;
+    b->epoch = (uint32_t)(st >> 32);
     if (TALLY_UNLIKELY(tally__opt.backtrace_depth > 0))
         b->site = tally__site_capture(tally__opt.backtrace_depth);
     uint32_t r = row_of(ld, b->tag, b->stage);

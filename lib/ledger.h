@@ -32,7 +32,13 @@ typedef struct tally_ledger_dev {
 
 /* The calling thread's innermost tag, and the process's innermost stage. */
 uint32_t tally__current_tag(void);
-extern _Atomic uint32_t tally__current_stage;
+/* The innermost stage as (epoch << 32 | id): the epoch counts stage begins,
+ * so a block records which instance of a stage it was born in. */
+extern _Atomic uint64_t tally__current_stage;
+static inline uint32_t tally__stage_now(void)
+{
+    return (uint32_t)atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
+}
 
 void tally__ledger_on_alloc_locked(tally_device_t *d, tally_block_t *b);
 void tally__ledger_on_free_locked(tally_device_t *d, tally_block_t *b);
@@ -73,11 +79,20 @@ typedef struct tally_event_rec {
     uint8_t action;
     int64_t allocated, reserved; /* device totals after the event */
 } tally_event_rec_t;
-void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream);
+void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream,
+                                   uint32_t tag, uint32_t stage);
+/* An event of the device (segments, OOM, stage boundaries): the current
+ * thread's tag and the current stage. */
 static inline void tally__timeline_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream)
 {
     if (TALLY_UNLIKELY(tally__opt.timeline))
-        tally__timeline_record_locked(d, action, addr, size, stream);
+        tally__timeline_record_locked(d, action, addr, size, stream, tally__current_tag(), tally__stage_now());
+}
+/* An event of a block (alloc, free): the block's own tag and stage. */
+static inline void tally__timeline_block_locked(tally_device_t *d, int action, const tally_block_t *b)
+{
+    if (TALLY_UNLIKELY(tally__opt.timeline))
+        tally__timeline_record_locked(d, action, b->addr, b->size, b->stream, b->tag, b->stage);
 }
 /* Copy out up to max events, oldest first; returns the count. */
 size_t tally__timeline_copy_locked(tally_device_t *d, tally_event_rec_t *out, size_t max);

@@ -14,10 +14,15 @@
 #include "internal.h"
 
 #include <dlfcn.h>
-#include <jemalloc/jemalloc.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
+
+/* jemalloc's mallocx flag encoding (stable ABI since jemalloc 3), defined
+ * here so the build needs no jemalloc headers: jemalloc is only ever found
+ * at run time. */
+#define TALLY_MALLOCX_ARENA(a) ((((int)(a)) + 1) << 20)
+#define TALLY_MALLOCX_TCACHE_NONE ((int)((-1 + 2) << 8))
 
 typedef void *(*mallocx_fn)(size_t, int);
 typedef void (*dallocx_fn)(void *, int);
@@ -58,7 +63,7 @@ static void meta_setup(void)
     size_t sz = sizeof arena;
     if (ctl("arenas.create", &arena, &sz, NULL, 0) != 0)
         return;
-    je_flags = (int)MALLOCX_ARENA(arena) | MALLOCX_TCACHE_NONE;
+    je_flags = TALLY_MALLOCX_ARENA(arena) | TALLY_MALLOCX_TCACHE_NONE;
     je_alloc = a;
     je_free = f;
 }

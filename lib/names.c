@@ -59,20 +59,25 @@ static int table_grow(intern_table_t *t)
     return 0;
 }
 
+/* Errors are recorded quietly: the caller (tally_tag_push,
+ * tally_stage_begin) reports them in its own single line. A name with a
+ * control character is not echoed, so the line stays one line. */
 static int intern(intern_table_t *t, const char *name, uint32_t *id)
 {
     if (!name || !*name)
-        return tally__fail(TALLY_EINVAL, "name is empty");
+        return tally__fail_quiet(TALLY_EINVAL, "name is empty");
     size_t len = strlen(name);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (c < 0x20 || c == 0x7f)
+            return tally__fail_quiet(TALLY_EINVAL, "name contains a control character (0x%02x at offset %zu)", c, i);
+    }
     if (len > 200)
-        return tally__fail(TALLY_EINVAL, "name '%.40s...' is longer than 200 characters", name);
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)name[i] < 0x20)
-            return tally__fail(TALLY_EINVAL, "name '%.40s' contains a control character", name);
+        return tally__fail_quiet(TALLY_EINVAL, "name '%.40s...' is longer than 200 characters", name);
     tally__mutex_lock(&names_lock);
     if (t->count == t->cap && table_grow(t)) {
         tally__mutex_unlock(&names_lock);
-        return tally__fail(TALLY_ENOMEM, "out of host memory for names");
+        return tally__fail_quiet(TALLY_ENOMEM, "out of host memory for names");
     }
     uint32_t i = (uint32_t)hash_str(name) & t->mask;
     while (t->index[i] != UINT32_MAX) {
@@ -86,7 +91,7 @@ static int intern(intern_table_t *t, const char *name, uint32_t *id)
     char *copy = tally__meta_strdup(name);
     if (!copy) {
         tally__mutex_unlock(&names_lock);
-        return tally__fail(TALLY_ENOMEM, "out of host memory for names");
+        return tally__fail_quiet(TALLY_ENOMEM, "out of host memory for names");
     }
     t->names[t->count] = copy;
     t->index[i] = t->count;
@@ -176,7 +181,9 @@ static uint32_t site_count;
 
 tally_site_t *tally__site_capture(int depth)
 {
-    enum { SKIP = 3 }; /* this function, the ledger hook, the cache */
+    /* This function, the ledger hook, the cache, and tally_malloc (the
+     * cache's only caller; each in its own file, so none is inlined). */
+    enum { SKIP = 4 };
     void *frames[64 + SKIP + 4];
     if (depth <= 0)
         return NULL;
@@ -184,8 +191,18 @@ tally_site_t *tally__site_capture(int depth)
     if (want > (int)(sizeof frames / sizeof frames[0]))
         want = (int)(sizeof frames / sizeof frames[0]);
     int n = backtrace(frames, want);
-    /* Drop the frames inside tally (those up to and including tally_malloc). */
+    /* Drop the frames inside tally (those up to and including tally_malloc),
+     * so the first frame kept, which the site label shows, is the caller's.
+     * They start at our return into the ledger hook: normally frame 1, later
+     * when a sanitizer's backtrace interceptor adds frames of its own. */
+    void *hook = __builtin_return_address(0);
     int first = n > SKIP ? SKIP : 0;
+    for (int i = 0; i < n && i < 8; i++) {
+        if (frames[i] == hook) {
+            first = i + 3 <= n ? i + 3 : n;
+            break;
+        }
+    }
     int keep = n - first;
     if (keep > depth)
         keep = depth;

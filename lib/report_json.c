@@ -142,6 +142,7 @@ static void write_timeline(tally_out_t *o, tally_device_t *d, bool *first)
     tally_event_rec_t *ev = tally__meta_alloc(cap * sizeof *ev);
     if (!ev)
         return;
+    /* (copy returns 0 when nothing was recorded on this device) */
     size_t n = tally__timeline_copy_locked(d, ev, cap);
     for (size_t i = 0; i < n; i++) {
         tally__out_printf(o,
@@ -198,7 +199,8 @@ int tally__report_json(tally_out_t *o)
     }
     tally__out_puts(o, "],\n\"timeline\":[");
     first = true;
-    for (int i = 0; i < tally__g.ndev && tally__opt.timeline; i++) {
+    /* Whatever was recorded, even if timeline has since been turned off. */
+    for (int i = 0; i < tally__g.ndev; i++) {
         tally__mutex_lock(&tally__g.dev[i]->lock);
         write_timeline(o, tally__g.dev[i], &first);
         tally__mutex_unlock(&tally__g.dev[i]->lock);

@@ -16,7 +16,7 @@
 typedef struct stage_frame {
     uint32_t id;
     uint64_t t0_us;
-    uint64_t start_seq[TALLY_MAX_DEVICES];
+    uint32_t epoch;
     int64_t saved_alloc[TALLY_MAX_DEVICES], saved_reserved[TALLY_MAX_DEVICES];
 } stage_frame_t;
 
@@ -25,6 +25,7 @@ static stage_frame_t frames[STAGE_DEPTH];
 static int depth;
 static tally_stage_rec_t history[TALLY_STAGE_HISTORY];
 static uint64_t history_total;
+static uint32_t epochs; /* stage begins so far */
 
 int tally_stage_begin(const char *name)
 {
@@ -46,12 +47,14 @@ int tally_stage_begin(const char *name)
     stage_frame_t *f = &frames[depth];
     f->id = id;
     f->t0_us = tally__now_us();
-    atomic_store(&tally__current_stage, id);
+    f->epoch = ++epochs;
+    /* From here on, new blocks carry this stage instance; survivors are the
+     * live blocks with an epoch at or after it (nested stages begin later). */
+    atomic_store(&tally__current_stage, (uint64_t)f->epoch << 32 | id);
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_device_t *d = tally__g.dev[i];
         tally_ledger_dev_t *ld = d->ledger;
         tally__mutex_lock(&d->lock);
-        f->start_seq[i] = d->seq;
         /* The enclosing stage's running peaks are parked here and restored
          * (maxed with this stage's) when this one ends. */
         f->saved_alloc[i] = ld->win_peak_alloc;
@@ -145,7 +148,7 @@ int tally_stage_end(const char *name)
             ld->win_peak_reserved = f->saved_reserved[i];
         for (size_t k = 0; k <= d->map.mask; k++) {
             tally_block_t *b = d->map.keys[k] ? d->map.vals[k] : NULL;
-            if (b && b->seq > f->start_seq[i])
+            if (b && b->epoch >= f->epoch)
                 group_add(&g, b->tag, i, b->size);
         }
         tally__timeline_locked(d, TALLY_EV_STAGE_END, 0, 0, NULL);
@@ -157,7 +160,8 @@ int tally_stage_end(const char *name)
         if (!tally__tag_is_persistent(g.items[i].tag))
             g.items[kept++] = g.items[i];
     g.n = kept;
-    qsort(g.items, g.n, sizeof *g.items, by_bytes_desc);
+    if (g.n) /* items is NULL when nothing survived */
+        qsort(g.items, g.n, sizeof *g.items, by_bytes_desc);
     for (uint32_t i = 0; i < g.n; i++) {
         rec.survivor_bytes += g.items[i].bytes;
         rec.survivor_blocks += g.items[i].blocks;
@@ -165,7 +169,8 @@ int tally_stage_end(const char *name)
     rec.surv = g.items;
     rec.nsurv = g.n;
     depth--;
-    atomic_store(&tally__current_stage, depth ? frames[depth - 1].id : TALLY_STAGE_NONE);
+    atomic_store(&tally__current_stage,
+                 depth ? (uint64_t)frames[depth - 1].epoch << 32 | frames[depth - 1].id : TALLY_STAGE_NONE);
     if (tally__opt.release_at_stage_end) {
         for (int i = 0; i < tally__g.ndev; i++) {
             tally_device_t *d = tally__g.dev[i];

@@ -21,7 +21,8 @@ uint64_t tally__now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream)
+void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream,
+                                   uint32_t tag, uint32_t stage)
 {
     timeline_t *t = &timelines[d->id];
     if (!t->ring) {
@@ -40,8 +41,8 @@ void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr
     e->addr = addr;
     e->size = size;
     e->stream = stream;
-    e->tag = tally__current_tag();
-    e->stage = atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
+    e->tag = tag;
+    e->stage = stage;
     e->allocated = d->stats.allocated_bytes[TALLY_POOL_ALL].current;
     e->reserved = d->stats.reserved_bytes[TALLY_POOL_ALL].current;
 }
@@ -49,6 +50,8 @@ void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr
 size_t tally__timeline_copy_locked(tally_device_t *d, tally_event_rec_t *out, size_t max)
 {
     timeline_t *t = &timelines[d->id];
+    if (!t->ring)
+        return 0;
     size_t n = t->count < max ? t->count : max;
     size_t start = (t->next + t->cap - t->count) % (t->cap ? t->cap : 1);
     /* Oldest first; when max < count, the newest max events. */

@@ -1,0 +1,262 @@
+"""``python -m tally``: run a program under tally, and small tools around
+tally's reports. ``python -m tally --help`` lists the commands."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import List, Optional
+
+from . import _reports, _stats
+from ._lib import TallyError, call, has, library, library_path
+from ._options import configure, options, options_text
+from ._torch import install
+
+DESCRIPTION = "tally: a caching GPU memory allocator that knows who owns every byte."
+
+RUN_HELP = """\
+Run a Python program with tally as PyTorch's CUDA allocator: tally is installed
+before the program starts (so before any CUDA use), the program runs as
+`python script.py args...` would (sys.argv set, __name__ == "__main__"), and
+when it returns tally prints the memory summary of each device used and the
+leak report (live blocks by tag, stage and device). The exit status is the
+program's, or leak_exitcode when that is set, the program succeeded and
+blocks are still live. Without PyTorch the program still runs, with tally's C
+API loaded."""
+
+
+def _err(message: str) -> None:
+    print(f"tally: {message}", file=sys.stderr, flush=True)
+
+
+def _exit_code(code) -> int:
+    """The status Python would exit with for SystemExit(code)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _import_torch() -> bool:
+    """Import PyTorch if it is there. Done before libtally.so is loaded, so
+    that the CUDA runtime PyTorch brings is the one tally binds to."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _install_torch(have_torch: bool) -> str:
+    """Install tally into PyTorch if present; say what happened."""
+    if not have_torch:
+        return "PyTorch is not installed: running without tally's PyTorch allocator (the C API is loaded)"
+    try:
+        install()
+    except TallyError as e:
+        return f"{e}; running without tally's PyTorch allocator"
+    return f"installed as PyTorch's CUDA allocator ({library_path()})"
+
+
+def _release_torch_caches() -> None:
+    """Free what PyTorch itself keeps until exit (cuBLAS workspaces), so it
+    is not reported as the program's leak."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        try:
+            torch.cuda.synchronize()
+            clear()
+        except RuntimeError:
+            pass
+
+
+def _used_devices() -> List[int]:
+    count = library().tally_device_count()
+    used = [d for d in range(max(count, 0)) if _stats.max_memory_reserved(d) > 0]
+    return used
+
+
+def _print_exit_report(args) -> int:
+    """Print the summary and leak report; return the live bytes."""
+    sys.stdout.flush()
+    out = sys.stderr
+    if not args.quiet:
+        used = _used_devices()
+        for device in used:
+            out.write(_stats.memory_summary(device))
+        if not used:
+            out.write("tally: no device memory was used\n")
+        if args.ledger:
+            out.write(_reports.ledger_text())
+    live = sum(group["bytes"] for group in _reports.leaks())
+    out.write(_reports.leaks_text(full=not args.quiet))
+    if not live:
+        out.write("tally: no leaks: every block was freed\n")
+    out.flush()
+    return live
+
+
+def _cmd_run(args) -> int:
+    if not args.module and not args.args:
+        _err("run: give a script (or -m module) to run")
+        return 2
+    have_torch = _import_torch()
+    try:
+        for conf in args.conf:
+            configure(conf)
+        if args.report:
+            configure({"report_path": args.report})
+        call("tally_init")
+    except TallyError as e:
+        _err(str(e))
+        return 2
+    _err(_install_torch(have_torch))
+
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    code = 0
+    try:
+        if args.module:
+            sys.argv = [args.module] + list(args.args)
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        else:
+            script = args.args[0]
+            sys.argv = list(args.args)
+            # As `python script.py` does: the script's folder comes first.
+            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = _exit_code(e.code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 130
+    except BaseException:  # the program's own error: reported as Python would
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.argv[:] = saved_argv
+        sys.path[:] = saved_path
+
+    gc.collect()
+    _release_torch_caches()
+    live = _print_exit_report(args)
+    leak_exitcode = int(options().get("leak_exitcode", "0") or 0)
+    if code == 0 and live and leak_exitcode:
+        code = leak_exitcode
+    # This report replaces the one the library would print at exit; the exit
+    # status rule (leak_exitcode) stays in force there.
+    configure({"leak_report": "off"})
+    return code
+
+
+def _cmd_info(args) -> int:
+    print(f"tally {library().tally_version().decode()}")
+    print(f"library: {library_path()}")
+    print(f"backend: {library().tally_backend_name().decode()}")
+    print(f"devices: {library().tally_device_count()}")
+    raises = library().tally_torch_oom_raises() if has("tally_torch_oom_raises") else 0
+    print(f"out-of-memory in PyTorch: {'raises RuntimeError' if raises else 'returns NULL (built without torch_oom.cc)'}")
+    try:
+        import torch
+
+        print(f"PyTorch: {torch.__version__} (CUDA {torch.version.cuda})")
+    except ImportError:
+        print("PyTorch: not installed")
+    return 0
+
+
+def _cmd_options(args) -> int:
+    sys.stdout.write(options_text())
+    return 0
+
+
+def _cmd_snapshot(args) -> int:
+    try:
+        doc = _reports.load_report(args.report)
+    except (OSError, ValueError) as e:
+        _err(f"snapshot: {e}")
+        return 1
+    out = args.output or str(Path(args.report).with_suffix(".pickle"))
+    _reports.dump_snapshot(out, doc)
+    traces = sum(len(t) for t in _reports.snapshot_from_report(doc)["device_traces"])
+    print(f"tally: wrote {out} ({len(doc.get('segments', []))} segments, {traces} trace events); "
+          f"view it with: python -m torch.cuda._memory_viz trace_plot {out} -o {Path(out).stem}.html")
+    return 0
+
+
+def _find_cli() -> Optional[str]:
+    env = os.environ.get("TALLY_CLI")
+    if env:
+        return env
+    beside = Path(library_path()).resolve().parent.parent / "bin" / "tally"
+    if beside.is_file():
+        return str(beside)
+    return shutil.which("tally")
+
+
+def _cmd_merge(args) -> int:
+    cli = _find_cli()
+    if not cli:
+        _err("merge: the tally command-line tool was not found (build it with `make`, "
+             "or set TALLY_CLI to its path)")
+        return 2
+    return subprocess.call([cli, "merge", *args.reports])
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tally", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a Python program under tally and report at exit",
+                         description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--conf", action="append", default=[], metavar="KEY:VALUE,...",
+                     help="tally configuration (TALLY_CONF syntax), applied on top of TALLY_CONF; repeatable")
+    run.add_argument("--report", metavar="PATH",
+                     help="also write the JSON report at exit (report_path; %%r is the rank, %%p the pid)")
+    run.add_argument("--ledger", action="store_true", help="also print the ledger table and stage history")
+    run.add_argument("--quiet", action="store_true", help="print only the leak SUMMARY line at exit")
+    run.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m MODULE does")
+    run.add_argument("args", nargs=argparse.REMAINDER, metavar="script.py args...",
+                     help="the program and its arguments")
+    run.set_defaults(func=_cmd_run)
+
+    info = sub.add_parser("info", help="print the library's version, path, backend and devices")
+    info.set_defaults(func=_cmd_info)
+
+    opts = sub.add_parser("options", help="print the configuration in effect (TALLY_CONF keys with help)")
+    opts.set_defaults(func=_cmd_options)
+
+    snap = sub.add_parser("snapshot", help="convert a JSON report to a PyTorch memory snapshot pickle")
+    snap.add_argument("report", help="a JSON report written by tally (report_path or tally.write_report)")
+    snap.add_argument("-o", "--output", help="the pickle to write (default: the report's name with .pickle)")
+    snap.set_defaults(func=_cmd_snapshot)
+
+    merge = sub.add_parser("merge", help="merge per-rank JSON reports into one table (runs `tally merge`)")
+    merge.add_argument("reports", nargs="+", help="JSON reports, e.g. rank*.json")
+    merge.set_defaults(func=_cmd_merge)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except (ImportError, TallyError) as e:
+        _err(str(e))
+        return 2

@@ -1,0 +1,114 @@
+"""torch.cuda's memory functions, answered by tally.
+
+Same names, arguments and results as in ``torch.cuda`` (see
+``tally.patch_torch()`` to make torch.cuda itself answer from tally), which
+PyTorch cannot give for a pluggable allocator ("CUDAPluggableAllocator does
+not yet support ..."). All work without PyTorch installed.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+from typing import Any, Dict, List, Optional, Union
+
+from ._lib import call, collect_text, library, pool_stat
+from ._reports import _segments, report
+
+__all__ = [
+    "memory_stats",
+    "memory_summary",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats",
+    "empty_cache",
+    "memory_snapshot",
+    "device_index",
+]
+
+Device = Union[None, int, str, Any]
+
+
+def device_index(device: Device = None) -> int:
+    """The device number of ``device`` as torch.cuda understands it: None is
+    the current device (PyTorch's when CUDA is initialised, else 0), an int,
+    "cuda" / "cuda:N", or a torch.device."""
+    if device is None:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.current_device())
+        return 0
+    if isinstance(device, bool):
+        raise TypeError("tally: a device is an int, a str or a torch.device, not a bool")
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        kind, _, number = device.partition(":")
+        if kind != "cuda":
+            raise ValueError(f"tally: expected a CUDA device, got {device!r}")
+        return int(number) if number else device_index(None)
+    kind = getattr(device, "type", None)
+    if kind is not None:
+        if kind != "cuda":
+            raise ValueError(f"tally: expected a CUDA device, got {device!r}")
+        index = getattr(device, "index", None)
+        return device_index(None) if index is None else int(index)
+    raise TypeError(f"tally: cannot read a device from {device!r}")
+
+
+def memory_stats(device: Device = None) -> "collections.OrderedDict[str, int]":
+    """torch.cuda.memory_stats: a flat, key-sorted dict such as
+    ``{"allocated_bytes.all.current": ..., "num_ooms": ...}``."""
+    text = collect_text("tally_write_stats_json", device_index(device))
+    return collections.OrderedDict(sorted(json.loads(text).items()))
+
+
+def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
+    """torch.cuda.memory_summary: the same table, byte for byte."""
+    return collect_text("tally_write_summary", device_index(device), 1 if abbreviated else 0)
+
+
+def memory_allocated(device: Device = None) -> int:
+    """Bytes currently handed out on the device (torch.cuda.memory_allocated)."""
+    return pool_stat(device_index(device), "allocated_bytes", "current")
+
+
+def max_memory_allocated(device: Device = None) -> int:
+    """Peak of memory_allocated since start or the last peak reset."""
+    return pool_stat(device_index(device), "allocated_bytes", "peak")
+
+
+def memory_reserved(device: Device = None) -> int:
+    """Bytes currently obtained from the device by the cache."""
+    return pool_stat(device_index(device), "reserved_bytes", "current")
+
+
+def max_memory_reserved(device: Device = None) -> int:
+    """Peak of memory_reserved since start or the last peak reset."""
+    return pool_stat(device_index(device), "reserved_bytes", "peak")
+
+
+def reset_peak_memory_stats(device: Device = None) -> None:
+    """Set every peak statistic to its current value."""
+    call("tally_reset_peak_stats", device_index(device))
+
+
+def reset_accumulated_memory_stats(device: Device = None) -> None:
+    """Zero the allocated / freed counts and the num_* counters."""
+    call("tally_reset_accumulated_stats", device_index(device))
+
+
+def empty_cache() -> None:
+    """Release every unused cached segment of every device to the backend."""
+    library().tally_empty_cache(-1)
+
+
+def memory_snapshot(mempool_id: Optional[Any] = None) -> List[Dict[str, Any]]:
+    """torch.cuda.memory_snapshot: every segment of every device with its
+    blocks (address, size, requested_size, state). ``mempool_id`` is accepted
+    for signature compatibility and ignored: tally has one pool per device."""
+    return _segments(report())

@@ -1,0 +1,150 @@
+"""Plugging tally into PyTorch.
+
+``install()`` makes tally PyTorch's CUDA allocator through
+``torch.cuda.memory.CUDAPluggableAllocator`` and wires the optional hooks,
+so that ``torch.cuda.empty_cache()``, ``set_per_process_memory_fraction()``
+and ``Tensor.record_stream()`` reach tally. ``patch_torch()`` makes the
+statistics functions of ``torch.cuda`` answer from tally, since PyTorch
+cannot answer them for a pluggable allocator.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+from typing import Any, Dict, Optional, Tuple
+
+from . import _stats
+from ._lib import TallyError, call, library, library_path
+from ._options import configure
+
+__all__ = ["install", "installed", "patch_torch", "unpatch_torch", "PATCHED_NAMES"]
+
+# The optional hooks of torch._C._CUDAPluggableAllocator: setter -> C function.
+_HOOKS = (
+    ("set_init_fn", "tally_torch_init"),
+    ("set_reset_fn", "tally_torch_empty_cache"),
+    ("set_memory_fraction_fn", "tally_torch_memory_fraction"),
+    ("set_record_stream_fn", "tally_torch_record_stream"),
+)
+
+# torch.cuda functions that patch_torch() replaces with tally's.
+PATCHED_NAMES = (
+    "memory_stats",
+    "memory_summary",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats",
+    "empty_cache",
+    "memory_snapshot",
+)
+
+_allocator: Optional[Any] = None
+# (module, name) -> PyTorch's function, keyed by id(module).
+_originals: Dict[Tuple[int, str], Tuple[Any, Any]] = {}
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise TallyError("tally: PyTorch is not installed (tally's C API and reports still work without it)") from e
+    return torch
+
+
+def _address(name: str) -> int:
+    return ctypes.cast(getattr(library(), name), ctypes.c_void_p).value
+
+
+def installed() -> bool:
+    """Whether install() has made tally PyTorch's CUDA allocator."""
+    return _allocator is not None
+
+
+def install(conf: Optional[Any] = None):
+    """Make tally PyTorch's CUDA allocator; call it before any CUDA use.
+
+    ``conf`` (a ``"key:value,key:value"`` string or a dict) is applied with
+    tally_configure before tally starts, on top of ``TALLY_CONF``. Returns the
+    ``CUDAPluggableAllocator``. Calling it again returns the same allocator
+    (a ``conf`` is still applied, so only runtime keys are accepted then).
+
+    Raises RuntimeError when CUDA is already initialised in this process
+    (PyTorch cannot swap its allocator then), TallyError when PyTorch or its
+    CUDA support is missing, or the configuration is bad.
+    """
+    global _allocator
+    if _allocator is not None:
+        if conf is not None:
+            configure(conf)
+        return _allocator
+    # PyTorch first: the CUDA runtime it loads is then the one libtally.so
+    # binds to (same soname), rather than the other way round.
+    torch = _import_torch()
+    if conf is not None:
+        configure(conf)
+    if getattr(torch.version, "cuda", None) is None or not hasattr(torch._C, "_cuda_customAllocator"):
+        raise TallyError("tally.install(): this PyTorch build has no CUDA support")
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "tally.install() must be called before any CUDA use: CUDA is already initialised in this "
+            "process, and PyTorch cannot swap its allocator then. Call tally.install() at the very start "
+            "(before creating CUDA tensors or calling torch.cuda functions), or run the program with "
+            "`python -m tally run script.py`."
+        )
+    call("tally_init")
+    backend = library().tally_backend_name().decode()
+    if backend == "host" and getattr(torch.cuda, "is_available", lambda: False)():
+        raise TallyError(
+            "tally.install(): tally runs its host backend (simulated devices in host memory) but PyTorch sees "
+            "a CUDA device, so CUDA tensors would get host memory; build libtally.so with CUDA, or set "
+            "backend:cuda to see why the cuda backend cannot start"
+        )
+    pluggable = torch.cuda.memory.CUDAPluggableAllocator(library_path(), "tally_torch_alloc", "tally_torch_free")
+    handle = pluggable.allocator()
+    missing = []
+    for setter, name in _HOOKS:
+        fn = getattr(handle, setter, None)
+        if fn is None:
+            missing.append(setter)
+        else:
+            fn(_address(name))
+    try:
+        torch.cuda.memory.change_current_allocator(pluggable)
+    except RuntimeError as e:
+        raise RuntimeError(f"tally.install() must be called before any CUDA use: {e}") from e
+    if missing:
+        warnings.warn(f"tally: this PyTorch lacks {', '.join(missing)}; those hooks do not reach tally", stacklevel=2)
+    if not library().tally_torch_oom_raises():
+        warnings.warn(
+            "tally: this libtally.so was built without lib/torch_oom.cc, so an out-of-memory cannot be "
+            "raised as a Python error; PyTorch would receive a NULL pointer",
+            stacklevel=2,
+        )
+    _allocator = pluggable
+    return pluggable
+
+
+def patch_torch() -> None:
+    """Make torch.cuda.memory_stats, memory_summary, memory_allocated,
+    max_memory_allocated, memory_reserved, max_memory_reserved,
+    reset_peak_memory_stats, reset_accumulated_memory_stats, empty_cache and
+    memory_snapshot answer from tally (in torch.cuda and torch.cuda.memory).
+    unpatch_torch() restores PyTorch's."""
+    torch = _import_torch()
+    for name in PATCHED_NAMES:
+        ours = getattr(_stats, name)
+        for module in (torch.cuda, torch.cuda.memory):
+            if hasattr(module, name):
+                _originals.setdefault((id(module), name), (module, getattr(module, name)))
+                setattr(module, name, ours)
+
+
+def unpatch_torch() -> None:
+    """Undo patch_torch()."""
+    for (_, name), (module, original) in _originals.items():
+        setattr(module, name, original)
+    _originals.clear()

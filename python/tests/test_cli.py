@@ -1,0 +1,260 @@
+"""``python -m tally``, run in subprocesses on the host backend, and the
+package build: the commands, the exit status rules of ``run``, the reports
+it prints, and the wheel the build backend makes."""
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+import zipfile
+import hashlib
+import base64
+
+from . import support
+
+LEAKY = textwrap.dedent(
+    """\
+    import sys
+    import tally
+    lib = tally.library()
+    with tally.stage("load"), tally.tag("weights"):
+        kept = lib.tally_malloc(3 << 20, 0, None)
+    with tally.stage("train"):
+        p = lib.tally_malloc(1000, 1, None)
+        lib.tally_free(p)
+    print("argv", sys.argv, __name__)
+    """
+)
+
+CLEAN = textwrap.dedent(
+    """\
+    import tally
+    lib = tally.library()
+    with tally.stage("only"):
+        p = lib.tally_malloc(4096, 0, None)
+        lib.tally_free(p)
+    print("clean done")
+    """
+)
+
+
+class CliTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def script(self, name, text):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def tally(self, *args, conf=None, **extra):
+        return support.run_python(["-m", "tally", *args], conf=conf, cwd=self.dir, **extra)
+
+    def test_help_lists_every_command(self):
+        r = self.tally("--help")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for command in ("run", "info", "options", "snapshot", "merge"):
+            self.assertIn(command, r.stdout)
+        r = self.tally("run", "--help")
+        self.assertEqual(r.returncode, 0)
+        self.assertIn("leak_exitcode", r.stdout)
+        r = self.tally()
+        self.assertEqual(r.returncode, 2)
+
+    def test_run_leaky_script_exits_with_leak_exitcode(self):
+        path = self.script("leaky.py", LEAKY)
+        r = self.tally("run", "--conf", "leak_exitcode:7", path, "one", "--two")
+        self.assertEqual(r.returncode, 7, r.stderr)
+        self.assertIn(f"argv ['{path}', 'one', '--two'] __main__", r.stdout)
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            self.assertIn("PyTorch is not installed", r.stderr)
+        self.assertIn("PyTorch CUDA memory summary, device ID 0", r.stderr)
+        self.assertIn("PyTorch CUDA memory summary, device ID 1", r.stderr)
+        self.assertIn("3145728 bytes (3.0 MiB) in 1 block: tag weights, stage load, device 0", r.stderr)
+        self.assertIn("SUMMARY: 3145728 bytes leaked in 1 block", r.stderr)
+        # The library's own exit report does not repeat it.
+        self.assertEqual(r.stderr.count("SUMMARY:"), 1)
+
+    def test_run_without_leak_exitcode_keeps_the_scripts_status(self):
+        path = self.script("leaky.py", LEAKY)
+        r = self.tally("run", "--quiet", path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("memory summary", r.stderr)
+        self.assertIn("SUMMARY: 3145728 bytes leaked", r.stderr)
+
+    def test_run_clean_script(self):
+        path = self.script("clean.py", CLEAN)
+        r = self.tally("run", "--ledger", "--conf", "leak_exitcode:7", path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("clean done", r.stdout)
+        self.assertIn("no leaks", r.stderr)
+        self.assertIn("tally ledger", r.stderr)
+
+    def test_run_exit_status_and_errors(self):
+        r = self.tally("run", self.script("exit3.py", "import sys\nsys.exit(3)\n"))
+        self.assertEqual(r.returncode, 3, r.stderr)
+        r = self.tally("run", self.script("boom.py", "raise ValueError('boom')\n"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("ValueError: boom", r.stderr)
+        r = self.tally("run", "--conf", "no_such_key:1", self.script("ok.py", "pass\n"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("no_such_key", r.stderr)
+        r = self.tally("run")
+        self.assertEqual(r.returncode, 2)
+
+    def test_run_module_and_report(self):
+        os.mkdir(os.path.join(self.dir, "pkg"))
+        self.script("pkg/__init__.py", "")
+        self.script("pkg/job.py", LEAKY)
+        report = os.path.join(self.dir, "rank%r.json")
+        r = self.tally("run", "--report", report, "-m", "pkg.job", "x", RANK="3")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        # As with python -m: argv[0] is the module's file.
+        self.assertIn(f"argv ['{os.path.join(self.dir, 'pkg', 'job.py')}', 'x'] __main__", r.stdout)
+        written = os.path.join(self.dir, "rank3.json")
+        self.assertTrue(os.path.exists(written), r.stderr)
+
+        r = self.tally("snapshot", written, "-o", os.path.join(self.dir, "snap.pickle"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(self.dir, "snap.pickle"), "rb") as f:
+            snap = pickle.load(f)
+        tags = {b.get("tag") for s in snap["segments"] for b in s["blocks"]}
+        self.assertIn("weights", tags)
+        r = self.tally("snapshot", os.path.join(self.dir, "missing.json"))
+        self.assertEqual(r.returncode, 1)
+
+    def test_stage_report_at_stage_end(self):
+        path = self.script("leaky.py", LEAKY)
+        r = self.tally("run", "--quiet", path, conf="backend:host,host_devices:2,stage_report:true")
+        self.assertIn("stage load ended", r.stderr)
+        self.assertIn("still live under tag weights", r.stderr)
+
+    def test_info_and_options(self):
+        r = self.tally("info")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("backend: host", r.stdout)
+        self.assertIn("devices: 2", r.stdout)
+        r = self.tally("options")
+        self.assertIn("host_devices:2", r.stdout)
+
+    def test_library_not_found_is_clear(self):
+        r = support.run_python(["-c", "import tally; tally.version()"], TALLY_LIB="/nonexistent/libtally.so")
+        # The build tree's library is still found after TALLY_LIB fails.
+        self.assertEqual(r.returncode, 0, r.stderr)
+        code = "import tally._lib as l; l._candidates = lambda: []; l.library()"
+        r = support.run_python(["-c", code])
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("cannot find libtally.so", r.stderr)
+
+
+class TorchCheckScriptTest(unittest.TestCase):
+    """bench/gpu/torch_check.sh needs a GPU; here its Python parts are
+    byte-compiled and its verdict is run on made-up results."""
+
+    def test_compiles_and_judges(self):
+        import json
+
+        script = support.REPO / "bench" / "gpu" / "torch_check.sh"
+        with tempfile.TemporaryDirectory() as tmp:
+            r = subprocess.run(["bash", str(script), "--compile-only"], env=dict(os.environ, TALLY_CHECK_DIR=tmp,
+                               PYTHON=sys.executable), capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            run = {"steps_per_s": 10.0, "peak_reserved": 1 << 30, "peak_allocated": 1 << 29, "final_loss": 9.0,
+                   "error": None}
+            files = {
+                "native.json": dict(run, mode="native", checks={}),
+                "tally.json": dict(run, mode="tally", checks={"oom_raises": True, "backend_is_cuda": True}),
+                "report.json": {"leaks": [{"tag": "deliberate-leak", "stage": "(none)", "device": 0,
+                                           "bytes": 8 << 20}]},
+            }
+            for name, doc in files.items():
+                with open(os.path.join(tmp, name), "w") as f:
+                    json.dump(doc, f)
+            with open(os.path.join(tmp, "tally.stderr"), "w") as f:
+                f.write("tally: 8388608 bytes (8.0 MiB) in 1 block: tag deliberate-leak, stage (none), device 0\n")
+            verdict = [sys.executable, os.path.join(tmp, "verdict.py"), tmp]
+            r = subprocess.run(verdict, capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("all checks passed", r.stdout)
+            files["tally.json"]["checks"]["oom_raises"] = False
+            with open(os.path.join(tmp, "tally.json"), "w") as f:
+                json.dump(files["tally.json"], f)
+            r = subprocess.run(verdict, capture_output=True, text=True)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("FAIL oom_raises", r.stdout)
+
+
+class InstallWithoutTorchTest(unittest.TestCase):
+    def test_install_says_torch_is_absent(self):
+        code = textwrap.dedent(
+            """\
+            import sys
+            sys.modules["torch"] = None  # as if PyTorch were not installed
+            import tally
+            for fn in (tally.install, tally.patch_torch):
+                try:
+                    fn()
+                except tally.TallyError as e:
+                    print("error:", e)
+            """
+        )
+        r = support.run_python(["-c", code])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.count("PyTorch is not installed"), 2, r.stdout)
+
+
+class BuildTest(unittest.TestCase):
+    """The package's build backend makes a wheel holding libtally.so."""
+
+    def test_wheel_contents(self):
+        sys.path.insert(0, str(support.PYTHON_DIR))
+        try:
+            import tally_build
+        finally:
+            sys.path.pop(0)
+        with tempfile.TemporaryDirectory() as tmp:
+            name = tally_build.build_wheel(tmp)
+            with zipfile.ZipFile(os.path.join(tmp, name)) as whl:
+                names = set(whl.namelist())
+                self.assertIn("tally/libtally.so", names)
+                self.assertIn("tally/__main__.py", names)
+                self.assertIn("tally-0.1.0.dist-info/METADATA", names)
+                record = whl.read("tally-0.1.0.dist-info/RECORD").decode().splitlines()
+                for line in record:
+                    path, digest, size = line.rsplit(",", 2)
+                    if not digest:
+                        continue
+                    data = whl.read(path)
+                    self.assertEqual(int(size), len(data))
+                    expect = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                    self.assertEqual(digest, f"sha256={expect}")
+            self.assertTrue(name.startswith("tally-0.1.0-py3-none-"))
+
+    @unittest.skipUnless(os.environ.get("TALLY_TEST_PIP"), "set TALLY_TEST_PIP=1 to pip-install into a venv")
+    def test_pip_install_into_a_venv(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            venv = os.path.join(tmp, "v")
+            subprocess.check_call([sys.executable, "-m", "venv", "--system-site-packages", venv])
+            pip = os.path.join(venv, "bin", "pip")
+            subprocess.check_call([pip, "install", "--no-index", "--no-build-isolation", str(support.PYTHON_DIR)])
+            env = dict(os.environ, TALLY_CONF="backend:host")
+            env.pop("TALLY_LIB", None)
+            env.pop("PYTHONPATH", None)
+            out = subprocess.check_output(
+                [os.path.join(venv, "bin", "python"), "-c", "import tally; print(tally.library_path())"],
+                env=env, cwd=tmp, text=True)
+            self.assertTrue(out.strip().startswith(venv), out)
+
+
+if __name__ == "__main__":
+    unittest.main()
