@@ -28,7 +28,7 @@ static void load_options(void)
     tally__options_default(&tally__opt);
     const char *conf = getenv("TALLY_CONF");
     if (conf && *conf) {
-        options_rc = tally__options_parse(&tally__opt, conf, false);
+        options_rc = tally__options_parse(&tally__opt, conf, false, NULL);
         if (options_rc)
             snprintf(options_error, sizeof options_error, "TALLY_CONF: %s", tally_last_error());
     }
@@ -164,28 +164,40 @@ bool tally__is_initialised(void)
     return atomic_load(&initialised) != 0;
 }
 
+/* Serialises tally_configure and readers of the whole option set. */
+static tally_mutex_t config_lock = TALLY_MUTEX_INIT;
+
 int tally_configure(const char *conf)
 {
     if (!conf)
         return tally__fail(TALLY_EINVAL, "tally_configure: conf is NULL");
     pthread_once(&options_once, load_options);
-    if (!tally__is_initialised())
-        return tally__options_parse(&tally__opt, conf, false);
-    tally_options_t next = tally__opt;
-    int rc = tally__options_parse(&next, conf, true);
-    if (rc)
+    tally__mutex_lock(&config_lock);
+    uint64_t seen = 0;
+    int rc;
+    if (!tally__is_initialised()) {
+        rc = tally__options_parse(&tally__opt, conf, false, &seen);
+        tally__mutex_unlock(&config_lock);
         return rc;
-    if (next.memory_fraction != tally__opt.memory_fraction) {
-        for (int i = 0; i < tally__g.ndev; i++) {
-            tally_device_t *d = tally__g.dev[i];
-            tally__mutex_lock(&d->lock);
-            apply_fraction_locked(d, next.memory_fraction);
-            tally__mutex_unlock(&d->lock);
-        }
     }
-    next.home_device = resolve_home(next.home_device);
-    tally__opt = next;
-    return 0;
+    tally_options_t next = tally__opt;
+    rc = tally__options_parse(&next, conf, true, &seen);
+    if (rc == 0) {
+        /* Given again, the fraction is applied again: a per-device
+         * tally_set_memory_fraction may have changed it since. */
+        if (seen & tally__option_bit("memory_fraction")) {
+            for (int i = 0; i < tally__g.ndev; i++) {
+                tally_device_t *d = tally__g.dev[i];
+                tally__mutex_lock(&d->lock);
+                apply_fraction_locked(d, next.memory_fraction);
+                tally__mutex_unlock(&d->lock);
+            }
+        }
+        next.home_device = resolve_home(next.home_device);
+        tally__opt = next;
+    }
+    tally__mutex_unlock(&config_lock);
+    return rc;
 }
 
 int tally_write_options(tally_write_fn write, void *arg)
@@ -193,9 +205,12 @@ int tally_write_options(tally_write_fn write, void *arg)
     if (!write)
         return tally__fail(TALLY_EINVAL, "tally_write_options: write is NULL");
     pthread_once(&options_once, load_options);
+    tally__mutex_lock(&config_lock);
+    tally_options_t copy = tally__opt;
+    tally__mutex_unlock(&config_lock);
     tally_out_t o;
     tally__out_init(&o, write, arg);
-    return tally__options_write(&tally__opt, &o);
+    return tally__options_write(&copy, &o);
 }
 
 const char *tally_backend_name(void)
@@ -279,8 +294,10 @@ static const tally_freed_t *freed_at_locked(tally_device_t *d, uintptr_t a)
 
 static int report_double_free(const char *fn, uintptr_t a, int device, tally_freed_t f)
 {
-    return tally__fail(TALLY_EINVAL, "%s: double free of %p (device %d, %zu bytes, tag %s, stage %s, allocation #%llu)",
-                       fn, (void *)a, device, f.size, tally__tag_name(f.tag), tally__stage_name(f.stage),
+    /* Only a free can be a double free; any other use is a use after free. */
+    const char *what = strcmp(fn, "tally_free") == 0 ? "double free" : "use after free";
+    return tally__fail(TALLY_EINVAL, "%s: %s of %p (device %d, %zu bytes, tag %s, stage %s, allocation #%llu)", fn,
+                       what, (void *)a, device, f.size, tally__tag_name(f.tag), tally__stage_name(f.stage),
                        (unsigned long long)f.seq);
 }
 

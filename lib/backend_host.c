@@ -19,7 +19,7 @@
 
 typedef struct host_event {
     void *stream;
-    uint64_t ticket; /* the stream's hold generation when recorded */
+    uint64_t ticket; /* generation of the hold it was recorded under */
     int device;
     bool pending;
 } host_event_t;
@@ -27,7 +27,7 @@ typedef struct host_event {
 #define HOLD_SLOTS 64
 typedef struct hold_slot {
     void *stream;
-    uint64_t generation; /* bumps on every release */
+    uint64_t generation; /* unique per hold */
     int held;
 } hold_slot_t;
 
@@ -119,19 +119,14 @@ static int host_mem_info(int device, size_t *free_bytes, size_t *total_bytes)
     return 0;
 }
 
-static hold_slot_t *find_hold_locked(void *stream, bool create)
+static uint64_t hold_generations;
+
+/* The slot of a held stream, or NULL. */
+static hold_slot_t *find_hold_locked(void *stream)
 {
-    hold_slot_t *empty = NULL;
-    for (int i = 0; i < HOLD_SLOTS; i++) {
-        if (holds[i].stream == stream && (holds[i].held || holds[i].generation))
+    for (int i = 0; i < HOLD_SLOTS; i++)
+        if (holds[i].held && holds[i].stream == stream)
             return &holds[i];
-        if (!empty && !holds[i].held && !holds[i].generation)
-            empty = &holds[i];
-    }
-    if (create && empty) {
-        empty->stream = stream;
-        return empty;
-    }
     return NULL;
 }
 
@@ -150,9 +145,9 @@ static int host_event_record(int device, void *event, void *stream)
     (void)device;
     host_event_t *e = event;
     tally__mutex_lock(&host_lock);
-    hold_slot_t *h = find_hold_locked(stream, false);
+    hold_slot_t *h = find_hold_locked(stream);
     e->stream = stream;
-    e->pending = h && h->held;
+    e->pending = h != NULL;
     e->ticket = h ? h->generation : 0;
     tally__mutex_unlock(&host_lock);
     return 0;
@@ -165,8 +160,9 @@ static int host_event_query(int device, void *event)
     if (!e->pending)
         return 0;
     tally__mutex_lock(&host_lock);
-    hold_slot_t *h = find_hold_locked(e->stream, false);
-    /* Complete once the stream's hold that covered it was released. */
+    hold_slot_t *h = find_hold_locked(e->stream);
+    /* Complete once the hold that covered it was released (each hold has
+     * its own generation, so a later hold of the stream does not count). */
     if (!h || h->generation != e->ticket)
         e->pending = false;
     tally__mutex_unlock(&host_lock);
@@ -203,20 +199,22 @@ static void host_shutdown(void)
 int tally__host_stream_hold(void *stream, int hold)
 {
     tally__mutex_lock(&host_lock);
-    hold_slot_t *h = find_hold_locked(stream, hold != 0);
-    if (!h) {
-        tally__mutex_unlock(&host_lock);
-        if (!hold)
-            return 0;
-        return tally__fail(TALLY_ENOMEM, "host backend: more than %d held streams", HOLD_SLOTS);
-    }
-    if (hold) {
+    hold_slot_t *h = find_hold_locked(stream);
+    if (hold && !h) {
+        for (int i = 0; i < HOLD_SLOTS && !h; i++)
+            if (!holds[i].held)
+                h = &holds[i];
+        if (!h) {
+            tally__mutex_unlock(&host_lock);
+            return tally__fail(TALLY_ENOMEM, "host backend: more than %d streams held at once", HOLD_SLOTS);
+        }
+        h->stream = stream;
         h->held = 1;
-        if (!h->generation)
-            h->generation = 1;
-    } else if (h->held) {
+        h->generation = ++hold_generations;
+    } else if (!hold && h) {
         h->held = 0;
-        h->generation++;
+        h->stream = NULL;
+        h->generation = 0;
     }
     tally__mutex_unlock(&host_lock);
     return 0;

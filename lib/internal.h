@@ -115,7 +115,9 @@ typedef struct tally_options {
 extern tally_options_t tally__opt;
 /* Parse conf into opt (validating every key); when runtime is set, reject
  * keys that cannot change after initialisation. On error opt is unchanged. */
-int tally__options_parse(tally_options_t *opt, const char *conf, bool runtime);
+int tally__options_parse(tally_options_t *opt, const char *conf, bool runtime, uint64_t *seen);
+/* Bit of a key in the seen mask of tally__options_parse. */
+uint64_t tally__option_bit(const char *key);
 void tally__options_default(tally_options_t *opt);
 /* Parse a size with optional suffix (B, KB, KiB, MB, MiB, GB, GiB, TB, TiB). */
 int tally__parse_size(const char *s, uint64_t *out);

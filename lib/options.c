@@ -79,6 +79,7 @@ static const option_row_t rows[] = {
      "events kept in the timeline ring"},
 };
 #define NROWS (sizeof rows / sizeof rows[0])
+_Static_assert(NROWS <= 64, "the seen mask of tally__options_parse holds 64 keys");
 
 void tally__options_default(tally_options_t *o)
 {
@@ -226,12 +227,23 @@ static int parse_roundup(const char *key, const char *v, uint32_t *div)
     return 0;
 }
 
-static int set_one(tally_options_t *o, const char *key, const char *val, bool runtime)
+uint64_t tally__option_bit(const char *key)
 {
-    const option_row_t *r = NULL;
     for (size_t i = 0; i < NROWS; i++)
         if (strcmp(rows[i].name, key) == 0)
+            return 1ull << i;
+    return 0;
+}
+
+static int set_one(tally_options_t *o, const char *key, const char *val, bool runtime, uint64_t *seen)
+{
+    const option_row_t *r = NULL;
+    for (size_t i = 0; i < NROWS; i++) {
+        if (strcmp(rows[i].name, key) == 0) {
             r = &rows[i];
+            *seen |= 1ull << i;
+        }
+    }
     if (!r) {
         /* PyTorch keys that have no meaning here are named as such. */
         if (strcmp(key, "expandable_segments") == 0 || strcmp(key, "pinned_use_cuda_host_register") == 0 ||
@@ -327,8 +339,11 @@ static int set_one(tally_options_t *o, const char *key, const char *val, bool ru
     return tally__fail(TALLY_ECONF, "config: %s: internal error", key);
 }
 
-int tally__options_parse(tally_options_t *opt, const char *conf, bool runtime)
+int tally__options_parse(tally_options_t *opt, const char *conf, bool runtime, uint64_t *seen_out)
 {
+    uint64_t seen = 0;
+    if (seen_out)
+        *seen_out = 0;
     if (!conf)
         return 0;
     tally_options_t work = *opt;
@@ -362,11 +377,13 @@ int tally__options_parse(tally_options_t *opt, const char *conf, bool runtime)
         if (!colon || colon == item)
             return tally__fail(TALLY_ECONF, "config: item '%s' is not key:value", item);
         *colon = 0;
-        int rc = set_one(&work, item, colon + 1, runtime);
+        int rc = set_one(&work, item, colon + 1, runtime, &seen);
         if (rc)
             return rc;
     }
     *opt = work;
+    if (seen_out)
+        *seen_out = seen;
     return 0;
 }
 
