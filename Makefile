@@ -64,7 +64,7 @@ $(BUILD)/lib/libtally.so: $(LIB_OBJ) $(LIB_CXX_OBJ) lib/exports.map
 	@mkdir -p $(dir $@)
 	$(CXX) -shared $(SAN) -o $@ $(LIB_OBJ) $(LIB_CXX_OBJ) -Wl,--version-script=lib/exports.map $(LDLIBS)
 
-$(BUILD)/bin/tally: tools/tally_cli.c $(BUILD)/lib/libtally.a
+$(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/lib/libtally.a $(LDLIBS)
 

@@ -351,7 +351,7 @@ static void test_blocks_freed_by_other_threads(void **state)
  * "Every function is thread-safe": a runtime key set by one thread must not
  * be lost because another thread set a different key at the same time. */
 
-static volatile int configure_stop;
+static _Atomic int configure_stop;
 
 static void *toggle_stage_report(void *arg)
 {

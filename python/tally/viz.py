@@ -147,8 +147,8 @@ def _traces(report, ndev, pending):
             entry["frames"] = _owner_frames(*owner[key])
             traces[dev].append(entry)
         elif action == "free_requested":
-            # The tag on a free event is the freeing thread's; the block's
-            # own comes from its allocation.
+            # The block's owner comes from its allocation (older reports put
+            # the freeing thread's tag on free events).
             entry["frames"] = _owner_frames(*owner.pop(key, (None, None)))
             traces[dev].append(entry)
             traces[dev].append(dict(entry, action="free_completed"))
