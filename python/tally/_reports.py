@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import tempfile
 from typing import Any, Dict, List, Optional
 
@@ -76,94 +75,13 @@ def leaks_text(full: bool = True) -> str:
     return collect_text("tally_write_leaks", 1 if full else 0)
 
 
-def _frames(entry: Dict[str, Any]) -> List[Dict[str, Any]]:
-    return [
-        {
-            "filename": "<tally>",
-            "line": 0,
-            "name": f"tag {entry.get('tag', 'untagged')}, stage {entry.get('stage', '(none)')}",
-        }
-    ]
-
-
-def _segments(doc: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """torch.cuda.memory_snapshot()'s segment list from a report. Each block
-    in use carries one synthetic frame naming its tag and stage, so the
-    visualiser shows who owns it; both are also kept as plain keys."""
-    segments = []
-    for seg in doc.get("segments", []):
-        blocks = []
-        allocated = active = requested = 0
-        for b in seg.get("blocks", []):
-            block = {
-                "address": b["address"],
-                "size": b["size"],
-                "requested_size": b.get("requested_size", 0),
-                "state": b["state"],
-                "frames": [],
-            }
-            if b["state"] != "inactive":
-                active += b["size"]
-                requested += block["requested_size"]
-                if b["state"] == "active_allocated":
-                    allocated += b["size"]
-                block["tag"] = b.get("tag", "untagged")
-                block["stage"] = b.get("stage", "(none)")
-                block["frames"] = _frames(b)
-            blocks.append(block)
-        segments.append(
-            {
-                "device": seg["device"],
-                "address": seg["address"],
-                "total_size": seg["total_size"],
-                "allocated_size": allocated,
-                "active_size": active,
-                "requested_size": requested,
-                "stream": seg.get("stream", 0),
-                "segment_type": seg.get("segment_type", "large"),
-                "segment_pool_id": (0, 0),
-                "is_expandable": False,
-                "frames": [],
-                "blocks": blocks,
-            }
-        )
-    return segments
-
-
-# tally timeline action -> PyTorch trace actions. A tally free returns the
-# block at once (pending stream events aside), so it is both requested and
-# completed. Stage markers have no counterpart and are left out.
-_ACTIONS = {
-    "alloc": ("alloc",),
-    "free_requested": ("free_requested", "free_completed"),
-    "segment_alloc": ("segment_alloc",),
-    "segment_free": ("segment_free",),
-    "oom": ("oom",),
-}
-
-
 def snapshot_from_report(doc: Dict[str, Any]) -> Dict[str, Any]:
-    """A dict shaped as ``torch.cuda.memory._snapshot()``: ``segments`` and
-    ``device_traces`` (one list per device; filled when the report was
-    written with ``timeline:true``)."""
-    ndev = max([d["device"] + 1 for d in doc.get("devices", [])] or [1])
-    traces: List[List[Dict[str, Any]]] = [[] for _ in range(ndev)]
-    for ev in doc.get("timeline", []):
-        for action in _ACTIONS.get(ev.get("action"), ()):
-            entry = {
-                "action": action,
-                "addr": ev.get("addr", 0),
-                "size": ev.get("size", 0),
-                "stream": ev.get("stream", 0),
-                "time_us": ev.get("time_us", 0),
-                "frames": _frames(ev),
-            }
-            if action == "oom":
-                entry["device_free"] = 0
-            device = ev.get("device", 0)
-            if 0 <= device < ndev:
-                traces[device].append(entry)
-    return {"segments": _segments(doc), "device_traces": traces}
+    """A dict shaped as ``torch.cuda.memory._snapshot()`` for a report
+    (``segments``, and ``device_traces`` when it was written with
+    ``timeline:true``); the conversion lives in :mod:`tally.viz`."""
+    from . import viz
+
+    return viz.to_snapshot(doc)
 
 
 def snapshot() -> Dict[str, Any]:
@@ -177,6 +95,6 @@ def dump_snapshot(path: str, doc: Optional[Dict[str, Any]] = None) -> None:
     ``path``, as ``torch.cuda.memory._dump_snapshot`` does; open it with
     ``python -m torch.cuda._memory_viz trace_plot PATH -o out.html`` or at
     pytorch.org/memory_viz."""
-    snap = snapshot() if doc is None else snapshot_from_report(doc)
-    with open(path, "wb") as f:
-        pickle.dump(snap, f)
+    from . import viz
+
+    viz.write_snapshot(snapshot() if doc is None else snapshot_from_report(doc), path)

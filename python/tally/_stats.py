@@ -14,7 +14,7 @@ import sys
 from typing import Any, Dict, List, Optional, Union
 
 from ._lib import call, collect_text, library, pool_stat
-from ._reports import _segments, report
+from ._reports import report, snapshot_from_report
 
 __all__ = [
     "memory_stats",
@@ -111,4 +111,4 @@ def memory_snapshot(mempool_id: Optional[Any] = None) -> List[Dict[str, Any]]:
     """torch.cuda.memory_snapshot: every segment of every device with its
     blocks (address, size, requested_size, state). ``mempool_id`` is accepted
     for signature compatibility and ignored: tally has one pool per device."""
-    return _segments(report())
+    return snapshot_from_report(report())["segments"]

@@ -96,13 +96,18 @@ def _segment(seg, where):
             if state != "inactive":
                 active += size
                 requested += req
-            blocks.append({
+            block = {
                 "address": int(b["address"]),
                 "size": size,
                 "requested_size": req,
                 "state": state,
                 "frames": _owner_frames(b.get("tag"), b.get("stage")) if state != "inactive" else [],
-            })
+            }
+            if state != "inactive":
+                # Plain keys as well, for scripts (the visualiser ignores them).
+                block["tag"] = b.get("tag", "untagged")
+                block["stage"] = b.get("stage", "(none)")
+            blocks.append(block)
         return {
             "device": int(seg["device"]),
             "address": int(seg["address"]),

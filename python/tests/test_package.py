@@ -283,7 +283,7 @@ class ReportTest(unittest.TestCase):
             tally.dump_snapshot(path)
             with open(path, "rb") as f:
                 snap = pickle.load(f)
-        self.assertEqual(set(snap), {"segments", "device_traces"})
+        self.assertLessEqual({"segments", "device_traces"}, set(snap))
         self.assertEqual(len(snap["device_traces"]), 2)
         actions = {e["action"] for e in snap["device_traces"][1]}
         self.assertTrue({"alloc", "free_requested", "free_completed", "segment_alloc"} <= actions, actions)

@@ -151,7 +151,9 @@ class VizTest(unittest.TestCase):
             allocated = active = requested = 0
             free_internal = free_external = in_use = 0
             for b in seg["blocks"]:
-                self.assertEqual(set(b), BLOCK_KEYS)
+                # PyTorch's keys, plus tally's tag and stage on owned blocks.
+                extra = {"tag", "stage"} if b["state"] != "inactive" else set()
+                self.assertEqual(set(b), BLOCK_KEYS | extra)
                 self.assertIn(b["state"], ("active_allocated", "active_pending_free", "inactive"))
                 self.assertEqual(b["address"], addr, "blocks tile their segment")
                 addr += b["size"]
