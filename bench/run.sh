@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# Runs tally's benchmarks and prints one report (Markdown tables).
+#   bash bench/run.sh <build dir>
+# Builds nothing: `make -C bench BUILD=<abs build dir>` builds the binaries
+# and the synthetic traces first (the top Makefile's `bench` target does both).
+# Traces: $TALLY_TRACES, else ../shared/traces next to the repository.
+# Raw results stay in <build dir>/bench-results/. About 2 minutes on 2 CPUs.
+set -euo pipefail
+
+if [ $# -ne 1 ]; then
+  echo "usage: bash bench/run.sh <build dir>" >&2
+  exit 2
+fi
+BUILD=$(cd "$1" && pwd)
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+TRACES=${TALLY_TRACES:-$ROOT/../shared/traces}
+if [ ! -d "$TRACES" ]; then
+  echo "run.sh: no trace directory at $TRACES (set TALLY_TRACES)" >&2
+  exit 1
+fi
+TRACES=$(cd "$TRACES" && pwd)
+BIN=$BUILD/bench
+for f in "$BIN/hotpath-glibc" "$BIN/hotpath-jemalloc" "$BIN/hotpath-mimalloc" "$BUILD/bin/tally-replay"; do
+  if [ ! -x "$f" ]; then
+    echo "run.sh: $f is missing; run: make -C bench BUILD=$BUILD" >&2
+    exit 1
+  fi
+done
+OUT=$BUILD/bench-results
+mkdir -p "$OUT"
+rm -f "$OUT"/*.txt
+export TALLY_TRACES=$TRACES
+# The benchmarks set their own tally configuration; a TALLY_CONF from the
+# environment would be applied on top of it, so it is cleared here.
+unset TALLY_CONF
+
+start=$(date +%s)
+step() { echo "run.sh: $*" >&2; }
+
+# 1. Hot path: each system allocator against tally in the same process.
+for a in glibc jemalloc mimalloc; do
+  step "hot path, $a against tally"
+  "$BIN/hotpath-$a" >"$OUT/hotpath-$a.txt"
+done
+# 2. Ledger on / off (not changeable at run time: separate processes,
+#    alternated three times), and backtraces of depth 16.
+for i in 1 2 3; do
+  step "hot path, tally ledger on / off ($i of 3)"
+  "$BIN/hotpath-glibc" --only tally --rounds 1 --label ledger-on >"$OUT/ledger-on-$i.txt"
+  "$BIN/hotpath-glibc" --only tally --rounds 1 --label ledger-off --conf ledger:false >"$OUT/ledger-off-$i.txt"
+done
+step "hot path, tally with backtrace_depth:16"
+"$BIN/hotpath-glibc" --only tally --rounds 1 --label bt16 --conf backtrace_depth:16 >"$OUT/backtrace.txt"
+# 3. Replay of the recorded and the synthetic traces.
+step "replay"
+replay_args=("$TRACES")
+if [ -d "$BUILD/traces" ]; then replay_args+=("$BUILD/traces"); fi
+"$BUILD/bin/tally-replay" --check "${replay_args[@]}" >"$OUT/replay.txt"
+# 4. Instruction counts (noise-free), when valgrind is installed.
+if [ "${TALLY_BENCH_CALLGRIND:-1}" != 0 ] && command -v valgrind >/dev/null && command -v callgrind_annotate >/dev/null; then
+  step "instruction counts (callgrind)"
+  bash "$HERE/callgrind.sh" "$BUILD" >"$OUT/instructions.txt"
+fi
+end=$(date +%s)
+
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+echo "# tally benchmarks"
+echo
+echo "- machine: ${cpu:-unknown CPU}, $(nproc) CPUs, $(uname -sr)"
+echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+echo "- traces: $TRACES"
+grep -h '^# system allocator' "$OUT"/hotpath-*.txt | sed 's/^# /- /'
+grep -h '^# sizes' "$OUT/hotpath-glibc.txt" | sed 's/^# /- /'
+grep -h '^# window' "$OUT/hotpath-glibc.txt" | sed 's/^# /- hot path: /'
+echo
+
+cat "$OUT"/hotpath-*.txt "$OUT"/ledger-*.txt "$OUT/backtrace.txt" | grep '^R ' | awk '
+function median(key,    n, i, j, t, a) {
+  n = cnt[key]
+  if (n == 0) return -1
+  for (i = 1; i <= n; i++) a[i] = val[key, i]
+  for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+  return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+}
+function fmt(x) { return x < 0 ? "-" : sprintf("%.1f", x) }
+function rat(a, b) { return (a < 0 || b <= 0) ? "-" : sprintf("%.2f", a / b) }
+{
+  key = $2 SUBSEP $3 SUBSEP $4 SUBSEP $5
+  cnt[key]++; val[key, cnt[key]] = $6
+  cnt["w" key]++; val["w" key, cnt["w" key]] = $10
+  if ($9 + 0 > 0) grew[$2 " " $3 " " $4 " " $5 " threads"] = $9
+}
+END {
+  ns = split("small all", S, " "); np = split("pair fifo lifo", P, " "); nt = split("1 8", T, " ")
+  sname["small"] = "<= 256 KiB"; sname["all"] = "all sizes"
+  print "## Hot path: CPU ns per allocate+free pair (median)"
+  print ""
+  print "CPU time of all threads / pairs of all threads. tally: median of its runs in the three processes; each ratio uses the tally run of the same process."
+  print ""
+  print "| sizes | pattern | threads | glibc | jemalloc | mimalloc | tally | tally/glibc | tally/jemalloc | tally/mimalloc |"
+  print "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+  for (s = 1; s <= ns; s++) for (p = 1; p <= np; p++) for (t = 1; t <= nt; t++) {
+    k = SUBSEP S[s] SUBSEP P[p] SUBSEP T[t]
+    g = median("glibc" k); j = median("jemalloc" k); m = median("mimalloc" k)
+    tg = median("tally@glibc" k); tj = median("tally@jemalloc" k); tm = median("tally@mimalloc" k)
+    c = 0; delete tv
+    if (tg >= 0) tv[++c] = tg; if (tj >= 0) tv[++c] = tj; if (tm >= 0) tv[++c] = tm
+    for (i = 1; i <= c; i++) { cnt["_t" k]++; val["_t" k, cnt["_t" k]] = tv[i] }
+    tal = median("_t" k)
+    printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sname[S[s]], P[p], T[t], fmt(g), fmt(j), fmt(m), fmt(tal), rat(tg, g), rat(tj, j), rat(tm, m)
+    if (S[s] == "small") {
+      r = (tm > 0 && m > 0) ? tm / m : -1
+      head[T[t]] = head[T[t]] sprintf("%s %s, ", P[p], rat(tm, m))
+      if (r > 0) { lg[T[t]] += log(r); ln[T[t]]++ }
+    }
+  }
+  print ""
+  for (t = 1; t <= nt; t++) if (ln[T[t]])
+    printf "Headline, sizes <= 256 KiB, %s thread%s: tally/mimalloc %sgeometric mean %.2f (target <= 2)\n", T[t], T[t] == 1 ? "" : "s", head[T[t]], exp(lg[T[t]] / ln[T[t]])
+  print ""
+  print "## Hot path, sizes <= 256 KiB: wall-clock ns per pair (median)"
+  print ""
+  print "Wall time / pairs of all threads (inverse throughput, waiting included). With more threads than CPUs, waiting for a CPU is included too."
+  print ""
+  print "| pattern | threads | glibc | jemalloc | mimalloc | tally | tally/mimalloc |"
+  print "|---|---:|---:|---:|---:|---:|---:|"
+  for (p = 1; p <= np; p++) for (t = 1; t <= nt; t++) {
+    k = SUBSEP "small" SUBSEP P[p] SUBSEP T[t]
+    g = median("wglibc" k); j = median("wjemalloc" k); m = median("wmimalloc" k)
+    tg = median("wtally@glibc" k); tj = median("wtally@jemalloc" k); tm = median("wtally@mimalloc" k)
+    c = 0; delete tv
+    if (tg >= 0) tv[++c] = tg; if (tj >= 0) tv[++c] = tj; if (tm >= 0) tv[++c] = tm
+    for (i = 1; i <= c; i++) { cnt["_w" k]++; val["_w" k, cnt["_w" k]] = tv[i] }
+    printf "| %s | %s | %s | %s | %s | %s | %s |\n", P[p], T[t], fmt(g), fmt(j), fmt(m), fmt(median("_w" k)), rat(tm, m)
+  }
+  print ""
+  print "## Hot path: tally ledger on / off, backtraces (CPU ns per pair, median)"
+  print ""
+  print "Ledger on and off: three alternated processes each. Backtrace cost per allocation = backtrace_depth:16 minus ledger on."
+  print ""
+  print "| sizes | pattern | threads | ledger on | ledger off | on/off | backtrace_depth:16 | backtrace cost per allocation |"
+  print "|---|---|---:|---:|---:|---:|---:|---:|"
+  for (s = 1; s <= ns; s++) for (p = 1; p <= np; p++) for (t = 1; t <= nt; t++) {
+    k = SUBSEP S[s] SUBSEP P[p] SUBSEP T[t]
+    on = median("ledger-on" k); off = median("ledger-off" k); bt = median("bt16" k)
+    printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", sname[S[s]], P[p], T[t], fmt(on), fmt(off), rat(on, off), fmt(bt), (bt >= 0 && on >= 0) ? sprintf("%.0f ns", bt - on) : "-"
+    if (S[s] == "small" && on > 0 && off > 0) { lo[T[t]] += log(on / off); lon[T[t]]++ }
+  }
+  print ""
+  for (t = 1; t <= nt; t++) if (lon[T[t]])
+    printf "Ledger on/off, sizes <= 256 KiB, %s thread%s: geometric mean %.3f over the three patterns (target <= 1.10)\n", T[t], T[t] == 1 ? "" : "s", exp(lo[T[t]] / lon[T[t]])
+  n = 0
+  for (x in grew) gl[++n] = x
+  for (i = 2; i <= n; i++) { t = gl[i]; for (j = i - 1; j >= 1 && gl[j] > t; j--) gl[j + 1] = gl[j]; gl[j + 1] = t }
+  if (n) {
+    print ""
+    printf "Backend allocations tally made while timed (its cache was not yet in a steady state):"
+    for (i = 1; i <= n; i++) printf "%s %s: %s", i == 1 ? "" : ";", gl[i], grew[gl[i]]
+    print ""
+  }
+}'
+echo
+echo "## Hot path: instructions per pair (callgrind, 1 thread, sizes <= 256 KiB)"
+echo
+if [ -s "$OUT/instructions.txt" ]; then
+  echo "Counted with callgrind (inclusive instructions of the pattern loop, per allocate+free pair): unlike time, not moved by other load on the machine."
+  echo
+  cat "$OUT/instructions.txt"
+else
+  echo "Not measured (valgrind not installed, or TALLY_BENCH_CALLGRIND=0)."
+fi
+echo
+echo "## Replay"
+echo
+cat "$OUT/replay.txt"
+echo
+echo "Raw results: $OUT. Wall time of the run: $((end - start)) s."

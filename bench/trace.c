@@ -1,0 +1,358 @@
+/* Trace files: strict CSV reading with errors that name file and line, and
+ * the id -> dense slot mapping (see trace.h). */
+#include "trace.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Live ids: open addressing, id -> (slot, size). */
+typedef struct live_map {
+    uint64_t *ids;
+    uint32_t *slots; /* UINT32_MAX: empty */
+    uint64_t *sizes;
+    size_t mask, count;
+} live_map_t;
+
+static size_t id_hash(uint64_t id, size_t mask)
+{
+    return (size_t)((id * 0x9E3779B97F4A7C15ull) >> 17) & mask;
+}
+
+static int map_init(live_map_t *m, size_t cap)
+{
+    m->ids = malloc(cap * sizeof *m->ids);
+    m->slots = malloc(cap * sizeof *m->slots);
+    m->sizes = malloc(cap * sizeof *m->sizes);
+    if (!m->ids || !m->slots || !m->sizes)
+        return -1;
+    memset(m->slots, 0xff, cap * sizeof *m->slots);
+    m->mask = cap - 1;
+    m->count = 0;
+    return 0;
+}
+
+static void map_free(live_map_t *m)
+{
+    free(m->ids);
+    free(m->slots);
+    free(m->sizes);
+}
+
+static size_t map_find(const live_map_t *m, uint64_t id)
+{
+    size_t i = id_hash(id, m->mask);
+    while (m->slots[i] != UINT32_MAX && m->ids[i] != id)
+        i = (i + 1) & m->mask;
+    return i;
+}
+
+static int map_put(live_map_t *m, uint64_t id, uint32_t slot, uint64_t size)
+{
+    if ((m->count + 1) * 2 > m->mask + 1) {
+        live_map_t big;
+        if (map_init(&big, (m->mask + 1) * 2))
+            return -1;
+        for (size_t i = 0; i <= m->mask; i++)
+            if (m->slots[i] != UINT32_MAX) {
+                size_t j = map_find(&big, m->ids[i]);
+                big.ids[j] = m->ids[i];
+                big.slots[j] = m->slots[i];
+                big.sizes[j] = m->sizes[i];
+                big.count++;
+            }
+        map_free(m);
+        *m = big;
+    }
+    size_t i = map_find(m, id);
+    m->ids[i] = id;
+    m->slots[i] = slot;
+    m->sizes[i] = size;
+    m->count++;
+    return 0;
+}
+
+/* Remove entry i with backward-shift deletion. */
+static void map_erase(live_map_t *m, size_t i)
+{
+    size_t hole = i;
+    for (size_t j = (i + 1) & m->mask; m->slots[j] != UINT32_MAX; j = (j + 1) & m->mask) {
+        size_t home = id_hash(m->ids[j], m->mask);
+        bool movable = hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
+        if (movable) {
+            m->ids[hole] = m->ids[j];
+            m->slots[hole] = m->slots[j];
+            m->sizes[hole] = m->sizes[j];
+            hole = j;
+        }
+    }
+    m->slots[hole] = UINT32_MAX;
+    m->count--;
+}
+
+/* A decimal field of [s, e): digits only, no sign, fits in 64 bits. */
+static bool parse_u64(const char *s, const char *e, uint64_t *out)
+{
+    if (s == e || e - s > 20)
+        return false;
+    uint64_t v = 0;
+    for (const char *p = s; p < e; p++) {
+        if (*p < '0' || *p > '9')
+            return false;
+        uint64_t d = (uint64_t)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return false;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return true;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+int trace_load(const char *path, trace_t *t, char *err, size_t errlen)
+{
+    memset(t, 0, sizeof *t);
+    snprintf(t->path, sizeof t->path, "%s", path);
+    t->name = base_name(t->path);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    live_map_t live;
+    if (map_init(&live, 1024)) {
+        fclose(f);
+        return fail(err, errlen, "%s: out of memory", path);
+    }
+    size_t cap = 0;
+    char *line = NULL;
+    size_t linecap = 0;
+    ssize_t len;
+    long lineno = 0;
+    int rc = 0;
+    while ((len = getline(&line, &linecap, f)) >= 0) {
+        lineno++;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = 0;
+        if (lineno == 1) {
+            if (strcmp(line, "op,id,size,stream") != 0) {
+                rc = fail(err, errlen, "%s:1: header is '%.60s', expected 'op,id,size,stream'", path, line);
+                break;
+            }
+            continue;
+        }
+        if (len == 0)
+            continue; /* blank line (e.g. at the end) */
+        if ((size_t)len != strlen(line)) {
+            rc = fail(err, errlen, "%s:%ld: NUL byte in line", path, lineno);
+            break;
+        }
+        const char *field[4], *end[4];
+        int nf = 0;
+        const char *p = line;
+        for (;;) {
+            if (nf == 4) {
+                nf++;
+                break;
+            }
+            field[nf] = p;
+            const char *c = strchr(p, ',');
+            end[nf] = c ? c : line + len;
+            nf++;
+            if (!c)
+                break;
+            p = c + 1;
+        }
+        if (nf != 4) {
+            rc = fail(err, errlen, "%s:%ld: expected 4 fields op,id,size,stream, got %s in '%.80s'", path, lineno,
+                      nf > 4 ? "more" : "fewer", line);
+            break;
+        }
+        uint64_t id, size, stream;
+        if (end[0] - field[0] != 1 || (field[0][0] != 'a' && field[0][0] != 'f')) {
+            rc = fail(err, errlen, "%s:%ld: op '%.*s' is not 'a' or 'f'", path, lineno, (int)(end[0] - field[0]),
+                      field[0]);
+            break;
+        }
+        if (!parse_u64(field[1], end[1], &id)) {
+            rc = fail(err, errlen, "%s:%ld: id '%.*s' is not an unsigned integer", path, lineno,
+                      (int)(end[1] - field[1]), field[1]);
+            break;
+        }
+        if (!parse_u64(field[2], end[2], &size) || size > (UINT64_MAX >> 2)) {
+            rc = fail(err, errlen, "%s:%ld: size '%.*s' is not an unsigned integer of sane magnitude", path, lineno,
+                      (int)(end[2] - field[2]), field[2]);
+            break;
+        }
+        if (!parse_u64(field[3], end[3], &stream) || stream > 1000000000ull) {
+            rc = fail(err, errlen, "%s:%ld: stream '%.*s' is not an unsigned integer", path, lineno,
+                      (int)(end[3] - field[3]), field[3]);
+            break;
+        }
+        size_t si = 0;
+        while (si < t->nstreams && t->stream_ids[si] != (long long)stream)
+            si++;
+        if (si == t->nstreams) {
+            if (t->nstreams == sizeof t->stream_ids / sizeof t->stream_ids[0]) {
+                rc = fail(err, errlen, "%s:%ld: more than %zu distinct streams", path, lineno,
+                          sizeof t->stream_ids / sizeof t->stream_ids[0]);
+                break;
+            }
+            t->stream_ids[t->nstreams++] = (long long)stream;
+        }
+        if (t->nev == cap) {
+            cap = cap ? cap * 2 : 4096;
+            trace_event_t *grown = realloc(t->ev, cap * sizeof *grown);
+            if (!grown) {
+                rc = fail(err, errlen, "%s:%ld: out of memory", path, lineno);
+                break;
+            }
+            t->ev = grown;
+        }
+        trace_event_t *e = &t->ev[t->nev];
+        e->op = field[0][0];
+        e->stream = (uint16_t)si;
+        size_t at = map_find(&live, id);
+        bool is_live = live.slots[at] != UINT32_MAX;
+        if (e->op == 'a') {
+            if (is_live) {
+                rc = fail(err, errlen, "%s:%ld: allocation of id %llu, which is already live", path, lineno,
+                          (unsigned long long)id);
+                break;
+            }
+            if (t->nalloc >= UINT32_MAX - 1) {
+                rc = fail(err, errlen, "%s:%ld: too many allocations", path, lineno);
+                break;
+            }
+            e->slot = (uint32_t)t->nalloc++;
+            e->size = size;
+            if (map_put(&live, id, e->slot, size)) {
+                rc = fail(err, errlen, "%s:%ld: out of memory", path, lineno);
+                break;
+            }
+        } else {
+            if (!is_live) {
+                rc = fail(err, errlen, "%s:%ld: free of id %llu, which is not live (never allocated, or freed twice)",
+                          path, lineno, (unsigned long long)id);
+                break;
+            }
+            if (size != 0 && size != live.sizes[at]) {
+                rc = fail(err, errlen, "%s:%ld: free of id %llu with size %llu, but it was allocated with %llu", path,
+                          lineno, (unsigned long long)id, (unsigned long long)size,
+                          (unsigned long long)live.sizes[at]);
+                break;
+            }
+            e->slot = live.slots[at];
+            e->size = live.sizes[at];
+            map_erase(&live, at);
+            t->nfree++;
+        }
+        t->nev++;
+    }
+    if (!rc && ferror(f))
+        rc = fail(err, errlen, "%s: read error: %s", path, strerror(errno));
+    if (!rc && lineno == 0)
+        rc = fail(err, errlen, "%s:1: empty file (no header)", path);
+    free(line);
+    fclose(f);
+    map_free(&live);
+    if (rc)
+        trace_free(t);
+    return rc;
+}
+
+void trace_free(trace_t *t)
+{
+    free(t->ev);
+    t->ev = NULL;
+    t->nev = 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int trace_dir_list(const char *dir, char ***paths, char *err, size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return fail(err, errlen, "%s: cannot open directory: %s", dir, strerror(errno));
+    char **list = NULL;
+    int n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t l = strlen(de->d_name);
+        if (l < 5 || strcmp(de->d_name + l - 4, ".csv") != 0)
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **grown = realloc(list, (size_t)cap * sizeof *grown);
+            if (!grown)
+                break;
+            list = grown;
+        }
+        size_t pl = strlen(dir) + l + 2;
+        list[n] = malloc(pl);
+        if (!list[n])
+            break;
+        snprintf(list[n], pl, "%s/%s", dir, de->d_name);
+        n++;
+    }
+    closedir(d);
+    if (n)
+        qsort(list, (size_t)n, sizeof *list, cmp_str);
+    *paths = list;
+    return n;
+}
+
+int trace_dir_sizes(const char *dir, uint64_t **sizes, size_t *n, size_t *cap, char *err, size_t errlen)
+{
+    char **paths;
+    int np = trace_dir_list(dir, &paths, err, errlen);
+    if (np < 0)
+        return -1;
+    int rc = 0;
+    for (int i = 0; i < np; i++) {
+        trace_t t;
+        if (!rc && trace_load(paths[i], &t, err, errlen) == 0) {
+            for (size_t k = 0; k < t.nev; k++) {
+                if (t.ev[k].op != 'a' || t.ev[k].size == 0)
+                    continue;
+                if (*n == *cap) {
+                    *cap = *cap ? *cap * 2 : 65536;
+                    uint64_t *grown = realloc(*sizes, *cap * sizeof *grown);
+                    if (!grown) {
+                        rc = fail(err, errlen, "out of memory");
+                        break;
+                    }
+                    *sizes = grown;
+                }
+                (*sizes)[(*n)++] = t.ev[k].size;
+            }
+            trace_free(&t);
+        } else {
+            rc = -1;
+        }
+        free(paths[i]);
+    }
+    free(paths);
+    return rc ? -1 : np;
+}
