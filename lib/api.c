@@ -250,8 +250,12 @@ void *tally_malloc(size_t size, int device, void *stream)
     tally_device_t *d = tally__device(device, "tally_malloc");
     if (!d)
         return NULL;
+    /* The allocation site is unwound before the lock: it is slow. */
+    void *site = NULL;
+    if (TALLY_UNLIKELY(tally__opt.backtrace_depth > 0) && tally__opt.ledger)
+        site = tally__site_capture(tally__opt.backtrace_depth);
     tally__mutex_lock(&d->lock);
-    tally_block_t *b = tally__cache_malloc_locked(d, size, stream);
+    tally_block_t *b = tally__cache_malloc_locked(d, size, stream, site);
     void *p = b ? (void *)b->addr : NULL;
     tally__mutex_unlock(&d->lock);
     return p;

@@ -620,7 +620,7 @@ static bool should_split(const tally_block_t *b, size_t size)
     return size < tally__opt.max_split_size && remaining > SMALL_SIZE;
 }
 
-tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *stream)
+tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *stream, void *site)
 {
     if (d->events_head)
         process_events(d, false);
@@ -696,6 +696,7 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
     tally__stat_pool_inc(d->stats.requested_bytes, b->pool, (int64_t)orig);
     if (b->size >= tally__opt.max_split_size)
         tally__stat_inc(&d->stats.oversize_allocations, 1);
+    b->site = site;
     tally__ledger_on_alloc_locked(d, b);
     tally__timeline_block_locked(d, TALLY_EV_ALLOC, b);
     return b;

@@ -151,7 +151,7 @@ tally_block_t *tally__ptrmap_take(tally_ptrmap_t *m, uintptr_t key);
 void tally__ptrmap_free(tally_ptrmap_t *m);
 
 /* cache.c */
-tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t size, void *stream);
+tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t size, void *stream, void *site);
 void tally__cache_free_locked(tally_device_t *d, tally_block_t *b);
 int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void *stream);
 size_t tally__cache_release_all_locked(tally_device_t *d);

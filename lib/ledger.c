@@ -138,8 +138,6 @@ void tally__ledger_on_alloc_locked(tally_device_t *d, tally_block_t *b)
     uint64_t st = atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
     b->stage = (uint32_t)st;
     b->epoch = (uint32_t)(st >> 32);
-    if (TALLY_UNLIKELY(tally__opt.backtrace_depth > 0))
-        b->site = tally__site_capture(tally__opt.backtrace_depth);
     uint32_t r = row_of(ld, b->tag, b->stage);
     if (TALLY_UNLIKELY(r == UINT32_MAX))
         return;

@@ -40,6 +40,7 @@ static inline uint32_t tally__stage_now(void)
     return (uint32_t)atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
 }
 
+/* b->site is set by the caller (captured before the lock). */
 void tally__ledger_on_alloc_locked(tally_device_t *d, tally_block_t *b);
 void tally__ledger_on_free_locked(tally_device_t *d, tally_block_t *b);
 int tally__ledger_device_init(tally_device_t *d);

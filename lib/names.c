@@ -181,9 +181,10 @@ static uint32_t site_count;
 
 tally_site_t *tally__site_capture(int depth)
 {
-    /* This function, the ledger hook, the cache, and tally_malloc (the
-     * cache's only caller; each in its own file, so none is inlined). */
-    enum { SKIP = 4 };
+    /* Called from tally_malloc before it takes the device lock (unwinding
+     * is slow: other threads must not wait for it). Frame 0 is the return
+     * into tally_malloc; its caller comes next. */
+    enum { SKIP = 1 };
     void *frames[64 + SKIP + 4];
     if (depth <= 0)
         return NULL;
@@ -191,15 +192,15 @@ tally_site_t *tally__site_capture(int depth)
     if (want > (int)(sizeof frames / sizeof frames[0]))
         want = (int)(sizeof frames / sizeof frames[0]);
     int n = backtrace(frames, want);
-    /* Drop the frames inside tally (those up to and including tally_malloc),
-     * so the first frame kept, which the site label shows, is the caller's.
-     * They start at our return into the ledger hook: normally frame 1, later
-     * when a sanitizer's backtrace interceptor adds frames of its own. */
+    /* Drop the frames inside tally, so the first frame kept, which the site
+     * label shows, is tally_malloc's caller. They end at our return into
+     * tally_malloc: normally frame 0, later when a sanitizer's backtrace
+     * interceptor adds frames of its own. */
     void *hook = __builtin_return_address(0);
     int first = n > SKIP ? SKIP : 0;
     for (int i = 0; i < n && i < 8; i++) {
         if (frames[i] == hook) {
-            first = i + 3 <= n ? i + 3 : n;
+            first = i + 1 <= n ? i + 1 : n;
             break;
         }
     }

@@ -406,9 +406,18 @@ int tally__options_write(const tally_options_t *o, tally_out_t *out)
             else
                 tally__out_printf(out, "%llu", (unsigned long long)*(const uint64_t *)field);
             break;
-        case T_DOUBLE:
-            tally__out_printf(out, "%g", *(const double *)field);
+        case T_DOUBLE: {
+            /* The shortest form that reads back as the same double. */
+            double v = *(const double *)field;
+            char num[40];
+            for (int prec = 6; prec <= 17; prec++) {
+                snprintf(num, sizeof num, "%.*g", prec, v);
+                if (strtod(num, NULL) == v)
+                    break;
+            }
+            tally__out_puts(out, num);
             break;
+        }
         case T_ENUM:
             tally__out_puts(out, r->enums[*(const int *)field]);
             break;

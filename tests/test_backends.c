@@ -1,0 +1,153 @@
+/* Backend selection without a GPU: backend:cuda and backend:async fail at
+ * first use with one clear line saying why, and nothing crashes; auto picks
+ * the host backend and says so once. Each case runs in a forked child, since
+ * the backend is chosen once per process. On a machine with a CUDA device
+ * the failure cases are skipped (the GPU script checks them for real). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tally.h"
+
+typedef struct child {
+    char err[4096];
+    int status;
+    int result; /* what the child wrote back: bit 0 init failed, bit 1 malloc NULL */
+} child_t;
+
+static char sink_buf[2048];
+static size_t sink_len;
+
+static void sink(void *arg, const char *text, size_t len)
+{
+    (void)arg;
+    if (sink_len + len < sizeof sink_buf) {
+        memcpy(sink_buf + sink_len, text, len);
+        sink_len += len;
+        sink_buf[sink_len] = 0;
+    }
+}
+
+/* Run tally_init and one tally_malloc in a child with conf; collect the
+ * diagnostics text and the outcome. */
+static void run_child(const char *conf, child_t *c)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        setenv("TALLY_CONF", conf, 1);
+        tally_set_sink(sink, NULL);
+        int failed = tally_init() != 0;
+        void *p = tally_malloc(1 << 20, 0, NULL);
+        char line[4096];
+        int n = snprintf(line, sizeof line, "%d|%s|%s", failed | (p == NULL) << 1, tally_backend_name(), sink_buf);
+        if (write(fds[1], line, (size_t)n) < 0)
+            _exit(3);
+        tally_free(p);
+        _exit(0);
+    }
+    close(fds[1]);
+    memset(c, 0, sizeof *c);
+    size_t got = 0;
+    ssize_t n;
+    while ((n = read(fds[0], c->err + got, sizeof c->err - 1 - got)) > 0)
+        got += (size_t)n;
+    close(fds[0]);
+    assert_int_equal(waitpid(pid, &c->status, 0), pid);
+    c->result = atoi(c->err);
+}
+
+static int have_gpu(void)
+{
+    child_t c;
+    run_child("backend:auto", &c);
+    return strstr(c.err, "|cuda|") != NULL;
+}
+
+static void check_refused(const char *conf, const char *name)
+{
+    if (have_gpu())
+        skip();
+    child_t c;
+    run_child(conf, &c);
+    assert_true(WIFEXITED(c.status));
+    assert_int_equal(WEXITSTATUS(c.status), 0);
+    /* init failed and the allocation returned NULL */
+    assert_int_equal(c.result, 3);
+    char want[64];
+    snprintf(want, sizeof want, "tally: backend %s unusable: ", name);
+    if (!strstr(c.err, want))
+        fail_msg("expected '%s' in: %s", want, c.err);
+    /* One line: the reason is printed once, not per call. */
+    const char *first = strstr(c.err, want);
+    assert_null(strstr(first + 1, want));
+}
+
+static void test_cuda_without_gpu_fails_cleanly(void **state)
+{
+    (void)state;
+    check_refused("backend:cuda", "cuda");
+}
+
+static void test_async_without_gpu_fails_cleanly(void **state)
+{
+    (void)state;
+    check_refused("backend:async", "async");
+}
+
+static void test_pytorch_backend_names_are_accepted(void **state)
+{
+    (void)state;
+    if (have_gpu())
+        skip();
+    child_t c;
+    run_child("backend:cudaMallocAsync", &c);
+    assert_non_null(strstr(c.err, "backend async unusable"));
+    run_child("backend:native", &c);
+    assert_non_null(strstr(c.err, "backend cuda unusable"));
+}
+
+static void test_auto_picks_host_and_says_why(void **state)
+{
+    (void)state;
+    if (have_gpu())
+        skip();
+    child_t c;
+    run_child("backend:auto", &c);
+    assert_int_equal(c.result, 0);
+    assert_non_null(strstr(c.err, "|host|"));
+    assert_non_null(strstr(c.err, "tally: backend auto: using host"));
+}
+
+static void test_host_backend_never_mentions_cuda(void **state)
+{
+    (void)state;
+    child_t c;
+    run_child("backend:host", &c);
+    assert_int_equal(c.result, 0);
+    assert_null(strstr(c.err, "backend auto"));
+    assert_null(strstr(c.err, "unusable"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cuda_without_gpu_fails_cleanly),
+        cmocka_unit_test(test_async_without_gpu_fails_cleanly),
+        cmocka_unit_test(test_pytorch_backend_names_are_accepted),
+        cmocka_unit_test(test_auto_picks_host_and_says_why),
+        cmocka_unit_test(test_host_backend_never_mentions_cuda),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
