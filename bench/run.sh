@@ -57,6 +57,8 @@ step "replay"
 replay_args=("$TRACES")
 if [ -d "$BUILD/traces" ]; then replay_args+=("$BUILD/traces"); fi
 "$BUILD/bin/tally-replay" --check "${replay_args[@]}" >"$OUT/replay.txt"
+step "replay with expandable segments"
+"$BUILD/bin/tally-replay" --check --conf expandable_segments:true "${replay_args[@]}" >"$OUT/replay-expandable.txt"
 # 4. Instruction counts (noise-free), when valgrind is installed.
 if [ "${TALLY_BENCH_CALLGRIND:-1}" != 0 ] && command -v valgrind >/dev/null && command -v callgrind_annotate >/dev/null; then
   step "instruction counts (callgrind)"
@@ -171,8 +173,12 @@ else
   echo "Not measured (valgrind not installed, or TALLY_BENCH_CALLGRIND=0)."
 fi
 echo
-echo "## Replay"
+echo "## Replay (PyTorch's placement rules, the default)"
 echo
 cat "$OUT/replay.txt"
+echo
+echo "## Replay with expandable_segments:true (one address range per stream, 2 MiB pages mapped on demand)"
+echo
+cat "$OUT/replay-expandable.txt"
 echo
 echo "Raw results: $OUT. Wall time of the run: $((end - start)) s."

@@ -116,6 +116,13 @@ static void do_init(void)
         tally__diag("%s", tally__g.init_error);
         return;
     }
+    if (tally__opt.expandable_segments && !be->map) {
+        tally__g.init_rc = -TALLY_ECONF;
+        snprintf(tally__g.init_error, sizeof tally__g.init_error,
+                 "expandable_segments: backend %s cannot map pages (only host can, in this version)", be->name);
+        tally__diag("%s", tally__g.init_error);
+        return;
+    }
     tally__g.backend = be;
     int n = be->device_count();
     if (n > TALLY_MAX_DEVICES)

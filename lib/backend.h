@@ -41,6 +41,14 @@ typedef struct tally_backend {
     int (*trim)(int device, size_t keep);
     int (*pool_usage)(int device, uint64_t usage[4]);
     int (*pool_reset_peak)(int device);
+    /* Address space and page mapping, for expandable segments (may be NULL):
+     * reserve size bytes of addresses without memory; map / unmap memory
+     * at an address inside a reservation (map counts against capacity and
+     * can fail with TALLY_ENOMEM); give a reservation back. */
+    int (*reserve)(int device, size_t size, void **ptr, char *why, size_t whylen);
+    int (*map)(int device, void *ptr, size_t size, char *why, size_t whylen);
+    int (*unmap)(int device, void *ptr, size_t size);
+    int (*unreserve)(int device, void *ptr, size_t size);
     void (*shutdown)(void);
 } tally_backend_t;
 

@@ -110,6 +110,64 @@ static int host_free(int device, void *ptr, size_t size, void *stream)
     return 0;
 }
 
+static int host_reserve(int device, size_t size, void **ptr, char *why, size_t whylen)
+{
+    (void)device;
+    void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        snprintf(why, whylen, "reserving %zu bytes of address space failed: %s", size, strerror(errno));
+        return TALLY_ENOMEM;
+    }
+    *ptr = p;
+    return 0;
+}
+
+/* Mapping counts against the device's capacity, as an allocation does; in
+ * backed mode the pages become usable. */
+static int host_map(int device, void *ptr, size_t size, char *why, size_t whylen)
+{
+    tally__mutex_lock(&host_lock);
+    if (fault_fires_locked()) {
+        tally__mutex_unlock(&host_lock);
+        snprintf(why, whylen, "injected allocation failure");
+        return TALLY_ENOMEM;
+    }
+    if (size > capacity - used[device]) {
+        tally__mutex_unlock(&host_lock);
+        snprintf(why, whylen, "simulated device %d is full (%llu of %llu bytes in use, %zu asked)", device,
+                 (unsigned long long)used[device], (unsigned long long)capacity, size);
+        return TALLY_ENOMEM;
+    }
+    used[device] += size;
+    tally__mutex_unlock(&host_lock);
+    if (mode == TALLY_HOST_BACKED && mprotect(ptr, size, PROT_READ | PROT_WRITE) != 0) {
+        tally__mutex_lock(&host_lock);
+        used[device] -= size;
+        tally__mutex_unlock(&host_lock);
+        snprintf(why, whylen, "mprotect of %zu bytes failed: %s", size, strerror(errno));
+        return TALLY_ENOMEM;
+    }
+    return 0;
+}
+
+static int host_unmap(int device, void *ptr, size_t size)
+{
+    if (mode == TALLY_HOST_BACKED) {
+        madvise(ptr, size, MADV_DONTNEED);
+        mprotect(ptr, size, PROT_NONE);
+    }
+    tally__mutex_lock(&host_lock);
+    used[device] -= size;
+    tally__mutex_unlock(&host_lock);
+    return 0;
+}
+
+static int host_unreserve(int device, void *ptr, size_t size)
+{
+    (void)device;
+    return munmap(ptr, size) == 0 ? 0 : TALLY_EBACKEND;
+}
+
 static int host_mem_info(int device, size_t *free_bytes, size_t *total_bytes)
 {
     tally__mutex_lock(&host_lock);
@@ -243,5 +301,9 @@ const tally_backend_t tally__backend_host = {
     .event_sync = host_event_sync,
     .event_destroy = host_event_destroy,
     .synchronize = host_synchronize,
+    .reserve = host_reserve,
+    .map = host_map,
+    .unmap = host_unmap,
+    .unreserve = host_unreserve,
     .shutdown = host_shutdown,
 };

@@ -80,6 +80,7 @@ static tally_block_t *block_new(tally_device_t *d)
     /* Callers set addr, size, stream, seg, pool, prev and next. */
     b->left = b->right = NULL;
     b->state = BLOCK_FREE;
+    b->paged = 0;
     b->event_count = 0;
     b->nuses = b->cap_uses = 0;
     b->uses = NULL;
@@ -135,15 +136,20 @@ tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t add
 static void release_segment(tally_device_t *d, tally_block_t *b, bool in_pool)
 {
     tally_segment_t *s = b->seg;
-    d->stats.num_device_free++;
-    tally__g.backend->free(d->id, (void *)b->addr, b->size, b->stream);
-    d->reserved -= b->size;
-    tally__stat_pool_dec(d->stats.segment, b->pool, 1);
-    tally__stat_pool_dec(d->stats.reserved_bytes, b->pool, (int64_t)b->size);
-    if (b->size >= tally__opt.max_split_size)
-        tally__stat_dec(&d->stats.oversize_segments, 1);
     if (in_pool)
         tally__pool_erase(pool_of(d, b->pool), b);
+    if (s->ex) {
+        /* Its pages are unmapped (and counted) one by one. */
+        tally__expand_release_locked(d, s);
+    } else {
+        d->stats.num_device_free++;
+        tally__g.backend->free(d->id, (void *)b->addr, b->size, b->stream);
+        d->reserved -= b->size;
+        tally__stat_pool_dec(d->stats.reserved_bytes, b->pool, (int64_t)b->size);
+        if (b->size >= tally__opt.max_split_size)
+            tally__stat_dec(&d->stats.oversize_segments, 1);
+    }
+    tally__stat_pool_dec(d->stats.segment, b->pool, 1);
     tally__timeline_locked(d, TALLY_EV_SEGMENT_FREE, b->addr, b->size, b->stream);
     segment_unlink(d, s);
     tally__meta_free(s);
@@ -315,6 +321,10 @@ static void free_block(tally_device_t *d, tally_block_t *b)
 {
     size_t original = b->size;
     int64_t dblocks = 0, dbytes = 0;
+    if (b->paged) {
+        tally__expand_unref_locked(b);
+        b->paged = 0;
+    }
     tally_block_t *cands[2] = {b->prev, b->next};
     for (int i = 0; i < 2; i++) {
         size_t s = try_merge(d, b, cands[i]);
@@ -329,9 +339,11 @@ static void free_block(tally_device_t *d, tally_block_t *b)
         dblocks += 1;
         dbytes += (int64_t)b->size;
     }
-    if (dblocks)
+    /* Free pieces of an expandable segment can always be released (their
+     * pages unmapped), so they are not "non-releasable" (PyTorch agrees). */
+    if (dblocks && !b->seg->ex)
         tally__stat_pool(d->stats.inactive_split, b->pool, dblocks);
-    if (dbytes)
+    if (dbytes && !b->seg->ex)
         tally__stat_pool(d->stats.inactive_split_bytes, b->pool, dbytes);
     tally__stat_pool_dec(d->stats.active, b->pool, 1);
     tally__stat_pool_dec(d->stats.active_bytes, b->pool, (int64_t)original);
@@ -440,9 +452,9 @@ static bool get_free_block(tally_device_t *d, alloc_params_t *p)
     if (!b)
         return false;
     uint64_t msplit = tally__opt.max_split_size;
-    if (p->size < msplit && b->size >= msplit)
+    if (!b->seg->ex && p->size < msplit && b->size >= msplit)
         return false;
-    if (p->size >= msplit && b->size >= p->size + tally__opt.max_non_split_rounding)
+    if (!b->seg->ex && p->size >= msplit && b->size >= p->size + tally__opt.max_non_split_rounding)
         return false;
     tally__pool_erase(pool, b);
     p->block = b;
@@ -575,6 +587,15 @@ static void garbage_collect(tally_device_t *d)
     tally__meta_free(c.items);
 }
 
+/* Hand a block chosen by tally__cache_malloc_locked back to its pool. */
+static void undo_handout(tally_device_t *d, tally_block_t *b)
+{
+    b->requested = 0;
+    tally__stat_pool_inc(d->stats.active, b->pool, 1);
+    tally__stat_pool_inc(d->stats.active_bytes, b->pool, (int64_t)b->size);
+    free_block(d, b);
+}
+
 size_t tally__cache_release_all_locked(tally_device_t *d)
 {
     const tally_backend_t *be = tally__g.backend;
@@ -591,6 +612,8 @@ size_t tally__cache_release_all_locked(tally_device_t *d)
     synchronize_and_free_events(d);
     size_t released = release_pool(d, &d->large);
     released += release_pool(d, &d->small);
+    if (tally__expand_on())
+        released += tally__expand_trim_locked(d);
     return released;
 }
 
@@ -605,6 +628,20 @@ static bool find_block(tally_device_t *d, alloc_params_t *p)
     }
     if (get_free_block(d, p))
         return true;
+    if (p->pool == TALLY_POOL_LARGE && tally__expand_on()) {
+        /* The stream's region holds every large block; memory is mapped
+         * once the block is chosen (tally__cache_malloc_locked). */
+        int rc = tally__expand_region_locked(d, p->stream, block_new, p->why, sizeof p->why);
+        if (rc) {
+            p->err = rc;
+            return false;
+        }
+        if (get_free_block(d, p))
+            return true;
+        p->err = TALLY_ENOMEM;
+        snprintf(p->why, sizeof p->why, "no free range of %zu bytes in the expandable segment", p->size);
+        return false;
+    }
     if (gc_enabled(d))
         garbage_collect(d);
     return alloc_block(d, p, false) ||
@@ -615,9 +652,23 @@ static bool find_block(tally_device_t *d, alloc_params_t *p)
 static bool should_split(const tally_block_t *b, size_t size)
 {
     size_t remaining = b->size - size;
-    if (b->pool == TALLY_POOL_SMALL)
+    if (b->pool == TALLY_POOL_SMALL || b->seg->ex)
         return remaining >= MIN_BLOCK;
     return size < tally__opt.max_split_size && remaining > SMALL_SIZE;
+}
+
+/* An allocation that cannot be served: OOM (counted, reported with who holds
+ * the memory) or a backend error. */
+static void report_failure(tally_device_t *d, size_t orig, alloc_params_t *p)
+{
+    if (p->err == TALLY_ENOMEM) {
+        d->stats.num_ooms++;
+        tally__timeline_locked(d, TALLY_EV_OOM, 0, p->alloc_size, p->stream);
+        tally__report_oom_locked(d, orig, p->size, p->alloc_size, p->why);
+        tally__fail_quiet(TALLY_ENOMEM, "out of memory on device %d: %zu bytes asked (%s)", d->id, orig, p->why);
+    } else {
+        tally__fail(TALLY_EBACKEND, "device %d: backend error: %s", d->id, p->why);
+    }
 }
 
 tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *stream, void *site)
@@ -633,18 +684,14 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
     p.err = 0;
     p.why[0] = 0;
     if (!find_block(d, &p)) {
-        if (p.err == TALLY_ENOMEM) {
-            d->stats.num_ooms++;
-            tally__timeline_locked(d, TALLY_EV_OOM, 0, p.alloc_size, stream);
-            tally__report_oom_locked(d, orig, p.size, p.alloc_size, p.why);
-            tally__fail_quiet(TALLY_ENOMEM, "out of memory on device %d: %zu bytes asked (%s)", d->id, orig, p.why);
-        } else {
-            tally__fail(TALLY_EBACKEND, "device %d: backend error: %s", d->id, p.why);
-        }
+        report_failure(d, orig, &p);
         return NULL;
     }
     tally_block_t *b = p.block;
+    /* Out of the pool from here on: no merge may take it. */
+    b->state = BLOCK_ALLOCATED;
     bool already_split = b->prev || b->next;
+    bool counted = !b->seg->ex; /* expandable pieces are never non-releasable */
     if (!tally__g.backend->passthrough && should_split(b, p.size)) {
         tally_block_t *rest = block_new(d);
         if (rest) {
@@ -662,27 +709,41 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
             b->next = rest;
             b->size = p.size;
             tally__pool_insert(pool_of(d, b->pool), rest);
-            if (already_split) {
+            if (counted && already_split) {
                 tally__stat_pool_dec(d->stats.inactive_split_bytes, b->pool, (int64_t)b->size);
-            } else {
+            } else if (counted) {
                 tally__stat_pool_inc(d->stats.inactive_split_bytes, b->pool, (int64_t)rest->size);
                 tally__stat_pool_inc(d->stats.inactive_split, b->pool, 1);
             }
-        } else if (already_split) {
+        } else if (already_split && counted) {
             /* No record for the remainder: hand out the whole block. */
             tally__stat_pool_dec(d->stats.inactive_split_bytes, b->pool, (int64_t)b->size);
             tally__stat_pool_dec(d->stats.inactive_split, b->pool, 1);
         }
-    } else if (already_split) {
+    } else if (already_split && counted) {
         tally__stat_pool_dec(d->stats.inactive_split_bytes, b->pool, (int64_t)b->size);
         tally__stat_pool_dec(d->stats.inactive_split, b->pool, 1);
     }
+    if (b->seg->ex) {
+        /* Back the block with pages; on OOM release what is cached and
+         * retry once, as for a new segment. */
+        int rc = tally__expand_map_locked(d, b, p.why, sizeof p.why);
+        if (rc == TALLY_ENOMEM) {
+            tally__cache_release_all_locked(d);
+            d->stats.num_alloc_retries++;
+            rc = tally__expand_map_locked(d, b, p.why, sizeof p.why);
+        }
+        if (rc) {
+            undo_handout(d, b);
+            p.err = rc;
+            report_failure(d, orig, &p);
+            return NULL;
+        }
+        b->paged = 1;
+    }
     if (tally__ptrmap_put(&d->map, b->addr, b)) {
         /* Cannot track it: put it back and fail cleanly. */
-        b->requested = 0;
-        tally__stat_pool_inc(d->stats.active, b->pool, 1);
-        tally__stat_pool_inc(d->stats.active_bytes, b->pool, (int64_t)b->size);
-        free_block(d, b);
+        undo_handout(d, b);
         tally__fail(TALLY_ENOMEM, "out of host memory for the pointer map");
         return NULL;
     }

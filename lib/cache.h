@@ -12,6 +12,7 @@
 enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2 };
 
 typedef struct tally_segment tally_segment_t;
+typedef struct tally_expand tally_expand_t;
 typedef struct tally_block tally_block_t;
 
 struct tally_block {
@@ -25,6 +26,7 @@ struct tally_block {
     uint32_t prio;               /* treap priority */
     uint8_t pool;                /* TALLY_POOL_SMALL or TALLY_POOL_LARGE */
     uint8_t state;               /* BLOCK_* */
+    uint8_t paged;               /* counted on its expandable segment's pages */
     uint16_t event_count;        /* outstanding stream events */
     uint16_t nuses, cap_uses;    /* streams recorded by record_stream */
     void **uses;
@@ -46,6 +48,7 @@ struct tally_segment {
     tally_segment_t *prev, *next; /* device's segment list */
     tally_block_t *head;          /* lowest-address block */
     struct tally_binset *bins;    /* small pool: its stream's bin set */
+    tally_expand_t *ex;           /* expandable segment: its pages (expand.c) */
 };
 
 /* Small-pool free blocks of one stream, binned by exact size (tree.c). */
@@ -157,6 +160,17 @@ int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void 
 size_t tally__cache_release_all_locked(tally_device_t *d);
 int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen);
 void tally__cache_fill_derived_locked(tally_device_t *d, tally_stats_t *out);
+/* expand.c: expandable segments (large pool, 2 MiB pages mapped on demand) */
+bool tally__expand_on(void);
+int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *(*new_block)(tally_device_t *),
+                                char *why, size_t whylen);
+int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, size_t whylen);
+void tally__expand_unref_locked(tally_block_t *b);
+size_t tally__expand_trim_locked(tally_device_t *d);
+size_t tally__expand_release_locked(tally_device_t *d, tally_segment_t *s);
+size_t tally__expand_mapped_bytes(const tally_segment_t *s);
+int tally__expand_check_locked(const tally_segment_t *s, char *why, size_t whylen);
+
 /* The device's segment containing addr, or NULL. */
 tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t addr);
 

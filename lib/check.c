@@ -82,13 +82,19 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
         nseg++;
         recount_t *r = &rc[s->pool];
         r->segment++;
-        r->reserved_bytes += (int64_t)s->size;
-        if (s->size >= msplit)
-            over_seg++;
+        if (s->ex) {
+            r->reserved_bytes += (int64_t)tally__expand_mapped_bytes(s);
+            if (tally__expand_check_locked(s, why, whylen))
+                return -1;
+        } else {
+            r->reserved_bytes += (int64_t)s->size;
+            if (s->size >= msplit)
+                over_seg++;
+        }
         if (!s->head || s->head->prev || s->head->addr != s->base)
             FAIL("segment %p: head block is wrong", (void *)s->base);
         uintptr_t at = s->base;
-        bool split = s->head->next != NULL;
+        bool split = s->head->next != NULL && !s->ex;
         for (tally_block_t *b = s->head; b; b = b->next) {
             if (b->seg != s || b->addr != at || b->pool != s->pool || b->stream != s->stream)
                 FAIL("block %p: not chained in segment %p at %p", (void *)b->addr, (void *)s->base, (void *)at);
@@ -111,6 +117,8 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
                     FAIL("free block %p still has stream uses or events", (void *)b->addr);
                 break;
             case BLOCK_ALLOCATED:
+                if ((b->paged != 0) != (s->ex != NULL))
+                    FAIL("block %p: page accounting flag is wrong", (void *)b->addr);
                 if (tally__ptrmap_get(&d->map, b->addr) != b)
                     FAIL("allocated block %p is missing from the pointer map", (void *)b->addr);
                 r->allocation++;

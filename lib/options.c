@@ -49,6 +49,8 @@ static const option_row_t rows[] = {
      "blocks at or above this size (MiB, >= 20) are never split; 'none' for unlimited"},
     {"max_non_split_rounding_mb", T_SPLIT_MB, OFF(max_non_split_rounding), 0, 0, NULL, false,
      "a cached oversize block is reused for a request at most this much (MiB, >= 20) smaller"},
+    {"expandable_segments", T_BOOL, OFF(expandable_segments), 0, 0, NULL, false,
+     "large pool: one address range per stream, 2 MiB pages mapped where blocks live (host backend)"},
     {"garbage_collection_threshold", T_DOUBLE, OFF(gc_threshold), 0, 1, NULL, true,
      "with a memory fraction set, reclaim old cached blocks above this share of it (0 < t < 1)"},
     {"roundup_power2_divisions", T_ROUNDUP, OFF(roundup_divisions), 0, 0, NULL, false,
@@ -246,7 +248,7 @@ static int set_one(tally_options_t *o, const char *key, const char *val, bool ru
     }
     if (!r) {
         /* PyTorch keys that have no meaning here are named as such. */
-        if (strcmp(key, "expandable_segments") == 0 || strcmp(key, "pinned_use_cuda_host_register") == 0 ||
+        if (strcmp(key, "pinned_use_cuda_host_register") == 0 ||
             strcmp(key, "release_lock_on_cudamalloc") == 0)
             return tally__fail(TALLY_ECONF, "config: key '%s' (a PyTorch setting) is not supported by tally", key);
         return tally__fail(TALLY_ECONF, "config: unknown key '%s'", key);

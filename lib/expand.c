@@ -1,0 +1,303 @@
+/* Expandable segments (expandable_segments:true): the large pool of each
+ * stream lives in one reserved address range the size of the device, and
+ * physical memory is mapped into it in 2 MiB pages only where blocks are in
+ * use. Blocks split and merge as usual, so holes merge across what would
+ * have been segment boundaries; and a page that no live block touches is
+ * "idle". When new pages would take reserved memory above its high-water
+ * mark, idle pages are unmapped first, so the memory a hole holds moves to
+ * where it is needed instead of adding to the peak; below the mark, idle
+ * pages stay mapped (fewer map calls when the hole is used again). Peak
+ * reserved memory is then about the peak of the pages live blocks touch,
+ * not of the sum of segments. Every segment here belongs to the large pool.
+ *
+ * Requires a backend with reserve / map / unmap (host today). Runs with the
+ * device lock held. */
+#include "ledger.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define PAGE ((size_t)2 << 20)
+
+struct tally_expand {
+    size_t npages, nmapped, idle; /* idle: mapped pages no live block touches */
+    uint8_t *mapped;
+    uint32_t *live; /* live (active) blocks touching each page */
+};
+
+/* Highest reserved bytes each device has reached (never reset). */
+static uint64_t high_water[TALLY_MAX_DEVICES];
+
+bool tally__expand_on(void)
+{
+    return tally__opt.expandable_segments && tally__g.backend->map != NULL;
+}
+
+static void page_span(const tally_segment_t *s, const tally_block_t *b, size_t *first, size_t *last)
+{
+    *first = (b->addr - s->base) / PAGE;
+    *last = (b->addr - s->base + b->size - 1) / PAGE;
+}
+
+/* The stream's region, created on first use: one free block spanning it,
+ * in the large pool. Returns 0, or TALLY_ENOMEM / TALLY_EBACKEND. */
+int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *(*new_block)(tally_device_t *),
+                                char *why, size_t whylen)
+{
+    for (tally_segment_t *s = d->segments; s; s = s->next)
+        if (s->ex && s->stream == stream)
+            return 0;
+    size_t free_b = 0, total = 0;
+    tally__g.backend->mem_info(d->id, &free_b, &total);
+    size_t va = (total + PAGE - 1) / PAGE * PAGE;
+    void *base = NULL;
+    int rc = tally__g.backend->reserve(d->id, va, &base, why, whylen);
+    if (rc)
+        return rc;
+    tally_segment_t *s = tally__meta_calloc(sizeof *s);
+    tally_expand_t *ex = tally__meta_calloc(sizeof *ex);
+    size_t npages = va / PAGE;
+    uint8_t *mapped = tally__meta_calloc(npages);
+    uint32_t *live = tally__meta_calloc(npages * sizeof *live);
+    tally_block_t *b = s && ex && mapped && live ? new_block(d) : NULL;
+    if (!b) {
+        tally__meta_free(s);
+        tally__meta_free(ex);
+        tally__meta_free(mapped);
+        tally__meta_free(live);
+        tally__g.backend->unreserve(d->id, base, va);
+        snprintf(why, whylen, "out of host memory for an expandable segment");
+        return TALLY_ENOMEM;
+    }
+    ex->npages = npages;
+    ex->mapped = mapped;
+    ex->live = live;
+    s->base = (uintptr_t)base;
+    s->size = va;
+    s->stream = stream;
+    s->pool = TALLY_POOL_LARGE;
+    s->device = d->id;
+    s->head = b;
+    s->ex = ex;
+    s->prev = NULL;
+    s->next = d->segments;
+    if (d->segments)
+        d->segments->prev = s;
+    d->segments = s;
+    d->nsegments++;
+    b->addr = s->base;
+    b->size = va;
+    b->stream = stream;
+    b->seg = s;
+    b->pool = TALLY_POOL_LARGE;
+    b->prev = b->next = NULL;
+    b->state = BLOCK_FREE;
+    tally__pool_insert(&d->large, b);
+    tally__stat_pool_inc(d->stats.segment, TALLY_POOL_LARGE, 1);
+    return 0;
+}
+
+/* Map pages [p, p + n) in one backend call. */
+static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, char *why, size_t whylen)
+{
+    size_t bytes = n * PAGE;
+    if (d->allowed_max != UINT64_MAX && d->reserved + bytes > d->allowed_max) {
+        snprintf(why, whylen, "memory fraction limit of %llu bytes reached", (unsigned long long)d->allowed_max);
+        return TALLY_ENOMEM;
+    }
+    int rc = tally__g.backend->map(d->id, (void *)(s->base + p * PAGE), bytes, why, whylen);
+    if (rc)
+        return rc;
+    memset(s->ex->mapped + p, 1, n);
+    s->ex->nmapped += n;
+    d->reserved += bytes;
+    if (d->reserved > high_water[d->id])
+        high_water[d->id] = d->reserved;
+    d->stats.num_device_alloc++;
+    tally__stat_pool_inc(d->stats.reserved_bytes, TALLY_POOL_LARGE, (int64_t)bytes);
+    return 0;
+}
+
+/* Unmap pages [p, p + n) (all mapped) in one backend call. */
+static void unmap_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n)
+{
+    size_t bytes = n * PAGE;
+    d->stats.num_device_free++;
+    tally__g.backend->unmap(d->id, (void *)(s->base + p * PAGE), bytes);
+    memset(s->ex->mapped + p, 0, n);
+    s->ex->nmapped -= n;
+    d->reserved -= bytes;
+    tally__stat_pool_dec(d->stats.reserved_bytes, TALLY_POOL_LARGE, (int64_t)bytes);
+}
+
+/* Unmap up to want idle pages of every region, skipping [keep_lo, keep_hi]
+ * of segment keep. Returns the pages unmapped. */
+static bool idle_page(const tally_expand_t *ex, const tally_segment_t *s, size_t p, const tally_segment_t *keep,
+                      size_t keep_lo, size_t keep_hi)
+{
+    return ex->mapped[p] && !ex->live[p] && !(s == keep && p >= keep_lo && p <= keep_hi);
+}
+
+static size_t unmap_idle(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo, size_t keep_hi)
+{
+    size_t done = 0;
+    for (tally_segment_t *s = d->segments; s && done < want; s = s->next) {
+        tally_expand_t *ex = s->ex;
+        if (!ex || !ex->idle)
+            continue;
+        for (size_t p = 0; p < ex->npages && done < want && ex->idle;) {
+            if (!idle_page(ex, s, p, keep, keep_lo, keep_hi)) {
+                p++;
+                continue;
+            }
+            size_t n = 1;
+            while (p + n < ex->npages && done + n < want && idle_page(ex, s, p + n, keep, keep_lo, keep_hi))
+                n++;
+            unmap_run(d, s, p, n);
+            ex->idle -= n;
+            done += n;
+            p += n;
+        }
+    }
+    return done;
+}
+
+/* Back the block's pages with memory and count it on them. Idle pages
+ * elsewhere are unmapped first, as many as pages are needed. Returns 0 or
+ * the backend's error; on error nothing changed. */
+int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, size_t whylen)
+{
+    tally_segment_t *s = b->seg;
+    tally_expand_t *ex = s->ex;
+    size_t first, last, need = 0;
+    page_span(s, b, &first, &last);
+    for (size_t p = first; p <= last; p++)
+        need += !ex->mapped[p];
+    uint64_t room = high_water[d->id] > d->reserved ? (high_water[d->id] - d->reserved) / PAGE : 0;
+    if (need > room)
+        unmap_idle(d, need - room, s, first, last);
+    for (size_t p = first; p <= last;) {
+        if (ex->mapped[p]) {
+            p++;
+            continue;
+        }
+        size_t n = 1;
+        while (p + n <= last && !ex->mapped[p + n])
+            n++;
+        int rc = map_run(d, s, p, n, why, whylen);
+        if (rc) {
+            /* Undo this block's new pages (no live block touches them). */
+            for (size_t q = first; q < p; q++) {
+                if (ex->mapped[q] && !ex->live[q]) {
+                    size_t k = 1;
+                    while (q + k < p && ex->mapped[q + k] && !ex->live[q + k])
+                        k++;
+                    unmap_run(d, s, q, k);
+                    ex->idle -= k;
+                    q += k - 1;
+                }
+            }
+            return rc;
+        }
+        /* Newly mapped and untouched until the loop below. */
+        ex->idle += n;
+        p += n;
+    }
+    for (size_t p = first; p <= last; p++)
+        if (ex->live[p]++ == 0)
+            ex->idle--;
+    return 0;
+}
+
+/* The block no longer needs its pages (called before it merges). */
+void tally__expand_unref_locked(tally_block_t *b)
+{
+    tally_segment_t *s = b->seg;
+    size_t first, last;
+    page_span(s, b, &first, &last);
+    for (size_t p = first; p <= last; p++)
+        if (--s->ex->live[p] == 0)
+            s->ex->idle++;
+}
+
+/* Unmap every idle page (empty_cache, stage-end release). */
+size_t tally__expand_trim_locked(tally_device_t *d)
+{
+    size_t bytes = unmap_idle(d, SIZE_MAX, NULL, 0, 0) * PAGE;
+    /* An explicit release also resets the mark idle pages are kept under. */
+    high_water[d->id] = d->reserved;
+    return bytes;
+}
+
+/* Give the whole region back (its only block is free): unmap, unreserve.
+ * Returns the bytes of memory that were mapped. */
+size_t tally__expand_release_locked(tally_device_t *d, tally_segment_t *s)
+{
+    tally_expand_t *ex = s->ex;
+    size_t bytes = ex->nmapped * PAGE;
+    for (size_t p = 0; p < ex->npages;) {
+        if (!ex->mapped[p]) {
+            p++;
+            continue;
+        }
+        size_t n = 1;
+        while (p + n < ex->npages && ex->mapped[p + n])
+            n++;
+        unmap_run(d, s, p, n);
+        p += n;
+    }
+    tally__g.backend->unreserve(d->id, (void *)s->base, s->size);
+    tally__meta_free(ex->mapped);
+    tally__meta_free(ex->live);
+    tally__meta_free(ex);
+    s->ex = NULL;
+    return bytes;
+}
+
+size_t tally__expand_mapped_bytes(const tally_segment_t *s)
+{
+    return s->ex->nmapped * PAGE;
+}
+
+/* Pages and counts against the blocks: every active block's pages mapped,
+ * live counts equal a recount, idle equals mapped pages nobody touches. */
+int tally__expand_check_locked(const tally_segment_t *s, char *why, size_t whylen)
+{
+    const tally_expand_t *ex = s->ex;
+    uint32_t *live = tally__meta_calloc(ex->npages * sizeof *live);
+    if (!live) {
+        snprintf(why, whylen, "out of host memory for the page recount");
+        return -1;
+    }
+    int rc = 0;
+    for (const tally_block_t *b = s->head; b; b = b->next) {
+        if (b->state == BLOCK_FREE)
+            continue;
+        size_t first, last;
+        page_span(s, b, &first, &last);
+        for (size_t p = first; p <= last; p++) {
+            live[p]++;
+            if (!ex->mapped[p] && !rc) {
+                snprintf(why, whylen, "block %p uses unmapped page %zu", (void *)b->addr, p);
+                rc = -1;
+            }
+        }
+    }
+    size_t mapped = 0, idle = 0;
+    for (size_t p = 0; p < ex->npages && !rc; p++) {
+        mapped += ex->mapped[p];
+        idle += ex->mapped[p] && !live[p];
+        if (live[p] != ex->live[p]) {
+            snprintf(why, whylen, "page %zu of segment %p counts %u live blocks, recount %u", p, (void *)s->base,
+                     ex->live[p], live[p]);
+            rc = -1;
+        }
+    }
+    if (!rc && (mapped != ex->nmapped || idle != ex->idle)) {
+        snprintf(why, whylen, "segment %p: %zu pages mapped (%zu counted), %zu idle (%zu counted)", (void *)s->base,
+                 mapped, ex->nmapped, idle, ex->idle);
+        rc = -1;
+    }
+    tally__meta_free(live);
+    return rc;
+}
