@@ -69,6 +69,12 @@ static tally_block_t *merge(tally_block_t *a, tally_block_t *b)
 static void root_insert(tally_block_t **slot, tally_block_t *b)
 {
     b->prio = prio_of(b->addr);
+    if (!*slot) {
+        /* An empty bin: the common case for exact-size bins. */
+        b->left = b->right = NULL;
+        *slot = b;
+        return;
+    }
     /* Descend while the existing nodes have higher priority. */
     while (*slot && (*slot)->prio > b->prio)
         slot = block_cmp(b, *slot) < 0 ? &(*slot)->left : &(*slot)->right;
@@ -78,6 +84,10 @@ static void root_insert(tally_block_t **slot, tally_block_t *b)
 
 static bool root_erase(tally_block_t **slot, tally_block_t *b)
 {
+    if (*slot == b && !b->left && !b->right) {
+        *slot = NULL;
+        return true;
+    }
     while (*slot && *slot != b)
         slot = block_cmp(b, *slot) < 0 ? &(*slot)->left : &(*slot)->right;
     if (!*slot)
@@ -192,7 +202,6 @@ static tally_block_t *bin_lower_bound(tally_binset_t *set, size_t size)
 void tally__pool_insert(tally_pool_t *p, tally_block_t *b)
 {
     b->gc_base = p->get_free_calls;
-    b->left = b->right = NULL;
     if (p->kind == TALLY_POOL_SMALL) {
         /* tally__pool_prepare gave the segment its stream's bin set. */
         bin_insert(b->seg->bins, b);
