@@ -45,6 +45,8 @@ step build-gpu 120 bash -c "$CC_CUDA -o build/bin/cuda_check bench/gpu/cuda_chec
 step demo-cuda 60 env TALLY_CONF=backend:cuda build/bin/demo
 step check-cuda 60 env TALLY_CONF=backend:cuda build/bin/cuda_check cuda
 step check-async 60 env TALLY_CONF=backend:async build/bin/cuda_check async
+# The cmocka GPU tests (need libcmocka-dev on the machine; reported, not fatal to the rest).
+step tests-cuda 180 bash -c "make build/tests/test_cuda >/dev/null && build/tests/test_cuda"
 if [ -d "$TRACES" ]; then
   step replay-tally-cuda 120 build/bin/tally-replay --conf backend:cuda "$TRACES"
   step replay-tally-async 120 build/bin/tally-replay --conf backend:async "$TRACES"
