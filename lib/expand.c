@@ -22,8 +22,19 @@
 struct tally_expand {
     size_t npages, nmapped, idle; /* idle: mapped pages no live block touches */
     uint8_t *mapped;
-    uint32_t *live; /* live (active) blocks touching each page */
+    uint32_t *live;      /* live (active) blocks touching each page */
+    uint64_t *idle_bits; /* bit p: page p is mapped and no live block touches it */
 };
+
+static inline void idle_set(tally_expand_t *ex, size_t p)
+{
+    ex->idle_bits[p >> 6] |= 1ull << (p & 63);
+}
+
+static inline void idle_clear(tally_expand_t *ex, size_t p)
+{
+    ex->idle_bits[p >> 6] &= ~(1ull << (p & 63));
+}
 
 /* Highest reserved bytes each device has reached (never reset). */
 static uint64_t high_water[TALLY_MAX_DEVICES];
@@ -59,12 +70,14 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
     size_t npages = va / PAGE;
     uint8_t *mapped = tally__meta_calloc(npages);
     uint32_t *live = tally__meta_calloc(npages * sizeof *live);
-    tally_block_t *b = s && ex && mapped && live ? new_block(d) : NULL;
+    uint64_t *idle_bits = tally__meta_calloc((npages / 64 + 1) * sizeof *idle_bits);
+    tally_block_t *b = s && ex && mapped && live && idle_bits ? new_block(d) : NULL;
     if (!b) {
         tally__meta_free(s);
         tally__meta_free(ex);
         tally__meta_free(mapped);
         tally__meta_free(live);
+        tally__meta_free(idle_bits);
         tally__g.backend->unreserve(d->id, base, va);
         snprintf(why, whylen, "out of host memory for an expandable segment");
         return TALLY_ENOMEM;
@@ -72,6 +85,7 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
     ex->npages = npages;
     ex->mapped = mapped;
     ex->live = live;
+    ex->idle_bits = idle_bits;
     s->base = (uintptr_t)base;
     s->size = va;
     s->stream = stream;
@@ -109,6 +123,9 @@ static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, ch
     if (rc)
         return rc;
     memset(s->ex->mapped + p, 1, n);
+    for (size_t q = p; q < p + n; q++)
+        idle_set(s->ex, q);
+    s->ex->idle += n;
     s->ex->nmapped += n;
     d->reserved += bytes;
     if (d->reserved > high_water[d->id])
@@ -125,19 +142,17 @@ static void unmap_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n)
     d->stats.num_device_free++;
     tally__g.backend->unmap(d->id, (void *)(s->base + p * PAGE), bytes);
     memset(s->ex->mapped + p, 0, n);
+    for (size_t q = p; q < p + n; q++)
+        idle_clear(s->ex, q);
+    s->ex->idle -= n; /* only idle pages are ever unmapped while mapped blocks live */
     s->ex->nmapped -= n;
     d->reserved -= bytes;
     tally__stat_pool_dec(d->stats.reserved_bytes, TALLY_POOL_LARGE, (int64_t)bytes);
 }
 
 /* Unmap up to want idle pages of every region, skipping [keep_lo, keep_hi]
- * of segment keep. Returns the pages unmapped. */
-static bool idle_page(const tally_expand_t *ex, const tally_segment_t *s, size_t p, const tally_segment_t *keep,
-                      size_t keep_lo, size_t keep_hi)
-{
-    return ex->mapped[p] && !ex->live[p] && !(s == keep && p >= keep_lo && p <= keep_hi);
-}
-
+ * of segment keep, in runs of neighbouring pages. Returns the pages
+ * unmapped. The idle bitmap makes this a scan of words, not pages. */
 static size_t unmap_idle(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo, size_t keep_hi)
 {
     size_t done = 0;
@@ -145,18 +160,32 @@ static size_t unmap_idle(tally_device_t *d, size_t want, const tally_segment_t *
         tally_expand_t *ex = s->ex;
         if (!ex || !ex->idle)
             continue;
-        for (size_t p = 0; p < ex->npages && done < want && ex->idle;) {
-            if (!idle_page(ex, s, p, keep, keep_lo, keep_hi)) {
-                p++;
-                continue;
+        size_t words = ex->npages / 64 + 1;
+        for (size_t w = 0; w < words && done < want && ex->idle; w++) {
+            while (ex->idle_bits[w] && done < want) {
+                size_t p = w * 64 + (size_t)__builtin_ctzll(ex->idle_bits[w]);
+                if (s == keep && p >= keep_lo && p <= keep_hi) {
+                    /* Pages of the block being placed stay; look past them. */
+                    uint64_t mask = ex->idle_bits[w];
+                    size_t q = p;
+                    while (q <= keep_hi && q < (w + 1) * 64) {
+                        mask &= ~(1ull << (q & 63));
+                        q++;
+                    }
+                    if (!mask)
+                        break;
+                    p = w * 64 + (size_t)__builtin_ctzll(mask);
+                    if (p >= keep_lo && p <= keep_hi)
+                        break;
+                }
+                size_t n = 1;
+                while (p + n < ex->npages && done + n < want &&
+                       (ex->idle_bits[(p + n) >> 6] >> ((p + n) & 63) & 1) &&
+                       !(s == keep && p + n >= keep_lo && p + n <= keep_hi))
+                    n++;
+                unmap_run(d, s, p, n);
+                done += n;
             }
-            size_t n = 1;
-            while (p + n < ex->npages && done + n < want && idle_page(ex, s, p + n, keep, keep_lo, keep_hi))
-                n++;
-            unmap_run(d, s, p, n);
-            ex->idle -= n;
-            done += n;
-            p += n;
         }
     }
     return done;
@@ -193,19 +222,20 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, siz
                     while (q + k < p && ex->mapped[q + k] && !ex->live[q + k])
                         k++;
                     unmap_run(d, s, q, k);
-                    ex->idle -= k;
                     q += k - 1;
                 }
             }
             return rc;
         }
-        /* Newly mapped and untouched until the loop below. */
-        ex->idle += n;
+        /* Newly mapped: idle until the loop below counts the block. */
         p += n;
     }
-    for (size_t p = first; p <= last; p++)
-        if (ex->live[p]++ == 0)
+    for (size_t p = first; p <= last; p++) {
+        if (ex->live[p]++ == 0) {
             ex->idle--;
+            idle_clear(ex, p);
+        }
+    }
     return 0;
 }
 
@@ -215,9 +245,12 @@ void tally__expand_unref_locked(tally_block_t *b)
     tally_segment_t *s = b->seg;
     size_t first, last;
     page_span(s, b, &first, &last);
-    for (size_t p = first; p <= last; p++)
-        if (--s->ex->live[p] == 0)
+    for (size_t p = first; p <= last; p++) {
+        if (--s->ex->live[p] == 0) {
             s->ex->idle++;
+            idle_set(s->ex, p);
+        }
+    }
 }
 
 /* Unmap every idle page (empty_cache, stage-end release). */
@@ -249,6 +282,7 @@ size_t tally__expand_release_locked(tally_device_t *d, tally_segment_t *s)
     tally__g.backend->unreserve(d->id, (void *)s->base, s->size);
     tally__meta_free(ex->mapped);
     tally__meta_free(ex->live);
+    tally__meta_free(ex->idle_bits);
     tally__meta_free(ex);
     s->ex = NULL;
     return bytes;
@@ -287,6 +321,11 @@ int tally__expand_check_locked(const tally_segment_t *s, char *why, size_t whyle
     for (size_t p = 0; p < ex->npages && !rc; p++) {
         mapped += ex->mapped[p];
         idle += ex->mapped[p] && !live[p];
+        bool bit = ex->idle_bits[p >> 6] >> (p & 63) & 1;
+        if (bit != (ex->mapped[p] && !live[p]) && !rc) {
+            snprintf(why, whylen, "page %zu of segment %p: idle bit %d is wrong", p, (void *)s->base, bit);
+            rc = -1;
+        }
         if (live[p] != ex->live[p]) {
             snprintf(why, whylen, "page %zu of segment %p counts %u live blocks, recount %u", p, (void *)s->base,
                      ex->live[p], live[p]);
