@@ -101,3 +101,85 @@ tsan:
 
 clean:
 	rm -rf build build-asan build-ubsan build-tsan
+
+# ---- fuzzing ----
+# make fuzz        libFuzzer targets (tests/fuzz/fuzz_*.c), built with clang
+#                  (-fsanitize=fuzzer,address,undefined) into build-fuzz/, each
+#                  run FUZZ_SECONDS (default 60) from its seed corpus
+#                  tests/fuzz/corpus/<target>/; FUZZ_TARGETS=fuzz_api runs one.
+#                  tests/fuzz/run.sh prints executions, coverage and crashes.
+# make fuzz-build  only build them.
+# make fuzz-replay every seed and regression input (tests/fuzz/corpus,
+#                  tests/fuzz/regressions) through each target built with $(CC)
+#                  and no libFuzzer; `make test-c` runs it first, so a crash
+#                  once found stays fixed (under asan / ubsan / tsan too).
+FUZZ_CC      ?= clang
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_JOBS    ?= 1
+FUZZ_COVERAGE = -fsanitize=fuzzer-no-link
+FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -O1 -g $(WARN) -Wno-pedantic -fvisibility=hidden -Iinclude -Ilib -Itools
+FUZZ_NAMES   := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_TARGETS ?= $(FUZZ_NAMES)
+# lib/meta.c's private heap hides metadata overflows from ASan: the fuzz
+# build takes its metadata from malloc instead (tests/fuzz/meta_malloc.c).
+FUZZ_LIB_SRC := $(filter-out lib/meta.c,$(LIB_SRC)) tests/fuzz/meta_malloc.c
+FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(FUZZ_LIB_SRC))
+FUZZ_BINS    := $(FUZZ_NAMES:%=$(FUZZ_BUILD)/%)
+FUZZ_OK      := $(FUZZ_BUILD)/.libfuzzer-ok
+
+.PHONY: fuzz fuzz-build fuzz-replay
+fuzz: fuzz-build
+	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_JOBS=$(FUZZ_JOBS) bash tests/fuzz/run.sh $(FUZZ_TARGETS)
+
+fuzz-build: $(FUZZ_BINS)
+
+# clang must be able to link a libFuzzer program; say what to install if not.
+$(FUZZ_OK):
+	@mkdir -p $(FUZZ_BUILD)
+	@printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
+		> $(FUZZ_BUILD)/probe.c
+	@if ! $(FUZZ_CC) -fsanitize=fuzzer,address,undefined $(FUZZ_BUILD)/probe.c -o $(FUZZ_BUILD)/probe \
+		>$(FUZZ_BUILD)/probe.log 2>&1; then \
+		v=$$($(FUZZ_CC) -dumpversion 2>/dev/null | cut -d. -f1); \
+		echo "fuzz: '$(FUZZ_CC) -fsanitize=fuzzer' cannot link (clang or its libFuzzer runtime is missing):" >&2; \
+		sed 's/^/  /' $(FUZZ_BUILD)/probe.log | head -5 >&2; \
+		echo "fuzz: run: sudo apt-get install -y clang libclang-rt-$${v:-14}-dev" >&2; \
+		exit 1; \
+	fi
+	@touch $@
+
+$(FUZZ_BUILD)/obj/%.o: %.c $(wildcard lib/*.h) include/tally.h | $(FUZZ_OK)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_COVERAGE) $(FUZZ_SAN) -c $< -o $@
+
+$(FUZZ_BUILD)/obj/lib/torch_abi.o: FUZZ_CFLAGS += -fexceptions
+# The pools' walks visit all 4096 small-pool bins per stream on every
+# tally_check / tally_get_stats; with coverage instrumentation that loop is
+# most of a run's time, so tree.c is built without it (ASan still checks it).
+$(FUZZ_BUILD)/obj/lib/tree.o: FUZZ_COVERAGE :=
+
+$(FUZZ_BUILD)/libtally-fuzz.a: $(FUZZ_LIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c tests/fuzz/*.h)
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard tools/*.h tools/*.c) $(FUZZ_BUILD)/libtally-fuzz.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $< $(FUZZ_BUILD)/libtally-fuzz.a -lpthread -ldl -lm
+
+# Replay: the same targets with a plain main (tests/fuzz/replay_main.c),
+# against the library of $(BUILD) (so `make asan` replays under ASan).
+REPLAY_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz-replay/%)
+$(BUILD)/fuzz-replay/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(FUZZ_SRC) $(wildcard tools/*.h tools/*.c) $(BUILD)/lib/libtally.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Wno-pedantic -Itools -o $@ $< tests/fuzz/replay_main.c $(BUILD)/lib/libtally.a $(LDLIBS)
+
+fuzz-replay: $(REPLAY_BINS)
+	@bash tests/fuzz/replay.sh $(BUILD)/fuzz-replay $(FUZZ_NAMES)
+
+test-c: fuzz-replay
+
+.PHONY: clean-fuzz
+clean-fuzz:
+	rm -rf $(FUZZ_BUILD)
+clean: clean-fuzz

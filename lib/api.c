@@ -96,7 +96,23 @@ static int resolve_home(int home)
     return lr && *lr && !*end && v >= 0 && v < TALLY_MAX_DEVICES ? (int)v : -1;
 }
 
+/* Serialises tally_configure, initialisation and readers of the whole
+ * option set. */
+static tally_mutex_t config_lock = TALLY_MUTEX_INIT;
+
+static void do_init_locked(void);
+
+/* Under config_lock: a tally_configure racing the first use either lands
+ * before initialisation reads the options or sees it done (and is then
+ * held to the runtime keys), never in between. */
 static void do_init(void)
+{
+    tally__mutex_lock(&config_lock);
+    do_init_locked();
+    tally__mutex_unlock(&config_lock);
+}
+
+static void do_init_locked(void)
 {
     pthread_once(&options_once, load_options);
     if (options_rc) {
@@ -171,9 +187,6 @@ bool tally__is_initialised(void)
     return atomic_load(&initialised) != 0;
 }
 
-/* Serialises tally_configure and readers of the whole option set. */
-static tally_mutex_t config_lock = TALLY_MUTEX_INIT;
-
 int tally_configure(const char *conf)
 {
     if (!conf)
@@ -196,7 +209,9 @@ int tally_configure(const char *conf)
             for (int i = 0; i < tally__g.ndev; i++) {
                 tally_device_t *d = tally__g.dev[i];
                 tally__mutex_lock(&d->lock);
-                apply_fraction_locked(d, next.memory_fraction);
+                /* As a key, 0 is "no cap" (its default); the per-device
+                 * call keeps PyTorch's meaning of 0. */
+                apply_fraction_locked(d, next.memory_fraction > 0 ? next.memory_fraction : 1.0);
                 tally__mutex_unlock(&d->lock);
             }
         }

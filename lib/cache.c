@@ -187,8 +187,10 @@ static size_t release_pool(tally_device_t *d, tally_pool_t *p)
     tally__pool_walk(p, collect_whole, &c);
     size_t released = 0;
     for (size_t i = 0; i < c.n; i++) {
-        released += c.items[i]->size;
-        release_block(d, c.items[i]);
+        /* An expandable segment gives back its mapped pages, not its range. */
+        tally_block_t *b = c.items[i];
+        released += b->seg->ex ? tally__expand_mapped_bytes(b->seg) : b->size;
+        release_block(d, b);
     }
     tally__meta_free(c.items);
     return released;

@@ -62,6 +62,35 @@ static int table_grow(intern_table_t *t)
 /* Errors are recorded quietly: the caller (tally_tag_push,
  * tally_stage_begin) reports them in its own single line. A name with a
  * control character is not echoed, so the line stays one line. */
+/* Names go into JSON reports and Python strings: valid UTF-8 only. */
+static bool valid_utf8(const unsigned char *s, size_t len, size_t *bad)
+{
+    for (size_t i = 0; i < len;) {
+        unsigned c = s[i];
+        size_t n = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : 99;
+        if (n == 99 || i + n >= len + (n ? 0 : 1)) {
+            *bad = i;
+            return false;
+        }
+        unsigned cp = n == 0 ? c : n == 1 ? c & 0x1f : n == 2 ? c & 0x0f : c & 0x07;
+        for (size_t k = 1; k <= n; k++) {
+            if ((s[i + k] & 0xc0) != 0x80) {
+                *bad = i;
+                return false;
+            }
+            cp = cp << 6 | (s[i + k] & 0x3f);
+        }
+        /* Overlong forms, surrogates and values past U+10FFFF. */
+        if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10ffff ||
+            (cp >= 0xd800 && cp <= 0xdfff)) {
+            *bad = i;
+            return false;
+        }
+        i += n + 1;
+    }
+    return true;
+}
+
 static int intern(intern_table_t *t, const char *name, uint32_t *id)
 {
     if (!name || !*name)
@@ -72,6 +101,10 @@ static int intern(intern_table_t *t, const char *name, uint32_t *id)
         if (c < 0x20 || c == 0x7f)
             return tally__fail_quiet(TALLY_EINVAL, "name contains a control character (0x%02x at offset %zu)", c, i);
     }
+    size_t bad;
+    if (!valid_utf8((const unsigned char *)name, len, &bad))
+        return tally__fail_quiet(TALLY_EINVAL, "name is not valid UTF-8 (byte 0x%02x at offset %zu)",
+                                 (unsigned char)name[bad], bad);
     if (len > 200)
         return tally__fail_quiet(TALLY_EINVAL, "name '%.40s...' is longer than 200 characters", name);
     tally__mutex_lock(&names_lock);

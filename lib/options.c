@@ -285,10 +285,11 @@ static int set_one(tally_options_t *o, const char *key, const char *val, bool ru
     case T_DOUBLE:
         errno = 0;
         d = strtod(val, &end);
-        if (errno || end == val || *end || !(d > r->min) || d > r->max ||
+        /* 0 is each key's "off" (its default), so the printed form parses back. */
+        if (errno || end == val || *end || !(d > r->min || d == 0) || d > r->max ||
             (strcmp(key, "garbage_collection_threshold") == 0 && d >= 1.0))
-            return tally__fail(TALLY_ECONF, "config: %s: '%s' is not a number in (%g, %g%s", key, val, r->min,
-                               r->max, strcmp(key, "garbage_collection_threshold") == 0 ? ")" : "]");
+            return tally__fail(TALLY_ECONF, "config: %s: '%s' is not 0 (off) or a number in (%g, %g%s", key, val,
+                               r->min, r->max, strcmp(key, "garbage_collection_threshold") == 0 ? ")" : "]");
         *(double *)field = d;
         return 0;
     case T_ENUM:
@@ -310,6 +311,11 @@ static int set_one(tally_options_t *o, const char *key, const char *val, bool ru
     case T_STRING:
         if (strlen(val) >= 512)
             return tally__fail(TALLY_ECONF, "config: %s: value longer than 511 characters", key);
+        /* What would not read back from the printed configuration. */
+        for (const char *c = val; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == '[' || *c == ']')
+                return tally__fail(TALLY_ECONF, "config: %s: value may not contain control characters or brackets",
+                                   key);
         strcpy(field, val);
         return 0;
     case T_SPLIT_MB:

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int env_int(const char *name, int fallback)
@@ -251,8 +252,31 @@ int tally_write_report(const char *path)
     char real[1024];
     if (tally__expand_path(pattern, real, sizeof real))
         return tally__fail(TALLY_EINVAL, "tally_write_report: path '%s' is too long", pattern);
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.tmp%d", real, (int)getpid());
+    /* A symlink is followed (the link stays a link). A path that exists and
+     * is not a regular file (a FIFO, /dev/null, /dev/stdout) is written in
+     * place: renaming over it would replace it with a file. */
+    char resolved[4096];
+    struct stat st;
+    const char *dest = real;
+    if (lstat(real, &st) == 0 && S_ISLNK(st.st_mode) && realpath(real, resolved))
+        dest = resolved;
+    if (stat(dest, &st) == 0 && !S_ISREG(st.st_mode)) {
+        FILE *f = fopen(dest, "w");
+        if (!f)
+            return tally__fail(TALLY_EIO, "tally_write_report: cannot open '%s' for writing", real);
+        tally_out_t *o = tally__meta_alloc(sizeof *o);
+        rc = -TALLY_ENOMEM;
+        if (o) {
+            tally__out_init(o, tally__write_file, f);
+            rc = tally__report_json(o);
+            tally__meta_free(o);
+        }
+        if (fclose(f) != 0 || rc)
+            return tally__fail(TALLY_EIO, "tally_write_report: writing '%s' failed", real);
+        return 0;
+    }
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", dest, (int)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f)
         return tally__fail(TALLY_EIO, "tally_write_report: cannot open '%s' for writing", real);
@@ -270,7 +294,7 @@ int tally_write_report(const char *path)
         remove(tmp);
         return tally__fail(TALLY_EIO, "tally_write_report: writing '%s' failed", real);
     }
-    if (rename(tmp, real) != 0) {
+    if (rename(tmp, dest) != 0) {
         remove(tmp);
         return tally__fail(TALLY_EIO, "tally_write_report: cannot rename the report to '%s'", real);
     }

@@ -282,10 +282,15 @@ size_t tally__pool_walk(const tally_pool_t *p, void (*fn)(tally_block_t *, void 
     if (p->kind != TALLY_POOL_SMALL)
         return walk(p->root, fn, arg);
     size_t n = 0;
-    for (uint32_t s = 0; s < p->nsets; s++)
-        for (uint32_t i = 0; i < TALLY_SMALL_BINS; i++)
-            if (p->sets[s]->roots[i])
-                n += walk(p->sets[s]->roots[i], fn, arg);
+    /* Only the non-empty bins, through the bitmap. */
+    for (uint32_t s = 0; s < p->nsets; s++) {
+        const tally_binset_t *set = p->sets[s];
+        for (uint64_t words = set->summary; words; words &= words - 1) {
+            uint32_t w = (uint32_t)__builtin_ctzll(words);
+            for (uint64_t bits = set->bits[w]; bits; bits &= bits - 1)
+                n += walk(set->roots[(w << 6) + (uint32_t)__builtin_ctzll(bits)], fn, arg);
+        }
+    }
     return n;
 }
 

@@ -102,7 +102,7 @@ static void test_configure_before_init_rejects_bad_values(void **state)
         {"max_split_size_mb:19", "max_split_size_mb", "'19'"},
         {"garbage_collection_threshold:1.5", "garbage_collection_threshold", "'1.5'"},
         {"garbage_collection_threshold:1", "garbage_collection_threshold", "'1'"},
-        {"garbage_collection_threshold:0", "garbage_collection_threshold", "'0'"},
+        {"garbage_collection_threshold:-0.1", "garbage_collection_threshold", "'-0.1'"},
         {"host_capacity:abc", "host_capacity", "'abc'"},
         {"roundup_power2_divisions:3", "roundup_power2_divisions", "'3'"},
         {"roundup_power2_divisions:[256:3]", "roundup_power2_divisions", "'3'"},

@@ -1,0 +1,679 @@
+/* A process's life around tally: racing into lazy initialisation, the time
+ * after the exit report, and fork.
+ *
+ * Every case runs in a child: this binary re-executed (/proc/self/exe
+ * --child ROLE, tests/ledgerutil.h) with its own TALLY_CONF, so tally starts
+ * from nothing in each, and the parent reads the child's output and status.
+ *
+ * A tally_configure racing the first use is applied either before
+ * initialisation or not at all (then refused as not a runtime key).
+ *
+ * What tally does after fork (docs/bad-input.md, "fork"): the child gets a
+ * copy of everything, ledger and cache included, and keeps working on the
+ * host backend (its segments are private copies of the parent's mappings)
+ * provided no other thread of the parent was inside tally at the moment of
+ * fork. tally installs no pthread_atfork handlers: a lock another thread
+ * held at fork stays held in the child forever, and the child's first call
+ * that needs it blocks (the last test pins this). A child that may have
+ * forked while other threads used tally must not call tally, and should
+ * leave with _exit (the exit report takes the same locks). A forked child
+ * that exits normally runs the exit report on the blocks it inherited.
+ *
+ * The diagnostics sink must not call tally: it runs under the sink lock
+ * (and, for an OOM report, the device's lock); the last test pins that. */
+#include "ledgerutil.h"
+
+#include <signal.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#define MB LU_MiB
+#define BASE "backend:host,host_devices:2,host_mode:virtual,host_capacity:8GiB"
+
+/* Processes of the lazy-initialisation race: 24, scaled by TALLY_TEST_SCALE. */
+static long tu_runs(void)
+{
+    const char *s = getenv("TALLY_TEST_SCALE");
+    double f = s && *s ? atof(s) : 1.0;
+    if (!(f > 0) || f > 1)
+        f = 1.0;
+    long n = (long)(24 * f);
+    return n < 4 ? 4 : n;
+}
+
+static void quiet(void *arg, const char *text, size_t len)
+{
+    (void)arg;
+    (void)text;
+    (void)len;
+}
+
+/* ---- child: eight threads race into lazy initialisation ----------------------------- */
+
+#define RACERS 8
+static pthread_barrier_t race_go;
+static int race_rc[RACERS];
+static void *race_ptr[RACERS];
+
+static void *racer(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    tally_stats_t s;
+    pthread_barrier_wait(&race_go);
+    /* Each thread's first call is a different entry point. */
+    switch (id) {
+    case 0: race_ptr[id] = tally_malloc(MB, 0, NULL); race_rc[id] = race_ptr[id] ? 0 : -1; break;
+    case 1: race_ptr[id] = tally_malloc(4096, 1, (void *)0x10); race_rc[id] = race_ptr[id] ? 0 : -1; break;
+    case 2: race_rc[id] = tally_device_count() == 2 ? 0 : -1; break;
+    case 3:
+        race_rc[id] = tally_tag_push("racer");
+        race_ptr[id] = tally_malloc(100, 0, NULL);
+        if (!race_ptr[id] || strcmp(lu_tag_of(race_ptr[id]), "racer") != 0)
+            race_rc[id] = -1;
+        tally_tag_pop();
+        break;
+    case 4: race_rc[id] = tally_stage_begin("race"); break;
+    case 5: race_rc[id] = tally_get_stats(1, &s); break;
+    case 6: race_rc[id] = strcmp(tally_backend_name(), "host") == 0 ? 0 : -1; break;
+    default: race_rc[id] = tally_init(); break;
+    }
+    return NULL;
+}
+
+static int child_init_race(void)
+{
+    pthread_t t[RACERS];
+    LU_REQUIRE(pthread_barrier_init(&race_go, NULL, RACERS) == 0);
+    for (int i = 0; i < RACERS; i++)
+        LU_REQUIRE(pthread_create(&t[i], NULL, racer, (void *)(intptr_t)i) == 0);
+    for (int i = 0; i < RACERS; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < RACERS; i++)
+        if (race_rc[i] != 0) {
+            printf("racer %d failed: %d\n", i, race_rc[i]);
+            return 1;
+        }
+    LU_REQUIRE(tally_device_count() == 2);
+    LU_REQUIRE(tally_check() == 0);
+    LU_REQUIRE(lu_stats(0).allocation[0].current == 2 && lu_stats(1).allocation[0].current == 1);
+    LU_REQUIRE(strcmp(lu_stage_of(race_ptr[0]), "race") == 0 || strcmp(lu_stage_of(race_ptr[0]), "(none)") == 0);
+    LU_REQUIRE(tally_stage_end("race") == 0);
+    for (int i = 0; i < RACERS; i++)
+        tally_free(race_ptr[i]);
+    LU_REQUIRE(tally_check() == 0);
+    printf("init-race ok\n");
+    return 0;
+}
+
+/* With a bad TALLY_CONF every racing thread gets the same failure, and the
+ * message is printed once. */
+static void *bad_racer(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    pthread_barrier_wait(&race_go);
+    if (id % 2) {
+        race_ptr[id] = tally_malloc(MB, 0, NULL);
+        race_rc[id] = race_ptr[id] ? 0 : strstr(tally_last_error(), "TALLY_CONF") ? -TALLY_ECONF : -1;
+    } else {
+        race_rc[id] = tally_init();
+    }
+    return NULL;
+}
+
+static int child_init_race_bad_conf(void)
+{
+    pthread_t t[RACERS];
+    LU_REQUIRE(pthread_barrier_init(&race_go, NULL, RACERS) == 0);
+    for (int i = 0; i < RACERS; i++)
+        LU_REQUIRE(pthread_create(&t[i], NULL, bad_racer, (void *)(intptr_t)i) == 0);
+    for (int i = 0; i < RACERS; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < RACERS; i++)
+        if (race_rc[i] != -TALLY_ECONF) {
+            printf("racer %d: %d, expected %d (%s)\n", i, race_rc[i], -TALLY_ECONF, tally_last_error());
+            return 1;
+        }
+    LU_REQUIRE(tally_malloc(1, 0, NULL) == NULL);
+    LU_REQUIRE(tally_device_count() == -TALLY_ECONF);
+    printf("init-race-bad-conf ok\n");
+    return 0;
+}
+
+/* tally_configure before initialisation, racing another thread's first
+ * tally_malloc: either the configuration lands before initialisation reads
+ * the options (host_devices:3 applies, 3 devices) or after (refused, it is
+ * not a runtime key; 1 device), never half-way. */
+static int cfg_rc;
+static void *cfg_racer(void *arg)
+{
+    (void)arg;
+    pthread_barrier_wait(&race_go);
+    cfg_rc = tally_configure("host_devices:3,stage_report:false,leak_report:off");
+    return NULL;
+}
+
+static void *malloc_racer(void *arg)
+{
+    (void)arg;
+    pthread_barrier_wait(&race_go);
+    race_ptr[0] = tally_malloc(MB, 0, NULL);
+    return NULL;
+}
+
+static int child_configure_race(void)
+{
+    tally_set_sink(quiet, NULL);
+    pthread_t a, b;
+    LU_REQUIRE(pthread_barrier_init(&race_go, NULL, 2) == 0);
+    LU_REQUIRE(pthread_create(&a, NULL, cfg_racer, NULL) == 0);
+    LU_REQUIRE(pthread_create(&b, NULL, malloc_racer, NULL) == 0);
+    pthread_join(a, NULL);
+    pthread_join(b, NULL);
+    LU_REQUIRE(race_ptr[0] != NULL);
+    int n = tally_device_count();
+    tally_free(race_ptr[0]);
+    LU_REQUIRE(tally_check() == 0);
+    if (!((cfg_rc == 0 && n == 3) || (cfg_rc == -TALLY_ECONF && n == 1))) {
+        printf("configure returned %d and there are %d devices\n", cfg_rc, n);
+        return 1;
+    }
+    printf("configure-race ok: %s\n", cfg_rc == 0 ? "configured first" : "initialised first");
+    return 0;
+}
+
+/* ---- child: reports and frees after the exit report ------------------------------------ */
+
+static void *after[3];
+static int after_armed;
+
+/* A destructor with a priority runs after the library's own (default
+ * priority), that is after the exit report. */
+__attribute__((destructor(101))) static void after_exit_report(void)
+{
+    if (!after_armed)
+        return;
+    lu_buf_t ledger = {0}, leaks = {0}, summary = {0}, diag = {0};
+    tally_set_sink(lu_buf_write, &diag);
+    char path[400];
+    snprintf(path, sizeof path, "%s", getenv("AFTER_REPORT"));
+    int report = tally_write_report(path);
+    int wl = tally_write_ledger(lu_buf_write, &ledger);
+    int wk = tally_write_leaks(1, lu_buf_write, &leaks);
+    int ws = tally_write_summary(0, 0, lu_buf_write, &summary);
+    int check1 = tally_check();
+    tally_free(after[0]);
+    int fc = tally_free_checked(after[1], 5000, 1);
+    int stage = tally_stage_end("late");
+    void *again = tally_malloc(2 * MB, 1, NULL);
+    tally_free(again);
+    tally_free(after[2]);
+    tally_empty_cache(-1);
+    int check2 = tally_check();
+    tally_stats_t s0, s1;
+    tally_get_stats(0, &s0);
+    tally_get_stats(1, &s1);
+    size_t fr = 0, total = 0;
+    tally_mem_get_info(0, &fr, &total);
+    tally_set_sink(NULL, NULL);
+    char line[700];
+    int n = snprintf(line, sizeof line,
+                     "after-exit: report=%d ledger=%d:%d leaks=%d:%d summary=%d:%d check=%d,%d free_checked=%d "
+                     "stage_end=%d again=%s live=%lld reserved=%lld device0-free-all=%d diag=%zu\n",
+                     report, wl, strstr(lu_buf_str(&ledger), "weights") != NULL, wk,
+                     strstr(lu_buf_str(&leaks), "3 blocks") != NULL, ws, (int)summary.len > 1000, check1, check2, fc,
+                     stage, again ? "yes" : "no", (long long)(s0.allocation[0].current + s1.allocation[0].current),
+                     (long long)(s0.reserved_bytes[0].current + s1.reserved_bytes[0].current), fr == total,
+                     diag.len);
+    if (write(2, line, (size_t)n) < 0)
+        _exit(97);
+    lu_buf_free(&ledger);
+    lu_buf_free(&leaks);
+    lu_buf_free(&summary);
+    lu_buf_free(&diag);
+}
+
+static int child_after_exit(void)
+{
+    LU_REQUIRE(tally_stage_begin("late") == 0);
+    LU_REQUIRE(tally_tag_push("weights") == 0);
+    after[0] = tally_malloc(3 * MB, 0, NULL);
+    after[1] = tally_malloc(5000, 1, NULL);
+    after[2] = tally_malloc(40 * MB, 0, NULL);
+    LU_REQUIRE(tally_tag_pop() == 0);
+    LU_REQUIRE(after[0] && after[1] && after[2]);
+    after_armed = 1;
+    printf("main returns with 3 blocks live and stage 'late' open\n");
+    return 0;
+}
+
+/* ---- child: fork while no other thread is inside tally ----------------------------------- */
+
+#define PARKED 3
+static pthread_mutex_t park_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t park_cond = PTHREAD_COND_INITIALIZER;
+static int parked, released;
+
+static void *parker(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    char tag[32];
+    snprintf(tag, sizeof tag, "parker-%d", id);
+    tally_tag_push(tag);
+    void *mine[16];
+    for (int i = 0; i < 16; i++)
+        mine[i] = tally_malloc((size_t)(i + 1) * 10000, i % 2, NULL);
+    for (int i = 0; i < 16; i += 2)
+        tally_free(mine[i]);
+    /* Park outside tally until the fork is done. */
+    pthread_mutex_lock(&park_lock);
+    parked++;
+    pthread_cond_broadcast(&park_cond);
+    while (!released)
+        pthread_cond_wait(&park_cond, &park_lock);
+    pthread_mutex_unlock(&park_lock);
+    for (int i = 1; i < 16; i += 2)
+        tally_free(mine[i]);
+    tally_tag_pop();
+    return NULL;
+}
+
+static int fork_grandchild(void)
+{
+    alarm(20);
+    /* Everything the parent had is here. */
+    if (tally_check() != 0) {
+        printf("grandchild: check failed: %s\n", tally_last_error());
+        return 10;
+    }
+    tally_stats_t s0 = lu_stats(0), s1 = lu_stats(1);
+    if (s0.allocation[0].current + s1.allocation[0].current != 2 + PARKED * 8) {
+        printf("grandchild: %lld blocks inherited\n", (long long)(s0.allocation[0].current + s1.allocation[0].current));
+        return 11;
+    }
+    const char *owner = getenv("FORK_BLOCK");
+    void *inherited = (void *)(uintptr_t)strtoull(owner, NULL, 16);
+    if (strcmp(lu_tag_of(inherited), "parent-tag") != 0 || strcmp(lu_stage_of(inherited), "parent-stage") != 0) {
+        printf("grandchild: inherited block has tag %s, stage %s\n", lu_tag_of(inherited), lu_stage_of(inherited));
+        return 12;
+    }
+    /* It keeps working: new blocks on both devices, written to (backed). */
+    void *mine[32];
+    for (int i = 0; i < 32; i++) {
+        mine[i] = tally_malloc((size_t)(i + 1) * 300000, i % 2, NULL);
+        if (!mine[i]) {
+            printf("grandchild: malloc failed: %s\n", tally_last_error());
+            return 13;
+        }
+        memset(mine[i], 0x5a, (size_t)(i + 1) * 300000);
+    }
+    for (int i = 0; i < 32; i++)
+        tally_free(mine[i]);
+    /* Its copy of the parent's blocks is its own to free. */
+    tally_free(inherited);
+    if (tally_stage_end("parent-stage") != 0 || tally_tag_pop() != 0) {
+        printf("grandchild: stage or tag: %s\n", tally_last_error());
+        return 14;
+    }
+    char path[400];
+    snprintf(path, sizeof path, "%s", getenv("FORK_REPORT"));
+    if (tally_write_report(path) != 0) {
+        printf("grandchild: report: %s\n", tally_last_error());
+        return 15;
+    }
+    if (tally_check() != 0) {
+        printf("grandchild: check failed: %s\n", tally_last_error());
+        return 16;
+    }
+    printf("grandchild ok\n");
+    fflush(stdout);
+    return 0;
+}
+
+static int child_fork_idle(void)
+{
+    LU_REQUIRE(tally_stage_begin("parent-stage") == 0);
+    LU_REQUIRE(tally_tag_push("parent-tag") == 0);
+    void *a = tally_malloc(6 * MB, 0, NULL);
+    void *b = tally_malloc(70000, 1, NULL);
+    LU_REQUIRE(a && b);
+    memset(a, 0x11, 6 * MB);
+    pthread_t t[PARKED];
+    for (int i = 0; i < PARKED; i++)
+        LU_REQUIRE(pthread_create(&t[i], NULL, parker, (void *)(intptr_t)i) == 0);
+    pthread_mutex_lock(&park_lock);
+    while (parked < PARKED)
+        pthread_cond_wait(&park_cond, &park_lock);
+    pthread_mutex_unlock(&park_lock);
+    char hex[32];
+    snprintf(hex, sizeof hex, "%llx", (unsigned long long)(uintptr_t)a);
+    setenv("FORK_BLOCK", hex, 1);
+    fflush(NULL);
+    pid_t pid = fork();
+    LU_REQUIRE(pid >= 0);
+    if (pid == 0) {
+        int rc = fork_grandchild();
+        fflush(NULL);
+        _exit(rc);
+    }
+    int st = 0;
+    LU_REQUIRE(waitpid(pid, &st, 0) == pid);
+    /* The parent is untouched by what the child did. */
+    LU_REQUIRE(tally_check() == 0);
+    LU_REQUIRE(((unsigned char *)a)[6 * MB - 1] == 0x11);
+    LU_REQUIRE(strcmp(lu_tag_of(a), "parent-tag") == 0);
+    pthread_mutex_lock(&park_lock);
+    released = 1;
+    pthread_cond_broadcast(&park_cond);
+    pthread_mutex_unlock(&park_lock);
+    for (int i = 0; i < PARKED; i++)
+        pthread_join(t[i], NULL);
+    tally_free(a);
+    tally_free(b);
+    LU_REQUIRE(tally_tag_pop() == 0);
+    LU_REQUIRE(tally_stage_end("parent-stage") == 0);
+    LU_REQUIRE(tally_check() == 0);
+    LU_REQUIRE(lu_stats(0).allocation[0].current == 0 && lu_stats(1).allocation[0].current == 0);
+    printf("parent ok, grandchild status %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 50;
+}
+
+/* ---- child: a forked child that exits normally reports what it inherited ----------------- */
+
+static int child_fork_exit_report(void)
+{
+    tally_set_sink(quiet, NULL);
+    LU_REQUIRE(tally_tag_push("inherited") == 0);
+    void *a = tally_malloc(2 * MB, 0, NULL);
+    LU_REQUIRE(a != NULL);
+    LU_REQUIRE(tally_tag_pop() == 0);
+    tally_set_sink(NULL, NULL);
+    fflush(NULL);
+    pid_t pid = fork();
+    LU_REQUIRE(pid >= 0);
+    if (pid == 0) {
+        printf("grandchild exits with the inherited block live\n");
+        exit(0); /* runs the exit report */
+    }
+    int st = 0;
+    LU_REQUIRE(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    tally_free(a); /* the parent leaves clean */
+    printf("parent exits clean\n");
+    return 0;
+}
+
+/* ---- child: fork while another thread holds a device lock ------------------------------- */
+
+static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_cond = PTHREAD_COND_INITIALIZER;
+static int inside_sink, forked;
+
+/* Called by tally with device 0's lock (and the sink lock) held: the OOM
+ * report is written under the device lock. Waits (at most 10 s) until the
+ * main thread has forked. */
+static void blocking_sink(void *arg, const char *text, size_t len)
+{
+    (void)arg;
+    (void)text;
+    (void)len;
+    pthread_mutex_lock(&hold_lock);
+    if (!inside_sink) {
+        inside_sink = 1;
+        pthread_cond_broadcast(&hold_cond);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 10;
+        while (!forked)
+            if (pthread_cond_timedwait(&hold_cond, &hold_lock, &until) != 0)
+                break;
+    }
+    pthread_mutex_unlock(&hold_lock);
+}
+
+static void *oom_thread(void *arg)
+{
+    (void)arg;
+    /* Larger than the 8 GiB device: an OOM, reported under the lock. */
+    void *p = tally_malloc(16 * LU_GiB, 0, NULL);
+    return p;
+}
+
+static int child_fork_busy(void)
+{
+    LU_REQUIRE(tally_init() == 0);
+    tally_set_sink(blocking_sink, NULL);
+    pthread_t t;
+    LU_REQUIRE(pthread_create(&t, NULL, oom_thread, NULL) == 0);
+    pthread_mutex_lock(&hold_lock);
+    while (!inside_sink)
+        pthread_cond_wait(&hold_cond, &hold_lock);
+    pthread_mutex_unlock(&hold_lock);
+    /* The other thread is inside tally, holding device 0's lock. */
+    pid_t pid = fork();
+    LU_REQUIRE(pid >= 0);
+    if (pid == 0) {
+        alarm(2);
+        void *p = tally_malloc(MB, 1, NULL); /* device 1: its lock is free */
+        void *q = tally_malloc(MB, 0, NULL); /* device 0: held forever */
+        (void)p;
+        (void)q;
+        _exit(0);
+    }
+    pthread_mutex_lock(&hold_lock);
+    forked = 1;
+    pthread_cond_broadcast(&hold_cond);
+    pthread_mutex_unlock(&hold_lock);
+    pthread_join(t, NULL);
+    tally_set_sink(NULL, NULL);
+    int st = 0;
+    LU_REQUIRE(waitpid(pid, &st, 0) == pid);
+    LU_REQUIRE(tally_check() == 0); /* the parent is fine */
+    if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM) {
+        printf("grandchild blocked on device 0's lock and was stopped by its alarm\n");
+        return 0;
+    }
+    printf("grandchild status %d: it did not block\n", WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
+    return 3;
+}
+
+/* ---- child: a sink that calls back into tally -------------------------------------------- */
+
+/* The sink is called with the sink lock held, and for an OOM report with
+ * the device's lock held too: a sink that calls tally for that device
+ * waits for itself. Documented ("the sink must not call tally"); the
+ * child's alarm ends it. */
+static void reentrant_sink(void *arg, const char *text, size_t len)
+{
+    (void)arg;
+    (void)text;
+    (void)len;
+    tally_stats_t s;
+    tally_get_stats(0, &s);
+}
+
+static int child_sink_reenters(void)
+{
+    LU_REQUIRE(tally_init() == 0);
+    tally_set_sink(reentrant_sink, NULL);
+    alarm(2);
+    tally_malloc(16 * LU_GiB, 0, NULL); /* the OOM report goes to the sink */
+    printf("the sink returned\n");
+    return 0;
+}
+
+/* ---- the tests (the parent) ----------------------------------------------------------------- */
+
+static void test_threads_race_into_lazy_init(void **state)
+{
+    (void)state;
+    long runs = tu_runs();
+    for (long i = 0; i < runs; i++) {
+        lu_child_t c;
+        lu_child_run(&c, "init-race", BASE ",leak_report:off", NULL);
+        LU_CHILD_EXIT(&c, 0);
+        LU_HAS(c.out, "init-race ok\n");
+        lu_child_free(&c);
+    }
+    print_message("  %ld processes, 8 threads each racing into initialisation\n", runs);
+}
+
+static void test_configure_racing_lazy_init_is_all_or_nothing(void **state)
+{
+    (void)state;
+    long runs = tu_runs(), first = 0;
+    for (long i = 0; i < runs; i++) {
+        lu_child_t c;
+        lu_child_run(&c, "configure-race", "backend:host,host_devices:1,host_mode:virtual,leak_report:off", NULL);
+        LU_CHILD_EXIT(&c, 0);
+        LU_HAS(c.out, "configure-race ok");
+        first += strstr(c.out, "configured first") != NULL;
+        lu_child_free(&c);
+    }
+    print_message("  %ld processes: the configuration came first in %ld\n", runs, first);
+}
+
+static void test_bad_conf_fails_every_racing_thread_once(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    lu_child_run(&c, "init-race-bad-conf", BASE ",host_devices:0", NULL);
+    LU_CHILD_EXIT(&c, 0);
+    LU_HAS(c.out, "init-race-bad-conf ok\n");
+    /* One line on the sink, however many threads raced. */
+    LU_EQ(lu_count(c.err, "host_devices"), 1);
+    LU_HAS(c.err, "tally: config: host_devices: '0' is not an integer in [1, 64]\n");
+    lu_child_free(&c);
+}
+
+static void test_reports_and_frees_after_the_exit_report(void **state)
+{
+    (void)state;
+    char path[400], env[480];
+    snprintf(path, sizeof path, "%s/after-exit.json", lu_tmpdir());
+    snprintf(env, sizeof env, "AFTER_REPORT=%s", path);
+    const char *const envs[] = {env, NULL};
+    lu_child_t c;
+    lu_child_run(&c, "after-exit", BASE ",leak_report:summary", envs);
+    LU_CHILD_EXIT(&c, 0);
+    /* 3 MiB + 5000 B (5120 rounded) + 40 MiB */
+    const char *summary = "tally: SUMMARY: 45093888 bytes leaked in 3 blocks\n";
+    LU_HAS(c.err, summary);
+    const char *late = "after-exit: report=0 ledger=0:1 leaks=0:1 summary=0:1 check=0,0 free_checked=0 stage_end=0 "
+                       "again=yes live=0 reserved=0 device0-free-all=1 diag=";
+    LU_HAS(c.err, late);
+    assert_true(lu_pos(c.err, summary) < lu_pos(c.err, late));
+    /* The report written after the exit report is whole, with the three
+     * blocks still live at that moment. */
+    tally_json_t *root = lu_json_file(path);
+    const tally_json_t *leaks = lu_jarr(root, "leaks");
+    int64_t blocks = 0;
+    for (size_t i = 0; i < leaks->len; i++)
+        blocks += lu_jint(&leaks->items[i], "blocks");
+    LU_EQ(blocks, 3);
+    tally__json_free(root);
+    lu_child_free(&c);
+}
+
+static void test_forked_child_keeps_working(void **state)
+{
+    (void)state;
+    char path[400], env[480];
+    snprintf(path, sizeof path, "%s/fork-child.json", lu_tmpdir());
+    snprintf(env, sizeof env, "FORK_REPORT=%s", path);
+    const char *const envs[] = {env, NULL};
+    lu_child_t c;
+    lu_child_run(&c, "fork-idle", "backend:host,host_devices:2,host_mode:backed,host_capacity:8GiB,leak_report:off",
+                 envs);
+    LU_CHILD_EXIT(&c, 0);
+    LU_HAS(c.out, "grandchild ok\n");
+    LU_HAS(c.out, "parent ok, grandchild status 0\n");
+    /* The grandchild's report is its own: its pid; live are the blocks it
+     * inherited and did not free (the parked threads' 8 each and the
+     * parent's small one), not its own nor the one it freed. */
+    tally_json_t *root = lu_json_file(path);
+    assert_true(lu_jint(root, "pid") != c.pid);
+    const tally_json_t *leaks = lu_jarr(root, "leaks");
+    int64_t parked_blocks = 0, parent_blocks = 0;
+    for (size_t i = 0; i < leaks->len; i++) {
+        const char *tag = lu_jstr(&leaks->items[i], "tag");
+        if (strncmp(tag, "parker-", 7) == 0)
+            parked_blocks += lu_jint(&leaks->items[i], "blocks");
+        else if (strcmp(tag, "parent-tag") == 0)
+            parent_blocks += lu_jint(&leaks->items[i], "blocks");
+        else
+            fail_msg("the grandchild's report has blocks of tag %s", tag);
+    }
+    LU_EQ(parked_blocks, PARKED * 8);
+    LU_EQ(parent_blocks, 1);
+    tally__json_free(root);
+    lu_child_free(&c);
+}
+
+static void test_forked_child_reports_inherited_blocks_at_exit(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    lu_child_run(&c, "fork-exit-report", BASE ",leak_report:summary", NULL);
+    LU_CHILD_EXIT(&c, 0);
+    LU_HAS(c.out, "parent exits clean\n");
+    /* Only the grandchild, which exited with the copy live, reports it. */
+    LU_EQ(lu_count(c.err, "tally: SUMMARY: 2097152 bytes leaked in 1 block\n"), 1);
+    LU_EQ(lu_count(c.err, "SUMMARY"), 1);
+    lu_child_free(&c);
+}
+
+/* The documented limitation: a lock held by another thread at fork stays
+ * held in the child. If lib/ gains pthread_atfork handlers that take the
+ * locks around fork, the grandchild stops blocking and this test, with
+ * docs/bad-input.md, should say so instead. */
+static void test_fork_while_another_thread_is_inside_tally_blocks_the_child(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    lu_child_run(&c, "fork-busy", BASE ",leak_report:off", NULL);
+    LU_CHILD_EXIT(&c, 0);
+    LU_HAS(c.out, "grandchild blocked on device 0's lock and was stopped by its alarm\n");
+    lu_child_free(&c);
+}
+
+static void test_sink_that_calls_tally_deadlocks(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    lu_child_run(&c, "sink-reenters", BASE ",leak_report:off", NULL);
+    if (c.code != -SIGALRM)
+        fail_msg("child exited with %d, expected to be stopped by SIGALRM (%d); stdout:\n%s", c.code, -SIGALRM,
+                 c.out);
+    LU_LACKS(c.out, "the sink returned");
+    lu_child_free(&c);
+}
+
+static const lu_role_t roles[] = {
+    {"init-race", child_init_race},
+    {"init-race-bad-conf", child_init_race_bad_conf},
+    {"configure-race", child_configure_race},
+    {"after-exit", child_after_exit},
+    {"fork-idle", child_fork_idle},
+    {"fork-exit-report", child_fork_exit_report},
+    {"fork-busy", child_fork_busy},
+    {"sink-reenters", child_sink_reenters},
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv)
+{
+    if (argc >= 3 && strcmp(argv[1], "--child") == 0)
+        return lu_child_main(argv[2], roles);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_threads_race_into_lazy_init),
+        cmocka_unit_test(test_configure_racing_lazy_init_is_all_or_nothing),
+        cmocka_unit_test(test_bad_conf_fails_every_racing_thread_once),
+        cmocka_unit_test(test_reports_and_frees_after_the_exit_report),
+        cmocka_unit_test(test_forked_child_keeps_working),
+        cmocka_unit_test(test_forked_child_reports_inherited_blocks_at_exit),
+        cmocka_unit_test(test_fork_while_another_thread_is_inside_tally_blocks_the_child),
+        cmocka_unit_test(test_sink_that_calls_tally_deadlocks),
+    };
+    int failed = cmocka_run_group_tests_name("process", tests, NULL, NULL);
+    lu_tmpdir_cleanup();
+    return failed;
+}
