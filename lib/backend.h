@@ -56,6 +56,22 @@ extern const tally_backend_t tally__backend_host;
 #ifdef TALLY_HAVE_CUDA
 extern const tally_backend_t tally__backend_cuda;
 extern const tally_backend_t tally__backend_async;
+
+/* Shared by the cuda and async backends (backend_cuda.c): select a device
+ * for one call and restore the caller's; events, memory info, sync. */
+typedef struct tally_cuda_guard {
+    int prev;
+    bool switched;
+} tally_cuda_guard_t;
+int tally__cuda_guard_enter(tally_cuda_guard_t *g, int device);
+void tally__cuda_guard_leave(tally_cuda_guard_t *g);
+int tally__cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes);
+int tally__cuda_event_create(int device, void **event);
+int tally__cuda_event_record(int device, void *event, void *stream);
+int tally__cuda_event_query(int device, void *event);
+int tally__cuda_event_sync(int device, void *event);
+int tally__cuda_event_destroy(int device, void *event);
+int tally__cuda_synchronize(int device);
 /* Non-zero when a CUDA device is visible; why says what was seen. */
 int tally__cuda_probe(char *why, size_t whylen);
 #endif

@@ -15,30 +15,6 @@
 static int ndev;
 static cudaMemPool_t pools[TALLY_MAX_DEVICES];
 
-typedef struct guard {
-    int prev;
-    bool switched;
-} guard_t;
-
-static int enter(guard_t *g, int device)
-{
-    g->switched = false;
-    if (cudaGetDevice(&g->prev) != cudaSuccess)
-        return -1;
-    if (g->prev != device) {
-        if (cudaSetDevice(device) != cudaSuccess)
-            return -1;
-        g->switched = true;
-    }
-    return 0;
-}
-
-static void leave(guard_t *g)
-{
-    if (g->switched)
-        cudaSetDevice(g->prev);
-}
-
 static int async_init(const tally_options_t *opt, char *why, size_t whylen)
 {
     ndev = tally__cuda_probe(why, whylen);
@@ -80,13 +56,13 @@ static int async_device_count(void)
 
 static int async_alloc(int device, size_t size, void *stream, void **ptr, char *why, size_t whylen)
 {
-    guard_t g;
-    if (enter(&g, device)) {
+    tally_cuda_guard_t g;
+    if (tally__cuda_guard_enter(&g, device)) {
         snprintf(why, whylen, "cannot select CUDA device %d", device);
         return TALLY_EBACKEND;
     }
     cudaError_t e = cudaMallocFromPoolAsync(ptr, size, pools[device], (cudaStream_t)stream);
-    leave(&g);
+    tally__cuda_guard_leave(&g);
     if (e == cudaSuccess)
         return 0;
     cudaGetLastError();
@@ -97,90 +73,21 @@ static int async_alloc(int device, size_t size, void *stream, void **ptr, char *
 static int async_free(int device, void *ptr, size_t size, void *stream)
 {
     (void)size;
-    guard_t g;
-    if (enter(&g, device))
+    tally_cuda_guard_t g;
+    if (tally__cuda_guard_enter(&g, device))
         return TALLY_EBACKEND;
     cudaError_t e = cudaFreeAsync(ptr, (cudaStream_t)stream);
-    leave(&g);
+    tally__cuda_guard_leave(&g);
     return e == cudaSuccess ? 0 : TALLY_EBACKEND;
-}
-
-static int async_mem_info(int device, size_t *free_bytes, size_t *total_bytes)
-{
-    guard_t g;
-    if (enter(&g, device))
-        return TALLY_EBACKEND;
-    cudaError_t e = cudaMemGetInfo(free_bytes, total_bytes);
-    leave(&g);
-    return e == cudaSuccess ? 0 : TALLY_EBACKEND;
-}
-
-static int async_event_create(int device, void **event)
-{
-    guard_t g;
-    if (enter(&g, device))
-        return TALLY_EBACKEND;
-    cudaEvent_t ev;
-    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    leave(&g);
-    if (e != cudaSuccess)
-        return TALLY_EBACKEND;
-    *event = ev;
-    return 0;
-}
-
-static int async_event_record(int device, void *event, void *stream)
-{
-    guard_t g;
-    if (enter(&g, device))
-        return TALLY_EBACKEND;
-    cudaError_t e = cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream);
-    leave(&g);
-    return e == cudaSuccess ? 0 : TALLY_EBACKEND;
-}
-
-static int async_event_query(int device, void *event)
-{
-    (void)device;
-    cudaError_t e = cudaEventQuery((cudaEvent_t)event);
-    if (e == cudaSuccess)
-        return 0;
-    if (e == cudaErrorNotReady) {
-        cudaGetLastError();
-        return 1;
-    }
-    return -TALLY_EBACKEND;
-}
-
-static int async_event_sync(int device, void *event)
-{
-    (void)device;
-    return cudaEventSynchronize((cudaEvent_t)event) == cudaSuccess ? 0 : TALLY_EBACKEND;
-}
-
-static int async_event_destroy(int device, void *event)
-{
-    (void)device;
-    return cudaEventDestroy((cudaEvent_t)event) == cudaSuccess ? 0 : TALLY_EBACKEND;
 }
 
 static int async_stream_wait(int device, void *stream, void *event)
 {
-    guard_t g;
-    if (enter(&g, device))
+    tally_cuda_guard_t g;
+    if (tally__cuda_guard_enter(&g, device))
         return TALLY_EBACKEND;
     cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0);
-    leave(&g);
-    return e == cudaSuccess ? 0 : TALLY_EBACKEND;
-}
-
-static int async_synchronize(int device)
-{
-    guard_t g;
-    if (enter(&g, device))
-        return TALLY_EBACKEND;
-    cudaError_t e = cudaDeviceSynchronize();
-    leave(&g);
+    tally__cuda_guard_leave(&g);
     return e == cudaSuccess ? 0 : TALLY_EBACKEND;
 }
 
@@ -222,14 +129,14 @@ const tally_backend_t tally__backend_async = {
     .device_count = async_device_count,
     .alloc = async_alloc,
     .free = async_free,
-    .mem_info = async_mem_info,
-    .event_create = async_event_create,
-    .event_record = async_event_record,
-    .event_query = async_event_query,
-    .event_sync = async_event_sync,
-    .event_destroy = async_event_destroy,
+    .mem_info = tally__cuda_mem_info,
+    .event_create = tally__cuda_event_create,
+    .event_record = tally__cuda_event_record,
+    .event_query = tally__cuda_event_query,
+    .event_sync = tally__cuda_event_sync,
+    .event_destroy = tally__cuda_event_destroy,
     .stream_wait = async_stream_wait,
-    .synchronize = async_synchronize,
+    .synchronize = tally__cuda_synchronize,
     .trim = async_trim,
     .pool_usage = async_pool_usage,
     .pool_reset_peak = async_pool_reset_peak,

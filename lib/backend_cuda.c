@@ -1,20 +1,16 @@
 /* The cuda backend: cudaMalloc / cudaFree, events for cross-stream reuse,
  * cudaMemGetInfo. Every call selects the block's device first and restores
  * the caller's current device afterwards, so frees may arrive while any
- * device is current. Compiled only when CUDA's headers were found. */
+ * device is current. The device guard, events, memory info and
+ * synchronisation here serve the async backend too (backend.h). Compiled
+ * only when CUDA's headers were found. */
 #ifdef TALLY_HAVE_CUDA
 #include "backend.h"
 
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 
-/* Selects device for the scope of one call; restores the previous one. */
-typedef struct device_guard {
-    int prev;
-    bool switched;
-} device_guard_t;
-
-static int guard_enter(device_guard_t *g, int device)
+int tally__cuda_guard_enter(tally_cuda_guard_t *g, int device)
 {
     g->switched = false;
     if (cudaGetDevice(&g->prev) != cudaSuccess)
@@ -27,7 +23,7 @@ static int guard_enter(device_guard_t *g, int device)
     return 0;
 }
 
-static void guard_leave(device_guard_t *g)
+void tally__cuda_guard_leave(tally_cuda_guard_t *g)
 {
     if (g->switched)
         cudaSetDevice(g->prev);
@@ -67,13 +63,13 @@ static int cuda_device_count(void)
 static int cuda_alloc(int device, size_t size, void *stream, void **ptr, char *why, size_t whylen)
 {
     (void)stream;
-    device_guard_t g;
-    if (guard_enter(&g, device)) {
+    tally_cuda_guard_t g;
+    if (tally__cuda_guard_enter(&g, device)) {
         snprintf(why, whylen, "cannot select CUDA device %d", device);
         return TALLY_EBACKEND;
     }
     cudaError_t e = cudaMalloc(ptr, size);
-    guard_leave(&g);
+    tally__cuda_guard_leave(&g);
     if (e == cudaSuccess)
         return 0;
     cudaGetLastError(); /* clear the sticky-free error state */
@@ -85,49 +81,49 @@ static int cuda_free(int device, void *ptr, size_t size, void *stream)
 {
     (void)size;
     (void)stream;
-    device_guard_t g;
-    if (guard_enter(&g, device))
+    tally_cuda_guard_t g;
+    if (tally__cuda_guard_enter(&g, device))
         return TALLY_EBACKEND;
     cudaError_t e = cudaFree(ptr);
-    guard_leave(&g);
+    tally__cuda_guard_leave(&g);
     return e == cudaSuccess ? 0 : TALLY_EBACKEND;
 }
 
-static int cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes)
+int tally__cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes)
 {
-    device_guard_t g;
-    if (guard_enter(&g, device))
+    tally_cuda_guard_t g;
+    if (tally__cuda_guard_enter(&g, device))
         return TALLY_EBACKEND;
     cudaError_t e = cudaMemGetInfo(free_bytes, total_bytes);
-    guard_leave(&g);
+    tally__cuda_guard_leave(&g);
     return e == cudaSuccess ? 0 : TALLY_EBACKEND;
 }
 
-static int cuda_event_create(int device, void **event)
+int tally__cuda_event_create(int device, void **event)
 {
-    device_guard_t g;
-    if (guard_enter(&g, device))
+    tally_cuda_guard_t g;
+    if (tally__cuda_guard_enter(&g, device))
         return TALLY_EBACKEND;
     cudaEvent_t ev;
     cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    guard_leave(&g);
+    tally__cuda_guard_leave(&g);
     if (e != cudaSuccess)
         return TALLY_EBACKEND;
     *event = ev;
     return 0;
 }
 
-static int cuda_event_record(int device, void *event, void *stream)
+int tally__cuda_event_record(int device, void *event, void *stream)
 {
-    device_guard_t g;
-    if (guard_enter(&g, device))
+    tally_cuda_guard_t g;
+    if (tally__cuda_guard_enter(&g, device))
         return TALLY_EBACKEND;
     cudaError_t e = cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream);
-    guard_leave(&g);
+    tally__cuda_guard_leave(&g);
     return e == cudaSuccess ? 0 : TALLY_EBACKEND;
 }
 
-static int cuda_event_query(int device, void *event)
+int tally__cuda_event_query(int device, void *event)
 {
     (void)device;
     cudaError_t e = cudaEventQuery((cudaEvent_t)event);
@@ -140,29 +136,29 @@ static int cuda_event_query(int device, void *event)
     return -TALLY_EBACKEND;
 }
 
-static int cuda_event_sync(int device, void *event)
+int tally__cuda_event_sync(int device, void *event)
 {
     (void)device;
     return cudaEventSynchronize((cudaEvent_t)event) == cudaSuccess ? 0 : TALLY_EBACKEND;
 }
 
-static int cuda_event_destroy(int device, void *event)
+int tally__cuda_event_destroy(int device, void *event)
 {
-    device_guard_t g;
-    if (guard_enter(&g, device))
+    tally_cuda_guard_t g;
+    if (tally__cuda_guard_enter(&g, device))
         return TALLY_EBACKEND;
     cudaError_t e = cudaEventDestroy((cudaEvent_t)event);
-    guard_leave(&g);
+    tally__cuda_guard_leave(&g);
     return e == cudaSuccess ? 0 : TALLY_EBACKEND;
 }
 
-static int cuda_synchronize(int device)
+int tally__cuda_synchronize(int device)
 {
-    device_guard_t g;
-    if (guard_enter(&g, device))
+    tally_cuda_guard_t g;
+    if (tally__cuda_guard_enter(&g, device))
         return TALLY_EBACKEND;
     cudaError_t e = cudaDeviceSynchronize();
-    guard_leave(&g);
+    tally__cuda_guard_leave(&g);
     return e == cudaSuccess ? 0 : TALLY_EBACKEND;
 }
 
@@ -177,13 +173,13 @@ const tally_backend_t tally__backend_cuda = {
     .device_count = cuda_device_count,
     .alloc = cuda_alloc,
     .free = cuda_free,
-    .mem_info = cuda_mem_info,
-    .event_create = cuda_event_create,
-    .event_record = cuda_event_record,
-    .event_query = cuda_event_query,
-    .event_sync = cuda_event_sync,
-    .event_destroy = cuda_event_destroy,
-    .synchronize = cuda_synchronize,
+    .mem_info = tally__cuda_mem_info,
+    .event_create = tally__cuda_event_create,
+    .event_record = tally__cuda_event_record,
+    .event_query = tally__cuda_event_query,
+    .event_sync = tally__cuda_event_sync,
+    .event_destroy = tally__cuda_event_destroy,
+    .synchronize = tally__cuda_synchronize,
     .shutdown = cuda_shutdown,
 };
 #else

@@ -68,9 +68,10 @@ static bool fault_fires_locked(void)
     return true;
 }
 
-static int host_alloc(int device, size_t size, void *stream, void **ptr, char *why, size_t whylen)
+/* Count size bytes against the device's capacity (an allocation or a page
+ * mapping), or fail with OOM: injected, or the device is full. */
+static int charge(int device, size_t size, char *why, size_t whylen)
 {
-    (void)stream;
     tally__mutex_lock(&host_lock);
     if (fault_fires_locked()) {
         tally__mutex_unlock(&host_lock);
@@ -85,6 +86,15 @@ static int host_alloc(int device, size_t size, void *stream, void **ptr, char *w
     }
     used[device] += size;
     tally__mutex_unlock(&host_lock);
+    return 0;
+}
+
+static int host_alloc(int device, size_t size, void *stream, void **ptr, char *why, size_t whylen)
+{
+    (void)stream;
+    int rc = charge(device, size, why, whylen);
+    if (rc)
+        return rc;
     int prot = mode == TALLY_HOST_VIRTUAL ? PROT_NONE : PROT_READ | PROT_WRITE;
     int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
     void *p = mmap(NULL, size, prot, flags, -1, 0);
@@ -126,20 +136,9 @@ static int host_reserve(int device, size_t size, void **ptr, char *why, size_t w
  * backed mode the pages become usable. */
 static int host_map(int device, void *ptr, size_t size, char *why, size_t whylen)
 {
-    tally__mutex_lock(&host_lock);
-    if (fault_fires_locked()) {
-        tally__mutex_unlock(&host_lock);
-        snprintf(why, whylen, "injected allocation failure");
-        return TALLY_ENOMEM;
-    }
-    if (size > capacity - used[device]) {
-        tally__mutex_unlock(&host_lock);
-        snprintf(why, whylen, "simulated device %d is full (%llu of %llu bytes in use, %zu asked)", device,
-                 (unsigned long long)used[device], (unsigned long long)capacity, size);
-        return TALLY_ENOMEM;
-    }
-    used[device] += size;
-    tally__mutex_unlock(&host_lock);
+    int rc = charge(device, size, why, whylen);
+    if (rc)
+        return rc;
     if (mode == TALLY_HOST_BACKED && mprotect(ptr, size, PROT_READ | PROT_WRITE) != 0) {
         tally__mutex_lock(&host_lock);
         used[device] -= size;

@@ -102,7 +102,7 @@ static void block_delete(tally_device_t *d, tally_block_t *b)
 
 /* ---- segments ------------------------------------------------------------ */
 
-static void segment_link(tally_device_t *d, tally_segment_t *s)
+void tally__segment_link_locked(tally_device_t *d, tally_segment_t *s)
 {
     s->prev = NULL;
     s->next = d->segments;
@@ -502,7 +502,7 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
     s->device = d->id;
     s->head = b;
     s->bins = bins;
-    segment_link(d, s);
+    tally__segment_link_locked(d, s);
     b->addr = (uintptr_t)ptr;
     b->size = size;
     b->stream = p->stream;

@@ -171,6 +171,8 @@ size_t tally__expand_release_locked(tally_device_t *d, tally_segment_t *s);
 size_t tally__expand_mapped_bytes(const tally_segment_t *s);
 int tally__expand_check_locked(const tally_segment_t *s, char *why, size_t whylen);
 
+/* Put a new segment on the device's list. */
+void tally__segment_link_locked(tally_device_t *d, tally_segment_t *s);
 /* The device's segment containing addr, or NULL. */
 tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t addr);
 

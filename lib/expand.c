@@ -93,12 +93,7 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
     s->device = d->id;
     s->head = b;
     s->ex = ex;
-    s->prev = NULL;
-    s->next = d->segments;
-    if (d->segments)
-        d->segments->prev = s;
-    d->segments = s;
-    d->nsegments++;
+    tally__segment_link_locked(d, s);
     b->addr = s->base;
     b->size = va;
     b->stream = stream;
