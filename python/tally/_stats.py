@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Optional, Union
 from ._lib import call, collect_text, library, pool_stat
 from ._reports import report, snapshot_from_report
 
-__all__ = [
+# The torch.cuda names this module answers (patch_torch() replaces exactly these).
+TORCH_NAMES = (
     "memory_stats",
     "memory_summary",
     "memory_allocated",
@@ -27,8 +28,9 @@ __all__ = [
     "reset_accumulated_memory_stats",
     "empty_cache",
     "memory_snapshot",
-    "device_index",
-]
+)
+
+__all__ = list(TORCH_NAMES) + ["device_index"]
 
 Device = Union[None, int, str, Any]
 

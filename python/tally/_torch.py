@@ -29,18 +29,7 @@ _HOOKS = (
 )
 
 # torch.cuda functions that patch_torch() replaces with tally's.
-PATCHED_NAMES = (
-    "memory_stats",
-    "memory_summary",
-    "memory_allocated",
-    "max_memory_allocated",
-    "memory_reserved",
-    "max_memory_reserved",
-    "reset_peak_memory_stats",
-    "reset_accumulated_memory_stats",
-    "empty_cache",
-    "memory_snapshot",
-)
+PATCHED_NAMES = _stats.TORCH_NAMES
 
 _allocator: Optional[Any] = None
 # (module, name) -> PyTorch's function, keyed by id(module).
