@@ -187,6 +187,26 @@ bool tally__is_initialised(void)
     return atomic_load(&initialised) != 0;
 }
 
+/* After initialisation only runtime keys change (the parser refuses the
+ * rest); store each so that unlocked readers (TALLY_OPT) never see a torn
+ * value. Strings change under config_lock, which their readers take. */
+static void publish_runtime(const tally_options_t *n)
+{
+#define STORE(f) __atomic_store_n(&tally__opt.f, n->f, __ATOMIC_RELAXED)
+    STORE(backtrace_depth);
+    STORE(release_at_stage_end);
+    STORE(stage_report);
+    STORE(leak_report);
+    STORE(leak_exitcode);
+    STORE(home_device);
+    STORE(timeline);
+#undef STORE
+    __atomic_store(&tally__opt.gc_threshold, &n->gc_threshold, __ATOMIC_RELAXED);
+    __atomic_store(&tally__opt.memory_fraction, &n->memory_fraction, __ATOMIC_RELAXED);
+    memcpy(tally__opt.persistent_tags, n->persistent_tags, sizeof tally__opt.persistent_tags);
+    memcpy(tally__opt.report_path, n->report_path, sizeof tally__opt.report_path);
+}
+
 int tally_configure(const char *conf)
 {
     if (!conf)
@@ -200,7 +220,8 @@ int tally_configure(const char *conf)
         tally__mutex_unlock(&config_lock);
         return rc;
     }
-    tally_options_t next = tally__opt;
+    tally_options_t next;
+    memcpy(&next, &tally__opt, sizeof next);
     rc = tally__options_parse(&next, conf, true, &seen);
     if (rc == 0) {
         /* Given again, the fraction is applied again: a per-device
@@ -216,10 +237,18 @@ int tally_configure(const char *conf)
             }
         }
         next.home_device = resolve_home(next.home_device);
-        tally__opt = next;
+        publish_runtime(&next);
     }
     tally__mutex_unlock(&config_lock);
     return rc;
+}
+
+void tally__opt_string(const char *field, char *buf)
+{
+    tally__mutex_lock(&config_lock);
+    memcpy(buf, field, 512);
+    tally__mutex_unlock(&config_lock);
+    buf[511] = 0;
 }
 
 int tally_write_options(tally_write_fn write, void *arg)
@@ -274,8 +303,9 @@ void *tally_malloc(size_t size, int device, void *stream)
         return NULL;
     /* The allocation site is unwound before the lock: it is slow. */
     void *site = NULL;
-    if (TALLY_UNLIKELY(tally__opt.backtrace_depth > 0) && tally__opt.ledger)
-        site = tally__site_capture(tally__opt.backtrace_depth);
+    int depth = TALLY_OPT(backtrace_depth);
+    if (TALLY_UNLIKELY(depth > 0) && tally__opt.ledger)
+        site = tally__site_capture(depth);
     tally__mutex_lock(&d->lock);
     tally_block_t *b = tally__cache_malloc_locked(d, size, stream, site);
     void *p = b ? (void *)b->addr : NULL;

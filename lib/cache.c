@@ -442,7 +442,7 @@ typedef struct alloc_params {
 
 static bool gc_enabled(tally_device_t *d)
 {
-    return d->allowed_max != UINT64_MAX && tally__opt.gc_threshold > 0;
+    return d->allowed_max != UINT64_MAX && tally__opt_double(&tally__opt.gc_threshold) > 0;
 }
 
 static bool get_free_block(tally_device_t *d, alloc_params_t *p)
@@ -554,7 +554,7 @@ static bool release_available_cached_blocks(tally_device_t *d, alloc_params_t *p
 
 static void garbage_collect(tally_device_t *d)
 {
-    uint64_t threshold = (uint64_t)(tally__opt.gc_threshold * (double)d->allowed_max);
+    uint64_t threshold = (uint64_t)(tally__opt_double(&tally__opt.gc_threshold) * (double)d->allowed_max);
     if (d->reserved <= threshold)
         return;
     uint64_t target = d->reserved - threshold, reclaimed = 0;

@@ -21,19 +21,22 @@ int tally__exit_report(void)
 {
     if (!atomic_load(&registered) || atomic_exchange(&done, 1))
         return 0;
-    if (tally__opt.report_path[0])
-        tally_write_report(NULL);
+    char path[512];
+    tally__opt_string(tally__opt.report_path, path);
+    if (path[0])
+        tally_write_report(path);
+    int leak_report = TALLY_OPT(leak_report), leak_exitcode = TALLY_OPT(leak_exitcode);
     uint64_t blocks = 0, bytes = 0;
     tally_out_t o;
     tally__out_init(&o, tally__sink_writer, NULL);
-    if (tally__opt.leak_report != TALLY_LEAK_OFF || tally__opt.leak_exitcode) {
+    if (leak_report != TALLY_LEAK_OFF || leak_exitcode) {
         tally_out_t quiet;
         tally__out_init(&quiet, NULL, NULL);
-        bytes = tally__report_leaks(tally__opt.leak_report == TALLY_LEAK_OFF ? &quiet : &o,
-                                    tally__opt.leak_report == TALLY_LEAK_FULL, &blocks);
+        bytes = tally__report_leaks(leak_report == TALLY_LEAK_OFF ? &quiet : &o, leak_report == TALLY_LEAK_FULL,
+                                    &blocks);
         tally__out_flush(&o);
     }
-    return bytes && tally__opt.leak_exitcode ? tally__opt.leak_exitcode : 0;
+    return bytes && leak_exitcode ? leak_exitcode : 0;
 }
 
 __attribute__((destructor)) static void at_exit(void)

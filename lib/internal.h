@@ -114,6 +114,19 @@ typedef struct tally_options {
 } tally_options_t;
 
 extern tally_options_t tally__opt;
+/* Options marked runtime may change while other threads run: read them
+ * with TALLY_OPT (a relaxed atomic load; tally_configure stores them the
+ * same way), and the two strings with tally__opt_string (under the
+ * configuration lock). The other options are fixed once initialised. */
+#define TALLY_OPT(field) __atomic_load_n(&tally__opt.field, __ATOMIC_RELAXED)
+static inline double tally__opt_double(const double *field)
+{
+    double v;
+    __atomic_load(field, &v, __ATOMIC_RELAXED);
+    return v;
+}
+/* Copy a runtime string option (persistent_tags, report_path) into buf[512]. */
+void tally__opt_string(const char *field, char *buf);
 /* Parse conf into opt (validating every key); when runtime is set, reject
  * keys that cannot change after initialisation. On error opt is unchanged. */
 int tally__options_parse(tally_options_t *opt, const char *conf, bool runtime, uint64_t *seen);

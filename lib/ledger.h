@@ -86,13 +86,13 @@ void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr
  * thread's tag and the current stage. */
 static inline void tally__timeline_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream)
 {
-    if (TALLY_UNLIKELY(tally__opt.timeline))
+    if (TALLY_UNLIKELY(TALLY_OPT(timeline)))
         tally__timeline_record_locked(d, action, addr, size, stream, tally__current_tag(), tally__stage_now());
 }
 /* An event of a block (alloc, free): the block's own tag and stage. */
 static inline void tally__timeline_block_locked(tally_device_t *d, int action, const tally_block_t *b)
 {
-    if (TALLY_UNLIKELY(tally__opt.timeline))
+    if (TALLY_UNLIKELY(TALLY_OPT(timeline)))
         tally__timeline_record_locked(d, action, b->addr, b->size, b->stream, b->tag, b->stage);
 }
 /* Copy out up to max events, oldest first; returns the count. */

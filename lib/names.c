@@ -183,7 +183,8 @@ const char *tally__stage_name(uint32_t id)
 bool tally__tag_is_persistent(uint32_t id)
 {
     const char *name = tally__tag_name(id);
-    const char *list = tally__opt.persistent_tags;
+    char list[512];
+    tally__opt_string(tally__opt.persistent_tags, list);
     size_t n = strlen(name);
     for (const char *p = list; *p;) {
         const char *end = strchr(p, '|');

@@ -23,7 +23,8 @@ static int env_int(const char *name, int fallback)
 
 static bool is_foreign(int device)
 {
-    return tally__opt.home_device >= 0 && device != tally__opt.home_device;
+    int home = TALLY_OPT(home_device);
+    return home >= 0 && device != home;
 }
 
 static void write_ledger(tally_out_t *o)
@@ -168,7 +169,7 @@ int tally__report_json(tally_out_t *o)
     tally__out_json_str(o, TALLY_VERSION);
     tally__out_printf(o, ",\"pid\":%d,\"rank\":%d,\"local_rank\":%d,\"world_size\":%d,\"home_device\":%d,",
                       (int)getpid(), env_int("RANK", 0), env_int("LOCAL_RANK", 0), env_int("WORLD_SIZE", 1),
-                      tally__opt.home_device);
+                      TALLY_OPT(home_device));
     tally__out_puts(o, "\"backend\":");
     tally__out_json_str(o, tally__g.backend->name);
     tally__out_printf(o, ",\"time_us\":%llu,\n\"devices\":[", (unsigned long long)tally__now_us());
@@ -246,7 +247,9 @@ int tally_write_report(const char *path)
     int rc = tally__ensure_init();
     if (rc)
         return rc;
-    const char *pattern = path ? path : tally__opt.report_path;
+    char configured[512];
+    tally__opt_string(tally__opt.report_path, configured);
+    const char *pattern = path ? path : configured;
     if (!*pattern)
         return tally__fail(TALLY_EINVAL, "tally_write_report: no path given and report_path is not set");
     char real[1024];

@@ -30,7 +30,7 @@ static const char *plural(uint64_t n)
 
 static void foreign_note(int device, char *buf, size_t len)
 {
-    int home = tally__opt.home_device;
+    int home = TALLY_OPT(home_device);
     if (home >= 0 && device != home)
         snprintf(buf, len, " (foreign: home device is %d)", home);
     else
@@ -62,7 +62,7 @@ void tally__report_stage(const tally_stage_rec_t *rec, tally_out_t *o)
                           name, a, tally__tag_name(s->tag), s->device, (unsigned long long)s->blocks,
                           plural(s->blocks), f);
     }
-    if (tally__opt.release_at_stage_end) {
+    if (TALLY_OPT(release_at_stage_end)) {
         tally__fmt_bytes(rec->released, a, sizeof a);
         tally__fmt_bytes(rec->reserved_after, b, sizeof b);
         tally__out_printf(o, "tally: stage %s released %s of cached segments; %s stays reserved\n", name, a, b);
@@ -220,7 +220,7 @@ static void stage_line(const tally_stage_rec_t *rec, void *arg)
 
 void tally__report_ledger(tally_out_t *o)
 {
-    int home = tally__opt.home_device;
+    int home = TALLY_OPT(home_device);
     char homebuf[16] = "none";
     if (home >= 0)
         snprintf(homebuf, sizeof homebuf, "%d", home);

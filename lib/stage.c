@@ -171,7 +171,7 @@ int tally_stage_end(const char *name)
     depth--;
     atomic_store(&tally__current_stage,
                  depth ? (uint64_t)frames[depth - 1].epoch << 32 | frames[depth - 1].id : TALLY_STAGE_NONE);
-    if (tally__opt.release_at_stage_end) {
+    if (TALLY_OPT(release_at_stage_end)) {
         for (int i = 0; i < tally__g.ndev; i++) {
             tally_device_t *d = tally__g.dev[i];
             tally__mutex_lock(&d->lock);
@@ -184,7 +184,7 @@ int tally_stage_end(const char *name)
     tally_stage_rec_t *slot = &history[(rec.seq - 1) % TALLY_STAGE_HISTORY];
     tally__meta_free(slot->surv);
     *slot = rec;
-    if (tally__opt.stage_report) {
+    if (TALLY_OPT(stage_report)) {
         tally_out_t o;
         tally__out_init(&o, tally__sink_writer, NULL);
         tally__report_stage(slot, &o);

@@ -669,10 +669,9 @@ static void test_bad_input_configuration_strings(void **state)
     free(before);
 }
 
-/* KNOWN BUG (docs/bad-input.md): a tag or stage name may hold any byte from
- * 0x20 up except 0x7f, so one that is not UTF-8 goes into the JSON report
- * as it is, and the report is not JSON that Python's json module (or any
- * strict reader) accepts. */
+/* Names go into JSON reports: one that is not valid UTF-8 is refused, so
+ * every report stays JSON that Python's json module (or any strict reader)
+ * accepts (docs/bad-input.md, "Fixed while writing this table"). */
 static void test_non_utf8_names_are_refused(void **state)
 {
     (void)state;
@@ -705,13 +704,9 @@ static void test_non_utf8_names_are_refused(void **state)
     }
 }
 
-/* KNOWN BUG (docs/bad-input.md): tally_write_options promises a form that
- * parses back, but the defaults of garbage_collection_threshold and
- * memory_fraction print as 0, which the parser refuses (it wants a value
- * above 0), so the printed configuration of any process fails to parse as
- * TALLY_CONF (python: tally.configure(tally.options()) fails the same way).
- * tests/fuzz/fuzz_options.c checks the round trip on random input; with
- * FUZZ_STRICT=1 it fails on this too. */
+/* tally_write_options promises a form that parses back: the defaults
+ * (garbage_collection_threshold and memory_fraction at 0, meaning off)
+ * included (docs/bad-input.md, "Fixed while writing this table"). */
 static void test_printed_configuration_parses_back(void **state)
 {
     (void)state;
