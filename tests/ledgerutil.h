@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -98,40 +100,17 @@ static inline int lu_count(const char *s, const char *sub)
     return n;
 }
 
-/* ---- growing text buffer (also a tally_write_fn) ------------------------- */
+/* ---- growing text buffer: testutil.h's, under this file's names --------- */
 
-typedef struct lu_buf {
-    char *p;
-    size_t len, cap;
-} lu_buf_t;
-
-static inline void lu_buf_write(void *arg, const char *text, size_t len)
-{
-    lu_buf_t *b = arg;
-    if (b->len + len + 1 > b->cap) {
-        size_t cap = (b->len + len + 1) * 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            abort();
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, text, len);
-    b->len += len;
-    b->p[b->len] = 0;
-}
+typedef tu_buf_t lu_buf_t;
+#define lu_buf_write tu_buf_write
+#define lu_buf_free tu_buf_free
 
 static inline const char *lu_buf_str(lu_buf_t *b)
 {
     if (!b->p)
-        lu_buf_write(b, "", 0);
+        tu_buf_write(b, "", 0);
     return b->p;
-}
-
-static inline void lu_buf_free(lu_buf_t *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
 }
 
 /* ---- capture sink --------------------------------------------------------- */
