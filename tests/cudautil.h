@@ -1,0 +1,188 @@
+/* Helpers for tally's C tests that talk to the CUDA driver API directly:
+ * on this machine the CUDA stand-in (build/standin/libcuda.so.1, found
+ * through LD_LIBRARY_PATH as `make test` sets it), on a GPU machine the real
+ * driver (TALLY_REAL_CUDA=1).
+ *
+ * - cu_load(): dlopen("libcuda.so.1") by the ordinary search path and fill
+ *   `cu`, one function pointer per entry point of lib/cuda/driver.h, through
+ *   cuGetProcAddress(_v2) with the CUDA version driver.h declares. Entry
+ *   points the driver is too old for stay NULL.
+ * - CU_OK(call): the call returns CUDA_SUCCESS, else the test fails with the
+ *   error's name.
+ * - cu_hold(stream) / cu_release(hold): a host function that blocks the
+ *   stream until released, so that the work queued behind it stays pending
+ *   (CUDA_ERROR_NOT_READY), on the stand-in and on a GPU alike.
+ * - cu_ctx_active(dev): whether the device's primary context is active.
+ * - cu_is_standin(): the loaded driver is the stand-in (it exports
+ *   cuda_standin_version): for the few checks that only make sense there.
+ *
+ * Bodies are static: this header is included by test programs only. */
+#ifndef TALLY_TESTS_CUDAUTIL_H
+#define TALLY_TESTS_CUDAUTIL_H
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/driver.h"
+
+struct cu_api {
+#define CU_API_FIELD(name, version, required, params) tally_pfn_##name name;
+    TALLY_CU_ENTRY_POINTS(CU_API_FIELD)
+#undef CU_API_FIELD
+};
+
+static struct cu_api cu __attribute__((unused));
+static void *cu_lib __attribute__((unused));
+static int cu_driver_version __attribute__((unused));
+static char cu_load_error[256] __attribute__((unused));
+
+/* Open libcuda.so.1 and fill `cu`. 0 on success; -1 with cu_load_error set
+ * when there is no driver or it lacks cuGetProcAddress. */
+static inline int cu_load(void)
+{
+    if (cu_lib)
+        return 0;
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(cu_load_error, sizeof cu_load_error, "dlopen libcuda.so.1: %s", dlerror());
+        return -1;
+    }
+    tally_pfn_cuGetProcAddress_v2 gpa2 = NULL;
+    tally_pfn_cuGetProcAddress gpa = NULL;
+    void *sym = dlsym(lib, "cuGetProcAddress_v2");
+    memcpy(&gpa2, &sym, sizeof sym);
+    sym = dlsym(lib, "cuGetProcAddress");
+    memcpy(&gpa, &sym, sizeof sym);
+    if (!gpa2 && !gpa) {
+        snprintf(cu_load_error, sizeof cu_load_error, "libcuda.so.1 has no cuGetProcAddress");
+        dlclose(lib);
+        return -1;
+    }
+    void *pfn = NULL;
+    int rc = gpa2 ? gpa2("cuDriverGetVersion", &pfn, 2020, CU_GET_PROC_ADDRESS_DEFAULT, NULL)
+                  : gpa("cuDriverGetVersion", &pfn, 2020, CU_GET_PROC_ADDRESS_DEFAULT);
+    if (rc != CUDA_SUCCESS || !pfn) {
+        snprintf(cu_load_error, sizeof cu_load_error, "cuGetProcAddress(cuDriverGetVersion) failed: %d", rc);
+        dlclose(lib);
+        return -1;
+    }
+    memcpy(&cu.cuDriverGetVersion, &pfn, sizeof pfn);
+    if (cu.cuDriverGetVersion(&cu_driver_version) != CUDA_SUCCESS)
+        cu_driver_version = 0;
+#define CU_API_GET(name, version, required, params)                                                               \
+    do {                                                                                                           \
+        void *p_ = NULL;                                                                                           \
+        CUdriverProcAddressQueryResult st_ = CU_GET_PROC_ADDRESS_SUCCESS;                                          \
+        int r_ = CUDA_ERROR_NOT_FOUND;                                                                             \
+        if ((version) <= cu_driver_version)                                                                        \
+            r_ = gpa2 ? gpa2(#name, &p_, (version), CU_GET_PROC_ADDRESS_DEFAULT, &st_)                             \
+                      : gpa(#name, &p_, (version), CU_GET_PROC_ADDRESS_DEFAULT);                                   \
+        if (r_ != CUDA_SUCCESS || st_ != CU_GET_PROC_ADDRESS_SUCCESS)                                              \
+            p_ = NULL;                                                                                             \
+        memcpy(&cu.name, &p_, sizeof p_);                                                                          \
+    } while (0);
+    TALLY_CU_ENTRY_POINTS(CU_API_GET)
+#undef CU_API_GET
+    cu_lib = lib;
+    return 0;
+}
+
+/* The error's name ("CUDA_ERROR_OUT_OF_MEMORY"), or its number. */
+static inline const char *cu_err_name(CUresult rc)
+{
+    static char unknown[32];
+    const char *name = NULL;
+    if (cu.cuGetErrorName && cu.cuGetErrorName(rc, &name) == CUDA_SUCCESS && name)
+        return name;
+    snprintf(unknown, sizeof unknown, "CUresult %d", rc);
+    return unknown;
+}
+
+/* call == CUDA_SUCCESS, else fail showing the call and the error. */
+#define CU_OK(call)                                                                                                \
+    do {                                                                                                           \
+        CUresult cu_ok_rc_ = (call);                                                                               \
+        if (cu_ok_rc_ != CUDA_SUCCESS)                                                                             \
+            fail_msg("%s:%d: %s returned %s", __FILE__, __LINE__, #call, cu_err_name(cu_ok_rc_));                  \
+    } while (0)
+
+/* call returns `expected` (a CUresult), else fail showing both names. */
+#define CU_IS(call, expected)                                                                                      \
+    do {                                                                                                           \
+        CUresult cu_is_rc_ = (call), cu_is_ex_ = (expected);                                                       \
+        if (cu_is_rc_ != cu_is_ex_)                                                                                \
+            fail_msg("%s:%d: %s returned %s, expected %s", __FILE__, __LINE__, #call, cu_err_name(cu_is_rc_),      \
+                     cu_err_name(cu_is_ex_));                                                                      \
+    } while (0)
+
+/* ---- holding a stream -------------------------------------------------- */
+struct cu_hold {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int started, released;
+};
+
+static inline void cu_hold_fn(void *arg)
+{
+    struct cu_hold *h = (struct cu_hold *)arg;
+    pthread_mutex_lock(&h->mu);
+    h->started = 1;
+    pthread_cond_broadcast(&h->cv);
+    while (!h->released)
+        pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+}
+
+/* Queue a host function on `stream` that blocks it until cu_release. NULL
+ * when cuLaunchHostFunc fails (the hold is then not queued). A hold queued
+ * on a capturing stream is captured, never run: it is then never freed. */
+static inline struct cu_hold *cu_hold(CUstream stream)
+{
+    struct cu_hold *h = (struct cu_hold *)calloc(1, sizeof *h);
+    if (!h)
+        return NULL;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    if (!cu.cuLaunchHostFunc || cu.cuLaunchHostFunc(stream, cu_hold_fn, h) != CUDA_SUCCESS) {
+        pthread_cond_destroy(&h->cv);
+        pthread_mutex_destroy(&h->mu);
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+/* Let the held stream go on. The hold frees itself once its function ran. */
+static inline void cu_release(struct cu_hold *h)
+{
+    if (!h)
+        return;
+    pthread_mutex_lock(&h->mu);
+    h->released = 1;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* 1 when the primary context of `dev` is active, 0 when not, -1 on error. */
+static inline int cu_ctx_active(CUdevice dev)
+{
+    unsigned int flags = 0;
+    int active = 0;
+    if (cu.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
+        return -1;
+    return active ? 1 : 0;
+}
+
+/* The loaded libcuda.so.1 is tally's CUDA stand-in. */
+static inline int cu_is_standin(void)
+{
+    return cu_lib && dlsym(cu_lib, "cuda_standin_version") != NULL;
+}
+
+#endif /* TALLY_TESTS_CUDAUTIL_H */
