@@ -6,7 +6,6 @@
 #   make asan | ubsan | tsan   the test suite under a sanitizer
 CC       ?= cc
 BUILD    ?= build
-CUDA_HOME ?= /usr/local/cuda
 OPT      ?= -O2
 SAN      ?=
 
@@ -14,14 +13,11 @@ WARN    := -Wall -Wextra -Wpedantic -Wstrict-prototypes -Wshadow -Wno-unused-par
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -g $(WARN) -fvisibility=hidden -fPIC $(SAN) -Iinclude -Ilib
 LDLIBS  := -lpthread -ldl -lm
 
-# The cuda backend is compiled in when CUDA's headers and runtime are found.
-HAVE_CUDA := $(shell test -f $(CUDA_HOME)/include/cuda_runtime_api.h && test -e $(CUDA_HOME)/lib64/libcudart.so && echo 1)
-ifeq ($(HAVE_CUDA),1)
-CFLAGS  += -DTALLY_HAVE_CUDA -isystem $(CUDA_HOME)/include
-LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
-endif
-
-LIB_SRC  := $(sort $(wildcard lib/*.c))
+# The cuda and async backends (lib/cuda/) are always compiled: they open
+# libcuda.so.1 with dlopen at run time, so the build needs no CUDA toolkit and
+# libtally.so depends on no CUDA library.
+LIB_SRC  := $(sort $(wildcard lib/*.c lib/cuda/*.c))
+LIB_HDR  := $(wildcard lib/*.h lib/cuda/*.h)
 LIB_OBJ  := $(LIB_SRC:lib/%.c=$(BUILD)/obj/%.o)
 # C++ (lib/torch_oom.cc, the OOM exception for PyTorch): libtally.so only.
 CXX      ?= c++
@@ -42,9 +38,9 @@ $(SETUP): tools/setup.sh
 	@bash tools/setup.sh
 	@mkdir -p $(BUILD) && touch $@
 
-# The library itself needs only a C compiler (and CUDA if present); the
+# The library itself needs only a C compiler; the
 # Debian packages of tools/setup.sh are for the tests and benchmarks.
-$(BUILD)/obj/%.o: lib/%.c $(wildcard lib/*.h) include/tally.h
+$(BUILD)/obj/%.o: lib/%.c $(LIB_HDR) include/tally.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -150,7 +146,7 @@ $(FUZZ_OK):
 	fi
 	@touch $@
 
-$(FUZZ_BUILD)/obj/%.o: %.c $(wildcard lib/*.h) include/tally.h | $(FUZZ_OK)
+$(FUZZ_BUILD)/obj/%.o: %.c $(LIB_HDR) include/tally.h | $(FUZZ_OK)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_COVERAGE) $(FUZZ_SAN) -c $< -o $@
 

@@ -95,8 +95,31 @@ TALLY_API void tally_free(void *ptr);
 TALLY_API int tally_free_checked(void *ptr, size_t size, int device);
 
 /* Mark the block as used on stream: it will be reused only after the work
- * queued on stream at the time of its free has completed. */
+ * queued on stream at the time of its free has completed. With the cuda and
+ * async backends the stream may belong to another device than the block
+ * (its event is made on the stream's device); NULL, CU_STREAM_LEGACY (1) and
+ * CU_STREAM_PER_THREAD (2) mean that default stream of the device whose
+ * context is current on the calling thread, or of the block's device when
+ * none is current. */
 TALLY_API int tally_record_stream(void *ptr, void *stream);
+
+/* CUDA graph pools (PyTorch's begin_allocate_to_pool / end_allocate_to_pool
+ * / release_pool; its MempoolId_t is the pair id_hi, id_lo, not both 0).
+ * Between begin and end, allocations on device for which filter(arg,
+ * stream) is non-zero (every allocation when filter is NULL) come from the
+ * pool's own segments; their blocks, once freed, serve only later
+ * allocations to the same pool, never other ones, so memory a graph uses on
+ * replay is never handed to eager code. begin on a pool that exists (and is
+ * not allocating) reuses it, counting one more use; release drops one use,
+ * and a pool with no use left gives its free segments back now and at each
+ * empty_cache. filter is called with the device's lock held and must not
+ * call tally. Under the async backend the driver's pools handle graph memory
+ * and these calls do nothing. 0, or -TALLY_EINVAL (bad device, id (0, 0),
+ * unknown pool on release), -TALLY_ESTATE (begin twice, end without begin). */
+TALLY_API int tally_graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo,
+                                     int (*filter)(void *arg, void *stream), void *arg);
+TALLY_API int tally_graph_pool_end(int device, uint64_t id_hi, uint64_t id_lo);
+TALLY_API int tally_graph_pool_release(int device, uint64_t id_hi, uint64_t id_lo);
 
 /* Release every fully free cached segment of device (-1: every device) to the
  * backend, after waiting for pending stream events. Returns bytes released. */
@@ -261,6 +284,27 @@ TALLY_API int tally_host_stream_hold(void *stream, int hold);
 TALLY_API int tally_host_fail_alloc(uint64_t nth, uint64_t every);
 
 #ifdef __cplusplus
+}
+#endif
+
+#ifdef __cplusplus
+/* C++ only: PyTorch's CUDA graph pool hooks for a pluggable allocator
+ * (lib/torch_graph.cc, in libtally.so only), with the exact types PyTorch
+ * calls them with: the pool id is c10::cuda::MempoolId_t and the filter a
+ * std::function<bool(cudaStream_t)> (cudaStream_t is CUstream_st *). Pass
+ * their addresses to the allocator object's set_begin_allocate_to_pool,
+ * set_end_allocate_to_pool_fn and set_release_pool (tally.install() does).
+ * They forward to tally_graph_pool_begin / _end / _release, keeping a copy
+ * of the filter until end; failures are reported on the diagnostics sink. */
+#include <functional>
+#include <utility>
+struct CUstream_st;
+typedef std::pair<unsigned long long, unsigned long long> tally_mempool_id_t;
+extern "C" {
+TALLY_API void tally_torch_begin_allocate_to_pool(int device, tally_mempool_id_t pool,
+                                                  std::function<bool(CUstream_st *)> filter);
+TALLY_API void tally_torch_end_allocate_to_pool(int device, tally_mempool_id_t pool);
+TALLY_API void tally_torch_release_pool(int device, tally_mempool_id_t pool);
 }
 #endif
 #endif /* TALLY_H */

@@ -34,10 +34,14 @@ static void load_options(void)
     }
 }
 
+/* The cap needs only the device's size: the backend's capacity (CUDA:
+ * cuDeviceTotalMem, no context) where it has one, so a fraction set for
+ * every device starts none of them. */
 static int apply_fraction_locked(tally_device_t *d, double fraction)
 {
     size_t free_b = 0, total = 0;
-    if (tally__g.backend->mem_info(d->id, &free_b, &total))
+    const tally_backend_t *be = tally__g.backend;
+    if (be->capacity ? be->capacity(d->id, &total) : be->mem_info(d->id, &free_b, &total))
         return tally__fail(TALLY_EBACKEND, "memory fraction: cannot read the capacity of device %d", d->id);
     d->fraction = fraction;
     d->allowed_max = fraction > 0 && fraction < 1.0 ? (uint64_t)(fraction * (double)total) : UINT64_MAX;
@@ -46,40 +50,28 @@ static int apply_fraction_locked(tally_device_t *d, double fraction)
     return 0;
 }
 
+/* backend:auto takes cuda when the driver loads and reports a device, else
+ * host; one line on the sink says which and why. */
 static const tally_backend_t *choose_backend(char *why, size_t whylen)
 {
+    (void)why;
+    (void)whylen;
     switch (tally__opt.backend) {
     case TALLY_BACKEND_HOST:
         return &tally__backend_host;
     case TALLY_BACKEND_CUDA:
-#ifdef TALLY_HAVE_CUDA
         return &tally__backend_cuda;
-#else
-        snprintf(why, whylen, "backend cuda: this build has no CUDA support (no CUDA found at build time)");
-        return NULL;
-#endif
     case TALLY_BACKEND_ASYNC:
-#ifdef TALLY_HAVE_CUDA
         return &tally__backend_async;
-#else
-        snprintf(why, whylen, "backend async: this build has no CUDA support (no CUDA found at build time)");
-        return NULL;
-#endif
     default:
         break;
     }
-#ifdef TALLY_HAVE_CUDA
-    char probe[200];
-    if (tally__cuda_probe(probe, sizeof probe)) {
+    char probe[256];
+    if (tally__cu_load(probe, sizeof probe) > 0) {
         tally__diag("backend auto: using cuda (%s)", probe);
         return &tally__backend_cuda;
     }
     tally__diag("backend auto: using host, simulated devices (%s)", probe);
-#else
-    tally__diag("backend auto: using host, simulated devices (built without CUDA)");
-#endif
-    (void)why;
-    (void)whylen;
     return &tally__backend_host;
 }
 

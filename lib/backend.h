@@ -4,7 +4,9 @@
  * TALLY_EBACKEND for any other failure, with a reason in `why`.
  *
  * Preconditions: device is in [0, device_count). Functions that touch a
- * device select it around the call and restore the caller's current device.
+ * device make it current around the call and restore the caller's current
+ * device (context); none creates anything on a device that tally has not
+ * allocated on, except alloc and event_create.
  * alloc / free / event functions are called with the device's lock held,
  * except shutdown. None of them may be called from an exit handler when the
  * backend says can_exit_call is false (CUDA may already be torn down). */
@@ -25,8 +27,21 @@ typedef struct tally_backend {
     int (*alloc)(int device, size_t size, void *stream, void **ptr, char *why, size_t whylen);
     int (*free)(int device, void *ptr, size_t size, void *stream);
     int (*mem_info)(int device, size_t *free_bytes, size_t *total_bytes);
-    /* Events: created on the device, recorded on a stream; query returns 0
-     * when complete, 1 while pending, negative on error. */
+    /* The device's memory size without starting the device (may be NULL:
+     * mem_info is used). */
+    int (*capacity)(int device, size_t *total_bytes);
+    /* The device a stream belongs to; fallback for the default-stream
+     * handles when no device is current (may be NULL: always fallback).
+     * -1 when it cannot be told. */
+    int (*stream_device)(void *stream, int fallback);
+    /* Wait for the work queued on a stream of device (may be NULL:
+     * synchronize(device) instead). */
+    int (*stream_sync)(int device, void *stream);
+    /* 1 while stream (of device) is being captured into a CUDA graph, 0 if
+     * not, negative on error (may be NULL: never). */
+    int (*stream_capturing)(int device, void *stream);
+    /* Events: created on a device, recorded on a stream of that device;
+     * query returns 0 when complete, 1 while pending, negative on error. */
     int (*event_create)(int device, void **event);
     int (*event_record)(int device, void *event, void *stream);
     int (*event_query)(int device, void *event);
@@ -53,28 +68,12 @@ typedef struct tally_backend {
 } tally_backend_t;
 
 extern const tally_backend_t tally__backend_host;
-#ifdef TALLY_HAVE_CUDA
+/* lib/cuda/: CUDA's driver API, loaded at run time (always compiled). */
 extern const tally_backend_t tally__backend_cuda;
 extern const tally_backend_t tally__backend_async;
-
-/* Shared by the cuda and async backends (backend_cuda.c): select a device
- * for one call and restore the caller's; events, memory info, sync. */
-typedef struct tally_cuda_guard {
-    int prev;
-    bool switched;
-} tally_cuda_guard_t;
-int tally__cuda_guard_enter(tally_cuda_guard_t *g, int device);
-void tally__cuda_guard_leave(tally_cuda_guard_t *g);
-int tally__cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes);
-int tally__cuda_event_create(int device, void **event);
-int tally__cuda_event_record(int device, void *event, void *stream);
-int tally__cuda_event_query(int device, void *event);
-int tally__cuda_event_sync(int device, void *event);
-int tally__cuda_event_destroy(int device, void *event);
-int tally__cuda_synchronize(int device);
-/* Non-zero when a CUDA device is visible; why says what was seen. */
-int tally__cuda_probe(char *why, size_t whylen);
-#endif
+/* Load the CUDA driver (once) for backend:auto; the device count (> 0) or 0
+ * with why set (lib/cuda/loader.c). */
+int tally__cu_load(char *why, size_t whylen);
 
 /* Host backend controls (backend_host.c), reached through the public API. */
 int tally__host_stream_hold(void *stream, int hold);

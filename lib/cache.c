@@ -56,9 +56,17 @@ size_t tally__segment_size(size_t rounded)
     return (rounded + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
 }
 
-static inline tally_pool_t *pool_of(tally_device_t *d, int kind)
+tally_pool_t *tally__pool_for(tally_device_t *d, tally_gpool_t *gp, int kind)
 {
+    if (TALLY_UNLIKELY(gp != NULL))
+        return kind == TALLY_POOL_SMALL ? &gp->small : &gp->large;
     return kind == TALLY_POOL_SMALL ? &d->small : &d->large;
+}
+
+/* The pool a free block of b's segment belongs in. */
+static inline tally_pool_t *pool_of(tally_device_t *d, const tally_block_t *b)
+{
+    return tally__pool_for(d, b->seg->gp, b->pool);
 }
 
 /* ---- block records ------------------------------------------------------- */
@@ -81,6 +89,7 @@ static tally_block_t *block_new(tally_device_t *d)
     b->left = b->right = NULL;
     b->state = BLOCK_FREE;
     b->paged = 0;
+    b->deferred = 0;
     b->event_count = 0;
     b->nuses = b->cap_uses = 0;
     b->uses = NULL;
@@ -137,7 +146,7 @@ static void release_segment(tally_device_t *d, tally_block_t *b, bool in_pool)
 {
     tally_segment_t *s = b->seg;
     if (in_pool)
-        tally__pool_erase(pool_of(d, b->pool), b);
+        tally__pool_erase(pool_of(d, b), b);
     if (s->ex) {
         /* Its pages are unmapped (and counted) one by one. */
         tally__expand_release_locked(d, s);
@@ -152,6 +161,8 @@ static void release_segment(tally_device_t *d, tally_block_t *b, bool in_pool)
     tally__stat_pool_dec(d->stats.segment, b->pool, 1);
     tally__timeline_locked(d, TALLY_EV_SEGMENT_FREE, b->addr, b->size, b->stream);
     segment_unlink(d, s);
+    if (TALLY_UNLIKELY(s->gp != NULL))
+        tally__gpool_segment_gone_locked(d, s->gp);
     tally__meta_free(s);
     block_delete(d, b);
 }
@@ -177,7 +188,7 @@ static void collect_whole(tally_block_t *b, void *arg)
         c->items[c->n++] = b;
 }
 
-static size_t release_pool(tally_device_t *d, tally_pool_t *p)
+size_t tally__cache_release_pool_locked(tally_device_t *d, tally_pool_t *p)
 {
     if (!p->count)
         return 0;
@@ -210,8 +221,14 @@ static tally_event_entry_t *entry_new(tally_device_t *d)
     return tally__meta_alloc(sizeof *e);
 }
 
-static void event_put_back(tally_device_t *d, void *event)
+/* An event of device dev goes back: to this device's spares, or to the
+ * backend (which keeps spares per device) when it belongs to another. */
+static void event_put_back(tally_device_t *d, int dev, void *event)
 {
+    if (dev != d->id) {
+        tally__g.backend->event_destroy(dev, event);
+        return;
+    }
     if (d->nspare_events == d->cap_spare_events) {
         size_t cap = d->cap_spare_events ? d->cap_spare_events * 2 : 16;
         void **grown = tally__meta_alloc(cap * sizeof *grown);
@@ -228,26 +245,46 @@ static void event_put_back(tally_device_t *d, void *event)
     d->spare_events[d->nspare_events++] = event;
 }
 
-/* Record one event per stream the block was used on; the block stays active
- * until they complete. Returns 0, or -1 if no event could be made (the
- * caller then waits for the device instead). */
-static int insert_events(tally_device_t *d, tally_block_t *b)
+/* An event on device dev (the device of the stream it will be recorded
+ * on), or NULL. */
+static void *event_get(tally_device_t *d, int dev)
+{
+    void *ev = NULL;
+    if (dev == d->id && d->nspare_events)
+        return d->spare_events[--d->nspare_events];
+    return tally__g.backend->event_create(dev, &ev) ? NULL : ev;
+}
+
+/* Wait for the work queued on a use's stream, when no event could stand
+ * for it: that stream only, never an unrelated device. */
+static void sync_use(const tally_use_t *u)
+{
+    const tally_backend_t *be = tally__g.backend;
+    if (be->stream_sync)
+        be->stream_sync(u->device, u->stream);
+    else
+        be->synchronize(u->device);
+}
+
+/* Record one event per stream the block was used on, each on its stream's
+ * device; the block stays active until they complete. A use whose event
+ * cannot be made or recorded is waited for at once (its stream). */
+void tally__cache_insert_events_locked(tally_device_t *d, tally_block_t *b)
 {
     for (uint16_t i = 0; i < b->nuses; i++) {
-        void *ev = NULL;
-        if (d->nspare_events)
-            ev = d->spare_events[--d->nspare_events];
-        else if (tally__g.backend->event_create(d->id, &ev))
-            ev = NULL;
+        const tally_use_t *u = &b->uses[i];
+        void *ev = event_get(d, u->device);
         tally_event_entry_t *e = ev ? entry_new(d) : NULL;
-        if (!e || tally__g.backend->event_record(d->id, ev, b->uses[i])) {
+        if (!e || tally__g.backend->event_record(u->device, ev, u->stream)) {
             if (ev)
-                event_put_back(d, ev);
+                event_put_back(d, u->device, ev);
             tally__meta_free(e);
-            tally__g.backend->synchronize(d->id);
+            sync_use(u);
             continue;
         }
         e->event = ev;
+        e->stream = u->stream;
+        e->device = u->device;
         e->block = b;
         e->next = NULL;
         if (d->events_tail)
@@ -258,32 +295,97 @@ static int insert_events(tally_device_t *d, tally_block_t *b)
         b->event_count++;
     }
     b->nuses = 0;
-    return 0;
+}
+
+/* Whether (stream, device) is among the n streams already seen pending. */
+static bool stream_blocked(const tally_use_t *blocked, int n, const tally_event_entry_t *e)
+{
+    for (int i = 0; i < n; i++)
+        if (blocked[i].stream == e->stream && blocked[i].device == e->device)
+            return true;
+    return false;
 }
 
 /* Resolve completed events (all of them when wait is set); free blocks
- * whose last event completed. */
+ * whose last event completed. Without wait, a stream's events are looked at
+ * in order and the first pending one stops that stream (PyTorch does the
+ * same): later events of a stream cannot have completed before it. An
+ * event whose query or synchronise fails is not left pending: the event's
+ * device is synchronised and the block freed. Nothing is queried while a
+ * CUDA graph capture is under way on the device. */
 static void process_events(tally_device_t *d, bool wait)
 {
+    enum { MAX_BLOCKED = 32 };
+    tally_use_t blocked[MAX_BLOCKED];
+    int nblocked = 0;
+    if (d->ncapturing && tally__capture_underway_locked(d))
+        return;
     tally_event_entry_t **link = &d->events_head, *last = NULL;
     while (*link) {
         tally_event_entry_t *e = *link;
-        int done = wait ? tally__g.backend->event_sync(d->id, e->event)
-                        : tally__g.backend->event_query(d->id, e->event);
-        if (done != 0 && !(done < 0 && wait)) {
+        if (!wait && stream_blocked(blocked, nblocked, e)) {
             last = e;
             link = &e->next;
             continue;
         }
+        int done = wait ? tally__g.backend->event_sync(e->device, e->event)
+                        : tally__g.backend->event_query(e->device, e->event);
+        if (done > 0) {
+            if (nblocked == MAX_BLOCKED)
+                break; /* the rest waits for the next look */
+            blocked[nblocked].stream = e->stream;
+            blocked[nblocked++].device = e->device;
+            last = e;
+            link = &e->next;
+            continue;
+        }
+        if (done < 0)
+            tally__g.backend->synchronize(e->device);
         *link = e->next;
         tally_block_t *b = e->block;
-        event_put_back(d, e->event);
+        event_put_back(d, e->device, e->event);
         e->next = d->spare_entries;
         d->spare_entries = e;
         if (--b->event_count == 0)
             free_block(d, b);
     }
-    d->events_tail = last;
+    if (!*link)
+        d->events_tail = last;
+}
+
+/* The capture that deferred these blocks' events has ended: insert them. */
+static void flush_deferred(tally_device_t *d)
+{
+    size_t n = d->ndeferred;
+    d->ndeferred = 0;
+    for (size_t i = 0; i < n; i++) {
+        tally_block_t *b = d->deferred[i];
+        b->deferred = 0;
+        tally__cache_insert_events_locked(d, b);
+        if (!b->event_count)
+            free_block(d, b);
+    }
+}
+
+/* Whether a capture is under way on the device (noting stream when it
+ * captures, re-checking the streams known to capture); when none is, blocks whose
+ * events were deferred get them now. check_stream: look at stream too. */
+static bool capture_on(tally_device_t *d, void *stream, bool check_stream)
+{
+    bool on = check_stream ? tally__capture_check_locked(d, stream) : tally__capture_underway_locked(d);
+    if (!on && TALLY_UNLIKELY(d->ndeferred))
+        flush_deferred(d);
+    return on;
+}
+
+/* Whether a capture is under way on the device or on a stream b was used
+ * on (a capture that began since the last allocation is seen here too). */
+static bool uses_captured(tally_device_t *d, tally_block_t *b)
+{
+    bool on = false;
+    for (uint16_t i = 0; i < b->nuses && !on; i++)
+        on = tally__capture_check_locked(d, b->uses[i].stream);
+    return on || capture_on(d, NULL, false);
 }
 
 static void synchronize_and_free_events(tally_device_t *d)
@@ -312,7 +414,7 @@ static size_t try_merge(tally_device_t *d, tally_block_t *dst, tally_block_t *sr
     }
     size_t subsumed = src->size;
     dst->size += subsumed;
-    tally__pool_erase(pool_of(d, src->pool), src);
+    tally__pool_erase(pool_of(d, src), src);
     block_delete(d, src);
     return subsumed;
 }
@@ -336,7 +438,7 @@ static void free_block(tally_device_t *d, tally_block_t *b)
         }
     }
     b->state = BLOCK_FREE;
-    tally__pool_insert(pool_of(d, b->pool), b);
+    tally__pool_insert(pool_of(d, b), b);
     if (b->prev || b->next) {
         dblocks += 1;
         dbytes += (int64_t)b->size;
@@ -358,15 +460,14 @@ static void passthrough_free(tally_device_t *d, tally_block_t *b)
 {
     const tally_backend_t *be = tally__g.backend;
     for (uint16_t i = 0; i < b->nuses; i++) {
-        void *ev = NULL;
-        if (d->nspare_events)
-            ev = d->spare_events[--d->nspare_events];
-        else if (be->event_create(d->id, &ev))
-            ev = NULL;
-        if (!ev || be->event_record(d->id, ev, b->uses[i]) || be->stream_wait(d->id, b->stream, ev))
-            be->synchronize(d->id); /* no event: wait for everything instead */
+        /* The event is made and recorded on the use's device; the block's
+         * stream waits on it (a wait may cross devices). */
+        const tally_use_t *u = &b->uses[i];
+        void *ev = event_get(d, u->device);
+        if (!ev || be->event_record(u->device, ev, u->stream) || be->stream_wait(d->id, b->stream, ev))
+            sync_use(u); /* no event: wait for that stream instead */
         if (ev)
-            event_put_back(d, ev);
+            event_put_back(d, u->device, ev);
     }
     b->nuses = 0;
     tally__stat_pool_dec(d->stats.active, b->pool, 1);
@@ -396,26 +497,38 @@ void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
     }
     if (b->nuses) {
         b->state = BLOCK_PENDING;
-        insert_events(d, b);
+        /* During a capture the uses may be captured work: their events
+         * are inserted once the capture has ended. */
+        if (TALLY_UNLIKELY(tally__g.backend->stream_capturing != NULL) && uses_captured(d, b) &&
+            tally__capture_defer_locked(d, b) == 0)
+            return;
+        tally__cache_insert_events_locked(d, b);
         if (b->event_count)
             return;
     }
     free_block(d, b);
 }
 
+/* The stream's device: NULL and the other default-stream handles mean the
+ * current device's default stream, or the block's device when no device is
+ * current (backend.h, docs/architecture.md). */
 int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void *stream)
 {
-    if (stream == b->stream)
+    const tally_backend_t *be = tally__g.backend;
+    int dev = be->stream_device ? be->stream_device(stream, d->id) : d->id;
+    if (dev < 0 || dev >= tally__g.ndev)
+        return tally__fail(TALLY_EBACKEND, "record_stream: cannot tell which device stream %p belongs to", stream);
+    if (stream == b->stream && dev == d->id)
         return 0;
     for (uint16_t i = 0; i < b->nuses; i++)
-        if (b->uses[i] == stream)
+        if (b->uses[i].stream == stream && b->uses[i].device == dev)
             return 0;
     if (b->nuses == b->cap_uses) {
         if (b->cap_uses >= 4096)
             return tally__fail(TALLY_EINVAL, "record_stream: block %p already used on %u streams", (void *)b->addr,
                                b->nuses);
         uint16_t cap = b->cap_uses ? (uint16_t)(b->cap_uses * 2) : 4;
-        void **grown = tally__meta_alloc(cap * sizeof *grown);
+        tally_use_t *grown = tally__meta_alloc(cap * sizeof *grown);
         if (!grown)
             return tally__fail(TALLY_ENOMEM, "record_stream: out of host memory");
         if (b->nuses)
@@ -424,7 +537,8 @@ int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void 
         b->uses = grown;
         b->cap_uses = cap;
     }
-    b->uses[b->nuses++] = stream;
+    b->uses[b->nuses].stream = stream;
+    b->uses[b->nuses++].device = dev;
     return 0;
 }
 
@@ -435,6 +549,7 @@ typedef struct alloc_params {
     size_t size;       /* rounded request */
     size_t alloc_size; /* segment size if a new one is needed */
     int pool;
+    tally_gpool_t *gp; /* graph pool it goes to, or NULL */
     tally_block_t *block;
     int err;           /* TALLY_ENOMEM or TALLY_EBACKEND after a failed backend call */
     char why[256];
@@ -447,7 +562,7 @@ static bool gc_enabled(tally_device_t *d)
 
 static bool get_free_block(tally_device_t *d, alloc_params_t *p)
 {
-    tally_pool_t *pool = pool_of(d, p->pool);
+    tally_pool_t *pool = tally__pool_for(d, p->gp, p->pool);
     if (gc_enabled(d))
         pool->get_free_calls++;
     tally_block_t *b = tally__pool_lower_bound(pool, p->stream, p->size);
@@ -475,7 +590,7 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
         return false;
     }
     struct tally_binset *bins;
-    if (tally__pool_prepare(pool_of(d, p->pool), p->stream, &bins)) {
+    if (tally__pool_prepare(tally__pool_for(d, p->gp, p->pool), p->stream, &bins)) {
         p->err = TALLY_ENOMEM;
         snprintf(p->why, sizeof p->why, "out of host memory for metadata");
         return false;
@@ -500,6 +615,9 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
     s->stream = p->stream;
     s->pool = (uint8_t)p->pool;
     s->device = d->id;
+    s->gp = p->gp;
+    if (p->gp)
+        p->gp->nsegments++;
     s->head = b;
     s->bins = bins;
     tally__segment_link_locked(d, s);
@@ -528,7 +646,7 @@ static bool release_available_cached_blocks(tally_device_t *d, alloc_params_t *p
     /* Small-pool blocks (<= 2 MiB) are never oversize (max_split_size >= 20 MiB). */
     if (msplit == UINT64_MAX || p->pool == TALLY_POOL_SMALL)
         return false;
-    tally_pool_t *pool = pool_of(d, p->pool);
+    tally_pool_t *pool = tally__pool_for(d, p->gp, p->pool);
     size_t want = p->size < msplit ? (size_t)msplit : p->size;
     tally_block_t *b = tally__pool_lower_bound(pool, p->stream, want);
     if (b) {
@@ -602,8 +720,11 @@ size_t tally__cache_release_all_locked(tally_device_t *d)
 {
     const tally_backend_t *be = tally__g.backend;
     if (be->passthrough) {
-        /* The pool holds the cache: wait for the device, then trim it. */
+        /* The pool holds the cache: wait for the device, then trim it
+         * (not while a capture is under way: that would end it). */
         uint64_t before[4] = {0}, after[4] = {0};
+        if (d->ncapturing && tally__capture_underway_locked(d))
+            return 0;
         d->stats.num_sync_all_streams++;
         be->synchronize(d->id);
         be->pool_usage(d->id, before);
@@ -612,8 +733,10 @@ size_t tally__cache_release_all_locked(tally_device_t *d)
         return before[0] > after[0] ? (size_t)(before[0] - after[0]) : 0;
     }
     synchronize_and_free_events(d);
-    size_t released = release_pool(d, &d->large);
-    released += release_pool(d, &d->small);
+    size_t released = tally__cache_release_pool_locked(d, &d->large);
+    released += tally__cache_release_pool_locked(d, &d->small);
+    if (TALLY_UNLIKELY(d->gpools != NULL))
+        released += tally__gpool_release_freeable_locked(d);
     if (tally__expand_on())
         released += tally__expand_trim_locked(d);
     return released;
@@ -630,7 +753,7 @@ static bool find_block(tally_device_t *d, alloc_params_t *p)
     }
     if (get_free_block(d, p))
         return true;
-    if (p->pool == TALLY_POOL_LARGE && tally__expand_on()) {
+    if (p->pool == TALLY_POOL_LARGE && tally__expand_on() && !p->gp) {
         /* The stream's region holds every large block; memory is mapped
          * once the block is chosen (tally__cache_malloc_locked). */
         int rc = tally__expand_region_locked(d, p->stream, block_new, p->why, sizeof p->why);
@@ -675,9 +798,11 @@ static void report_failure(tally_device_t *d, size_t orig, alloc_params_t *p)
 
 tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *stream, void *site)
 {
-    if (d->events_head)
-        process_events(d, false);
     alloc_params_t p;
+    /* While a capture is under way no event is looked at. */
+    if (!(tally__g.backend->stream_capturing && capture_on(d, stream, true)) && d->events_head)
+        process_events(d, false);
+    p.gp = TALLY_UNLIKELY(d->nallocating) ? tally__gpool_match_locked(d, stream) : NULL;
     p.stream = stream;
     p.size = tally__round_size(orig);
     p.pool = p.size <= SMALL_SIZE ? TALLY_POOL_SMALL : TALLY_POOL_LARGE;
@@ -710,7 +835,7 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
                 rest->next->prev = rest;
             b->next = rest;
             b->size = p.size;
-            tally__pool_insert(pool_of(d, b->pool), rest);
+            tally__pool_insert(pool_of(d, b), rest);
             if (counted && already_split) {
                 tally__stat_pool_dec(d->stats.inactive_split_bytes, b->pool, (int64_t)b->size);
             } else if (counted) {

@@ -14,6 +14,14 @@ enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2 };
 typedef struct tally_segment tally_segment_t;
 typedef struct tally_expand tally_expand_t;
 typedef struct tally_block tally_block_t;
+typedef struct tally_gpool tally_gpool_t;
+
+/* A stream a block was used on (record_stream), with the device that
+ * stream belongs to: events for the use are made on that device. */
+typedef struct tally_use {
+    void *stream;
+    int device;
+} tally_use_t;
 
 struct tally_block {
     uintptr_t addr;
@@ -27,9 +35,10 @@ struct tally_block {
     uint8_t pool;                /* TALLY_POOL_SMALL or TALLY_POOL_LARGE */
     uint8_t state;               /* BLOCK_* */
     uint8_t paged;               /* counted on its expandable segment's pages */
+    uint8_t deferred;            /* pending: events wait for a capture to end */
     uint16_t event_count;        /* outstanding stream events */
     uint16_t nuses, cap_uses;    /* streams recorded by record_stream */
-    void **uses;
+    tally_use_t *uses;
     uint64_t gc_base; /* pool's get-free call count when it became free */
     /* Ledger facts (ledger.c). */
     uint32_t tag, stage;
@@ -49,6 +58,7 @@ struct tally_segment {
     tally_block_t *head;          /* lowest-address block */
     struct tally_binset *bins;    /* small pool: its stream's bin set */
     tally_expand_t *ex;           /* expandable segment: its pages (expand.c) */
+    tally_gpool_t *gp;            /* graph pool it belongs to, or NULL (graph_pool.c) */
 };
 
 /* Small-pool free blocks of one stream, binned by exact size (tree.c). */
@@ -81,9 +91,27 @@ typedef struct tally_ptrmap {
 
 typedef struct tally_event_entry {
     void *event;
+    void *stream;   /* the stream it was recorded on */
+    int device;     /* the device of that stream (and of the event) */
     tally_block_t *block;
     struct tally_event_entry *next;
 } tally_event_entry_t;
+
+/* A private pool for the blocks allocated during one CUDA graph capture
+ * (PyTorch's MempoolId_t is the pair hi, lo): its free blocks serve only
+ * allocations routed to it, never eager ones (graph_pool.c). */
+struct tally_gpool {
+    uint64_t hi, lo;
+    int (*filter)(void *arg, void *stream); /* which allocations go here; NULL: all */
+    void *arg;
+    bool allocating;   /* between begin and end */
+    int use_count;     /* begins not yet released */
+    tally_pool_t small, large;
+    size_t nsegments;
+    tally_gpool_t *next;
+};
+
+#define TALLY_MAX_CAPTURING 8
 
 /* Recently freed blocks, kept to name the owner in a double-free report. */
 #define TALLY_FREED_RING 1024
@@ -115,6 +143,14 @@ typedef struct tally_device {
     tally_freed_t freed[TALLY_FREED_RING];
     uint32_t freed_next;
     void *ledger;                       /* ledger.c's per-device counters */
+    /* CUDA graph capture (graph_pool.c): streams seen capturing, blocks
+     * whose events wait for the captures to end, private pools. */
+    void *capturing[TALLY_MAX_CAPTURING];
+    int ncapturing;
+    tally_block_t **deferred;
+    size_t ndeferred, cap_deferred;
+    tally_gpool_t *gpools;
+    int nallocating;                    /* graph pools between begin and end */
 } tally_device_t;
 
 typedef struct tally_global {
@@ -130,6 +166,8 @@ extern tally_global_t tally__g;
 
 /* Initialise once (api.c); returns 0 or the init error. */
 int tally__ensure_init(void);
+/* The device, or NULL with an error naming fn and the number (api.c). */
+tally_device_t *tally__device(int device, const char *fn);
 
 /* tree.c: free-block pools */
 /* Make room for blocks of stream (before its first segment); 0 or -1. */
@@ -170,6 +208,26 @@ size_t tally__expand_trim_locked(tally_device_t *d);
 size_t tally__expand_release_locked(tally_device_t *d, tally_segment_t *s);
 size_t tally__expand_mapped_bytes(const tally_segment_t *s);
 int tally__expand_check_locked(const tally_segment_t *s, char *why, size_t whylen);
+
+/* graph_pool.c: capture tracking and graph pools */
+/* Note stream when it captures; re-check the streams seen capturing.
+ * Returns whether any capture is under way on the device. */
+bool tally__capture_check_locked(tally_device_t *d, void *stream);
+/* Re-check known capturing streams only. */
+bool tally__capture_underway_locked(tally_device_t *d);
+/* Remember a block whose events must wait for the capture to end. */
+int tally__capture_defer_locked(tally_device_t *d, tally_block_t *b);
+/* The graph pool an allocation on stream goes to, or NULL. */
+tally_gpool_t *tally__gpool_match_locked(tally_device_t *d, void *stream);
+/* Release the whole free segments of graph pools no longer in use. */
+size_t tally__gpool_release_freeable_locked(tally_device_t *d);
+/* The pool of kind for allocations to gp (NULL: the device's own). */
+tally_pool_t *tally__pool_for(tally_device_t *d, tally_gpool_t *gp, int kind);
+/* A segment of gp goes back to the backend. */
+void tally__gpool_segment_gone_locked(tally_device_t *d, tally_gpool_t *gp);
+/* cache.c, for graph_pool.c */
+size_t tally__cache_release_pool_locked(tally_device_t *d, tally_pool_t *p);
+void tally__cache_insert_events_locked(tally_device_t *d, tally_block_t *b);
 
 /* Put a new segment on the device's list. */
 void tally__segment_link_locked(tally_device_t *d, tally_segment_t *s);

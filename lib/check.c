@@ -76,6 +76,7 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
     recount_t rc[3];
     memset(rc, 0, sizeof rc);
     int64_t over_alloc = 0, over_seg = 0, pending = 0, allocated_total = 0;
+    int64_t graph_free = 0; /* free blocks of graph pools' segments */
     uint64_t msplit = tally__opt.max_split_size;
     size_t nseg = 0;
     for (tally_segment_t *s = d->segments; s; s = s->next) {
@@ -105,7 +106,10 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
             at += b->size;
             switch (b->state) {
             case BLOCK_FREE:
-                r->free_blocks++;
+                if (s->gp)
+                    graph_free++;
+                else
+                    r->free_blocks++;
                 if (b->next && b->next->state == BLOCK_FREE)
                     FAIL("blocks %p and %p are both free and adjacent (not merged)", (void *)b->addr,
                          (void *)b->next->addr);
@@ -131,7 +135,7 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
             case BLOCK_PENDING:
                 if (b->state == BLOCK_PENDING) {
                     pending++;
-                    if (!b->event_count)
+                    if (!b->event_count && !b->deferred)
                         FAIL("pending block %p has no outstanding event", (void *)b->addr);
                 }
                 r->active++;
@@ -153,6 +157,16 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
     if (tally__pool_verify(&d->large) != rc[TALLY_POOL_LARGE].free_blocks)
         FAIL("large pool: tree order broken or it holds other than the %lld free blocks",
              (long long)rc[TALLY_POOL_LARGE].free_blocks);
+    int64_t in_graph_pools = 0;
+    for (tally_gpool_t *gp = d->gpools; gp; gp = gp->next) {
+        long ns = tally__pool_verify(&gp->small), nl = tally__pool_verify(&gp->large);
+        if (ns < 0 || nl < 0)
+            FAIL("graph pool (%llu, %llu): tree order broken", (unsigned long long)gp->hi, (unsigned long long)gp->lo);
+        in_graph_pools += ns + nl;
+    }
+    if (in_graph_pools != graph_free)
+        FAIL("graph pools hold %lld free blocks, their segments %lld", (long long)in_graph_pools,
+             (long long)graph_free);
     if ((int64_t)d->map.count != allocated_total)
         FAIL("pointer map holds %zu entries for %lld allocated blocks", d->map.count, (long long)allocated_total);
     int64_t queued = 0;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The shared library exports only tally_* symbols, and every exported
-# function is declared in include/tally.h.
+# The shared library exports only tally_* symbols, every exported function
+# is declared in include/tally.h, and it depends on no CUDA library (the
+# CUDA driver is opened with dlopen at run time: lib/cuda/loader.c).
 set -u
 so=${1:-build/lib/libtally.so}
 syms=$(nm -D --defined-only "$so" | awk '$2 ~ /^[TDBRVW]$/ {print $3}' | sed 's/@.*//' | sort -u)
@@ -9,7 +10,9 @@ undoc=""
 for s in $syms; do
   case "$s" in tally_*) grep -q "\b$s(" include/tally.h || undoc="$undoc $s";; esac
 done
-if [ -n "$bad" ] || [ -n "$undoc" ]; then
+cudadep=$(readelf -d "$so" | grep NEEDED | grep -Ei 'cuda|nvidia' || true)
+if [ -n "$bad" ] || [ -n "$undoc" ] || [ -n "$cudadep" ]; then
+  [ -n "$cudadep" ] && echo "exports: $so links a CUDA library: $cudadep"
   [ -n "$bad" ] && echo "exports: symbols outside tally_*: $bad"
   [ -n "$undoc" ] && echo "exports: not declared in include/tally.h:$undoc"
   echo "exports: FAILED"; exit 1

@@ -191,8 +191,7 @@ int main(void)
 static void test_cuda_backend(void **state)
 {
     (void)state;
-    NEED_GPU();
-    skip(); /* built without CUDA */
+    skip(); /* rewritten on the driver API in the next commit */
 }
 
 int main(void)
