@@ -118,7 +118,8 @@ int si_driver_version(void)
  * whose index precedes the invalid index are visible'. An unset variable
  * shows every device; an empty one, or one whose first index is invalid,
  * shows none (cuInit then fails with CUDA_ERROR_NO_DEVICE, one of cuInit's
- * documented results). A repeated index counts as invalid. */
+ * documented results). A repeated index counts as invalid (the guide does not
+ * say; the stand-in's choice). */
 static int si_parse_visible(const char *list, int physical, int *map)
 {
     if (!list) {
