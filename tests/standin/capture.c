@@ -52,6 +52,8 @@
 #include <stdlib.h>
 
 static _Thread_local CUstreamCaptureMode si_thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+static struct si_capture *si_captures;
+static struct CUgraph_st *si_graphs;
 
 CUresult si_capture_unsafe_call(void)
 {
@@ -162,7 +164,8 @@ CUresult cuStreamBeginCapture(CUstream stream, CUstreamCaptureMode mode)
         if (!c) {
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
-            *c = (struct si_capture){.mode = mode, .thread = pthread_self(), .origin = s};
+            *c = (struct si_capture){.mode = mode, .thread = pthread_self(), .origin = s, .next_all = si_captures};
+            si_captures = c;
             s->capture = c;
         }
     }
@@ -223,7 +226,9 @@ CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph)
             if (!g)
                 rc = CUDA_ERROR_OUT_OF_MEMORY;
             else
-                g->nodes = c->nodes;
+                *g = (struct CUgraph_st){.nodes = c->nodes, .next_all = si_graphs};
+            if (g)
+                si_graphs = g;
             *graph = g;
         }
     }

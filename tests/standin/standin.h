@@ -209,11 +209,13 @@ struct si_capture {
     bool invalidated, ended;
     unsigned nodes;
     struct CUstream_st *origin;
+    struct si_capture *next_all; /* every capture, kept for stale events */
 };
 
 struct CUgraph_st {
     unsigned nodes;
     bool destroyed;
+    struct CUgraph_st *next_all; /* every graph, kept for stale handles */
 };
 
 /* Whether a "potentially unsafe" call from this thread is prohibited by a
