@@ -32,6 +32,7 @@ SETUP    := $(BUILD)/.setup-ok
 all: lib $(BUILD)/bin/demo $(if $(wildcard tools/tally_cli.c),$(BUILD)/bin/tally)
 
 lib: $(BUILD)/lib/libtally.so $(BUILD)/lib/libtally.a
+include tests/standin/standin.mk
 
 setup: $(SETUP)
 $(SETUP): tools/setup.sh
@@ -78,11 +79,11 @@ demo: $(BUILD)/bin/demo
 # Each test binary runs alone (cmocka prints its own summary); the last line
 # sums them up. TEST_FILTER=summary runs test_summary only.
 test: test-c test-py
-test-c: $(TESTS) $(BUILD)/lib/libtally.so $(if $(wildcard tools/tally_cli.c),$(BUILD)/bin/tally)
+test-c: $(TESTS) $(BUILD)/lib/libtally.so $(if $(wildcard tools/tally_cli.c),$(BUILD)/bin/tally) $(STANDIN_LIB)
 	@bash tests/check_exports.sh $(BUILD)/lib/libtally.so
-	@BUILD=$(BUILD) bash tests/run.sh $(TESTS)
-test-py: lib
-	@if [ -d python/tests ]; then TALLY_LIB=$(CURDIR)/$(BUILD)/lib/libtally.so PYTHONPATH=python python3 -m unittest discover -s python/tests -t python; fi
+	@$(STANDIN_ENV) BUILD=$(BUILD) bash tests/run.sh $(TESTS)
+test-py: lib $(STANDIN_LIB)
+	@if [ -d python/tests ]; then $(STANDIN_ENV) TALLY_LIB=$(CURDIR)/$(BUILD)/lib/libtally.so PYTHONPATH=python python3 -m unittest discover -s python/tests -t python; fi
 
 bench: all | $(SETUP)
 	$(MAKE) -C bench BUILD=$(abspath $(BUILD))

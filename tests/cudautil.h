@@ -39,6 +39,15 @@ static void *cu_lib __attribute__((unused));
 static int cu_driver_version __attribute__((unused));
 static char cu_load_error[256] __attribute__((unused));
 
+/* The two forms of cuGetProcAddress that `lib` exports (NULL if absent). */
+static inline void cu_proc_address_fns(void *lib, tally_pfn_cuGetProcAddress_v2 *v2, tally_pfn_cuGetProcAddress *v1)
+{
+    void *sym = dlsym(lib, "cuGetProcAddress_v2");
+    memcpy(v2, &sym, sizeof sym);
+    sym = dlsym(lib, "cuGetProcAddress");
+    memcpy(v1, &sym, sizeof sym);
+}
+
 /* Open libcuda.so.1 and fill `cu`. 0 on success; -1 with cu_load_error set
  * when there is no driver or it lacks cuGetProcAddress. */
 static inline int cu_load(void)
@@ -52,10 +61,7 @@ static inline int cu_load(void)
     }
     tally_pfn_cuGetProcAddress_v2 gpa2 = NULL;
     tally_pfn_cuGetProcAddress gpa = NULL;
-    void *sym = dlsym(lib, "cuGetProcAddress_v2");
-    memcpy(&gpa2, &sym, sizeof sym);
-    sym = dlsym(lib, "cuGetProcAddress");
-    memcpy(&gpa, &sym, sizeof sym);
+    cu_proc_address_fns(lib, &gpa2, &gpa);
     if (!gpa2 && !gpa) {
         snprintf(cu_load_error, sizeof cu_load_error, "libcuda.so.1 has no cuGetProcAddress");
         dlclose(lib);

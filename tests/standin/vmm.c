@@ -1,0 +1,290 @@
+/* The CUDA stand-in: virtual memory management (the driver calls behind
+ * expandable segments).
+ *
+ * Reservations are address ranges only (one shared arena, no capacity
+ * charged); cuMemCreate makes a physical handle charged to its device;
+ * cuMemMap places a handle in a reservation. Rules (cuda.h):
+ * - cuMemCreate: 'The size of this allocation must be a multiple of the the
+ *   value given via cuMemGetAllocationGranularity with the
+ *   CU_MEM_ALLOC_GRANULARITY_MINIMUM flag' (else CUDA_ERROR_INVALID_VALUE);
+ *   CUDA_ERROR_OUT_OF_MEMORY when the device is full.
+ * - cuMemMap: 'This range must be an address reservation previously reserved
+ *   with cuMemAddressReserve ... Both ptr, size, and offset must be a multiple
+ *   of the value given via cuMemGetAllocationGranularity ... offset -
+ *   currently must be zero ... flags ... must be zero now ... cuMemMap can
+ *   only create mappings on VA range reservations that are not currently
+ *   mapped.'
+ * - cuMemSetAccess: 'The range must be a fully mapped address range'.
+ * - cuMemUnmap: 'The range must be the entire contiguous address range that
+ *   was mapped to ... cuMemUnmap cannot unmap a sub-range ... Any backing
+ *   memory allocations will be freed if there are no existing mappings and
+ *   there are no unreleased memory handles.'
+ * - cuMemRelease: 'The memory allocation will be freed when all outstanding
+ *   mappings to the memory are unmapped and when all outstanding references
+ *   to the handle ... are also released. The generic memory handle can be
+ *   freed when there are still outstanding mappings made with this handle.'
+ * - cuMemAddressFree: 'The size must match what was given to
+ *   memAddressReserve and the ptr given must match what was returned'.
+ * - cuMemAddressReserve: 'The size and address parameters must be a multiple
+ *   of the host page size and the alignment must be a power of two or zero
+ *   ... flags - Currently unused, must be zero'.
+ * The granularity is 2 MiB (minimum and recommended).
+ *
+ * Simplifications: a mapping does not alias its handle's memory (contents
+ * are not modelled); access flags are checked, not enforced; a reservation
+ * still holding mappings cannot be freed (the documentation does not say;
+ * the stand-in refuses with CUDA_ERROR_INVALID_VALUE); handles are not
+ * shareable. */
+#include "standin.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+struct si_handle {
+    size_t size;
+    int dev;
+    bool released;
+    int maps;
+    struct si_handle *next;
+};
+
+struct si_mapping {
+    uintptr_t addr;
+    size_t size;
+    struct si_handle *handle;
+    struct si_mapping *next;
+};
+
+static struct si_arena si_va;
+static bool si_va_ready;
+static struct si_handle *si_handles;
+static struct si_mapping *si_mappings;
+
+static CUresult si_prop_check(const CUmemAllocationProp *prop)
+{
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!si_valid_device(prop->location.id))
+        return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                       CUmemAllocationGranularity_flags option)
+{
+    SI_ENTER();
+    if (!granularity || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        return CUDA_ERROR_INVALID_VALUE;
+    rc = si_prop_check(prop);
+    if (!rc)
+        *granularity = SI_GRANULARITY;
+    return rc;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags)
+{
+    SI_ENTER();
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (!ptr || flags != 0 || size == 0 || size % page || addr % page || (alignment & (alignment - 1)))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&si_lock);
+    if (!si_va_ready) {
+        size_t span = si_config.memory * (size_t)si_config.devices * 16;
+        if (span < ((size_t)64 << 30))
+            span = (size_t)64 << 30;
+        si_va_ready = si_arena_init(&si_va, span) == 0;
+    }
+    uintptr_t at = 0;
+    if (si_va_ready)
+        at = si_arena_take(&si_va, size, alignment > SI_GRANULARITY ? alignment : SI_GRANULARITY, SI_EXTENT_RESERVE,
+                           NULL);
+    if (at)
+        *ptr = (CUdeviceptr)at;
+    else
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_unlock(&si_lock);
+    return rc;
+}
+
+/* The reservation that holds [addr, addr + size), or NULL. */
+static struct si_extent *si_reservation_of(uintptr_t addr, size_t size)
+{
+    if (!si_va_ready)
+        return NULL;
+    for (size_t i = 0; i < si_va.count; i++) {
+        struct si_extent *e = &si_va.live[i];
+        if (addr >= e->addr && addr + size <= e->addr + e->size && addr + size > addr)
+            return e;
+    }
+    return NULL;
+}
+
+static bool si_overlaps_mapping(uintptr_t addr, size_t size)
+{
+    for (struct si_mapping *m = si_mappings; m; m = m->next)
+        if (addr < m->addr + m->size && m->addr < addr + size)
+            return true;
+    return false;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    SI_ENTER();
+    pthread_mutex_lock(&si_lock);
+    struct si_extent *e = si_va_ready ? si_arena_find(&si_va, (uintptr_t)ptr) : NULL;
+    if (!e || e->size != size || si_overlaps_mapping(e->addr, e->size))
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else
+        si_arena_give(&si_va, e);
+    pthread_mutex_unlock(&si_lock);
+    return rc;
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                     unsigned long long flags)
+{
+    SI_ENTER();
+    if (!handle || flags != 0 || size == 0 || size % SI_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    rc = si_prop_check(prop);
+    if (rc)
+        return rc;
+    struct si_handle *h = calloc(1, sizeof *h);
+    if (!h)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&si_lock);
+    if (!si_charge(prop->location.id, size)) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        free(h);
+    } else {
+        *h = (struct si_handle){.size = size, .dev = prop->location.id, .next = si_handles};
+        si_handles = h;
+        *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    }
+    pthread_mutex_unlock(&si_lock);
+    return rc;
+}
+
+static struct si_handle *si_handle_find(CUmemGenericAllocationHandle handle)
+{
+    for (struct si_handle *h = si_handles; h; h = h->next)
+        if ((CUmemGenericAllocationHandle)(uintptr_t)h == handle)
+            return h;
+    return NULL;
+}
+
+/* The physical memory returns to its device once released and unmapped. */
+static void si_handle_maybe_free(struct si_handle *h)
+{
+    if (!h->released || h->maps > 0)
+        return;
+    si_uncharge(h->dev, h->size);
+    for (struct si_handle **p = &si_handles; *p; p = &(*p)->next) {
+        if (*p == h) {
+            *p = h->next;
+            break;
+        }
+    }
+    free(h);
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    SI_ENTER();
+    pthread_mutex_lock(&si_lock);
+    struct si_handle *h = si_handle_find(handle);
+    if (!h || h->released) {
+        rc = CUDA_ERROR_INVALID_VALUE; /* 'If handle is not a valid handle the behavior is undefined' */
+    } else {
+        h->released = true;
+        si_handle_maybe_free(h);
+    }
+    pthread_mutex_unlock(&si_lock);
+    return rc;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags)
+{
+    SI_ENTER();
+    if (flags != 0 || offset != 0 || size == 0 || ptr % SI_GRANULARITY || size % SI_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct si_mapping *m = calloc(1, sizeof *m);
+    if (!m)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&si_lock);
+    struct si_handle *h = si_handle_find(handle);
+    if (!h || h->released || size > h->size || !si_reservation_of((uintptr_t)ptr, size) ||
+        si_overlaps_mapping((uintptr_t)ptr, size)) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+        free(m);
+    } else {
+        *m = (struct si_mapping){.addr = (uintptr_t)ptr, .size = size, .handle = h, .next = si_mappings};
+        si_mappings = m;
+        h->maps++;
+    }
+    pthread_mutex_unlock(&si_lock);
+    return rc;
+}
+
+/* [addr, addr + size) is exactly covered by whole mappings, without gaps. */
+static bool si_covered_by_mappings(uintptr_t addr, size_t size, bool whole)
+{
+    uintptr_t at = addr, end = addr + size;
+    while (at < end) {
+        struct si_mapping *hit = NULL;
+        for (struct si_mapping *m = si_mappings; m && !hit; m = m->next)
+            if (whole ? m->addr == at : (m->addr <= at && at < m->addr + m->size))
+                hit = m;
+        if (!hit || (whole && hit->addr + hit->size > end))
+            return false;
+        at = hit->addr + hit->size;
+    }
+    return size > 0;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    SI_ENTER();
+    pthread_mutex_lock(&si_lock);
+    uintptr_t lo = (uintptr_t)ptr, hi = lo + size;
+    if (!si_covered_by_mappings(lo, size, true)) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        for (struct si_mapping **p = &si_mappings; *p;) {
+            struct si_mapping *m = *p;
+            if (m->addr >= lo && m->addr + m->size <= hi) {
+                *p = m->next;
+                m->handle->maps--;
+                si_handle_maybe_free(m->handle);
+                free(m);
+            } else {
+                p = &m->next;
+            }
+        }
+    }
+    pthread_mutex_unlock(&si_lock);
+    return rc;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    SI_ENTER();
+    if (!desc || count == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (!si_valid_device(desc[i].location.id))
+            return CUDA_ERROR_INVALID_DEVICE;
+        if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+            desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&si_lock);
+    if (!si_covered_by_mappings((uintptr_t)ptr, size, false))
+        rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&si_lock);
+    return rc;
+}
