@@ -25,7 +25,9 @@ CXXFLAGS += -std=c++17 $(OPT) -g -Wall -Wextra -fvisibility=hidden -fPIC $(SAN) 
 LIB_CXX_SRC := $(sort $(wildcard lib/*.cc))
 LIB_CXX_OBJ := $(LIB_CXX_SRC:lib/%.cc=$(BUILD)/obj/%.o)
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
-TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# C++ tests (of the C++ parts of libtally.so) link the shared library.
+TEST_CXX_SRC := $(sort $(wildcard tests/test_*.cc))
+TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%) $(TEST_CXX_SRC:tests/%.cc=$(BUILD)/tests/%)
 SETUP    := $(BUILD)/.setup-ok
 
 .PHONY: all lib demo test test-c test-py bench asan ubsan tsan clean setup
@@ -72,6 +74,10 @@ $(BUILD)/bin/demo: tools/demo.c $(BUILD)/lib/libtally.a
 $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a $(BUILD)/lib/libtally.so | $(SETUP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -o $@ $< $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.cc $(wildcard tests/*.h) $(BUILD)/lib/libtally.so | $(SETUP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -o $@ $< -L$(BUILD)/lib -ltally -Wl,-rpath,$(CURDIR)/$(BUILD)/lib -lcmocka $(LDLIBS)
 
 demo: $(BUILD)/bin/demo
 	$(BUILD)/bin/demo

@@ -800,9 +800,20 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
 {
     alloc_params_t p;
     /* While a capture is under way no event is looked at. */
-    if (!(tally__g.backend->stream_capturing && capture_on(d, stream, true)) && d->events_head)
+    bool capturing = tally__g.backend->stream_capturing && capture_on(d, stream, true);
+    if (!capturing && d->events_head)
         process_events(d, false);
     p.gp = TALLY_UNLIKELY(d->nallocating) ? tally__gpool_match_locked(d, stream) : NULL;
+    if (TALLY_UNLIKELY(capturing) && !p.gp && tally__capture_listed(d, stream) && !tally__g.backend->passthrough) {
+        /* Memory the graph would use on replay must not go back to eager
+         * code: without a graph pool there is no safe place for it. */
+        tally__fail(TALLY_ESTATE,
+                    "tally_malloc: stream %p of device %d is capturing a CUDA graph and no graph pool is open for it: "
+                    "under PyTorch, torch.cuda.graph needs tally's graph-pool hooks (tally.install() sets them; "
+                    "PyTorch 2.3 or newer); from C, call tally_graph_pool_begin before the capture",
+                    stream, d->id);
+        return NULL;
+    }
     p.stream = stream;
     p.size = tally__round_size(orig);
     p.pool = p.size <= SMALL_SIZE ? TALLY_POOL_SMALL : TALLY_POOL_LARGE;

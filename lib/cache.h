@@ -213,6 +213,8 @@ int tally__expand_check_locked(const tally_segment_t *s, char *why, size_t whyle
 /* Note stream when it captures; re-check the streams seen capturing.
  * Returns whether any capture is under way on the device. */
 bool tally__capture_check_locked(tally_device_t *d, void *stream);
+/* Whether stream is among the streams known to capture. */
+bool tally__capture_listed(const tally_device_t *d, void *stream);
 /* Re-check known capturing streams only. */
 bool tally__capture_underway_locked(tally_device_t *d);
 /* Remember a block whose events must wait for the capture to end. */

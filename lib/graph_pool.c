@@ -27,6 +27,11 @@ static bool listed(const tally_device_t *d, void *stream)
     return false;
 }
 
+bool tally__capture_listed(const tally_device_t *d, void *stream)
+{
+    return listed(d, stream);
+}
+
 bool tally__capture_underway_locked(tally_device_t *d)
 {
     const tally_backend_t *be = tally__g.backend;
@@ -156,6 +161,7 @@ int tally_graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo, int (*fil
     tally_device_t *d = graph_device(device, "tally_graph_pool_begin", id_hi, id_lo, &rc);
     if (!d)
         return rc;
+    rc = 0;
     tally__mutex_lock(&d->lock);
     tally_gpool_t *gp = find(d, id_hi, id_lo, NULL);
     if (gp && gp->allocating) {
@@ -192,6 +198,7 @@ int tally_graph_pool_end(int device, uint64_t id_hi, uint64_t id_lo)
     tally_device_t *d = graph_device(device, "tally_graph_pool_end", id_hi, id_lo, &rc);
     if (!d)
         return rc;
+    rc = 0;
     tally__mutex_lock(&d->lock);
     tally_gpool_t *gp = find(d, id_hi, id_lo, NULL);
     if (!gp || !gp->allocating) {
@@ -213,6 +220,7 @@ int tally_graph_pool_release(int device, uint64_t id_hi, uint64_t id_lo)
     tally_device_t *d = graph_device(device, "tally_graph_pool_release", id_hi, id_lo, &rc);
     if (!d)
         return rc;
+    rc = 0;
     tally__mutex_lock(&d->lock);
     tally_gpool_t *gp = find(d, id_hi, id_lo, NULL);
     if (!gp || gp->use_count == 0) {

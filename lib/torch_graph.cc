@@ -10,9 +10,9 @@
 // The filter is kept alive here, one copy per (device, pool), from begin to
 // end; tally calls it through call_filter with a device lock held. Built into
 // libtally.so only (like torch_oom.cc); libtally.a stays C.
+#define TALLY_BUILDING_LIBRARY 1 // export the hooks (TALLY_API)
 #include "tally.h"
 
-#include <exception>
 #include <map>
 #include <mutex>
 #include <tuple>

@@ -26,6 +26,11 @@ _HOOKS = (
     ("set_reset_fn", "tally_torch_empty_cache"),
     ("set_memory_fraction_fn", "tally_torch_memory_fraction"),
     ("set_record_stream_fn", "tally_torch_record_stream"),
+    # CUDA graph pools (C++ signatures, lib/torch_graph.cc); without them tally
+    # refuses allocations on a capturing stream rather than share its memory.
+    ("set_begin_allocate_to_pool", "tally_torch_begin_allocate_to_pool"),
+    ("set_end_allocate_to_pool_fn", "tally_torch_end_allocate_to_pool"),
+    ("set_release_pool", "tally_torch_release_pool"),
 )
 
 # torch.cuda functions that patch_torch() replaces with tally's.
