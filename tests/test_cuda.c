@@ -354,6 +354,56 @@ static void body_async_free_waits(void)
     EXPECT(tally_check() == 0);
 }
 
+static char got[4096];
+static size_t got_len;
+
+static void collect(void *arg, const char *t, size_t len)
+{
+    (void)arg;
+    if (got_len + len < sizeof got) {
+        memcpy(got + got_len, t, len);
+        got_len += len;
+        got[got_len] = 0;
+    }
+}
+
+/* async: reserved figures come from the driver's pool; reports say whose. */
+static void body_async_reports_pool(void)
+{
+    driver_up();
+    void *p = tally_malloc(1 << 20, 0, NULL);
+    EXPECT(p != NULL);
+    EXPECT(tally_write_ledger(collect, NULL) == 0);
+    const char *want = getenv("WANT_POOL");
+    EXPECT(strstr(got, want) != NULL);
+    char path[] = "/tmp/tally-cuda-report-XXXXXX";
+    int fd = mkstemp(path);
+    EXPECT(fd >= 0);
+    close(fd);
+    EXPECT(tally_write_report(path) == 0);
+    FILE *f = fopen(path, "r");
+    EXPECT(f != NULL);
+    got_len = fread(got, 1, sizeof got - 1, f);
+    got[got_len] = 0;
+    fclose(f);
+    unlink(path);
+    EXPECT(strstr(got, strcmp(want, "default pool, shared") == 0 ? "\"reserved_from\":\"default pool, shared\""
+                                                                  : "\"reserved_from\":\"private pool\"") != NULL);
+    tally_free(p);
+}
+
+static void body_async_default_pool_report(void)
+{
+    setenv("WANT_POOL", "default pool, shared", 1);
+    body_async_reports_pool();
+}
+
+static void body_async_private_pool_report(void)
+{
+    setenv("WANT_POOL", "private pool", 1);
+    body_async_reports_pool();
+}
+
 /* ---- errors --------------------------------------------------------------- */
 
 static void body_no_runtime(void)
@@ -554,6 +604,9 @@ CUDA_TEST(test_cuda_caller_context_kept, "backend:cuda,leak_report:off", body_ca
 CUDA_TEST(test_cuda_cross_device_record_stream, "backend:cuda,leak_report:off", body_cross_device, 3)
 CUDA_TEST(test_async_cross_device_record_stream, "backend:async,leak_report:off", body_cross_device, 3)
 CUDA_TEST(test_async_free_waits_on_uses, "backend:async,leak_report:off", body_async_free_waits, 2)
+CUDA_TEST(test_async_default_pool_labelled_shared, "backend:async,leak_report:off", body_async_default_pool_report, 1)
+CUDA_TEST(test_async_private_pool_labelled, "backend:async,async_pool:private,leak_report:off",
+          body_async_private_pool_report, 1)
 CUDA_TEST(test_no_cuda_runtime_in_process, "backend:cuda,leak_report:off", body_no_runtime, 1)
 CUDA_TEST(test_init_failure_names_call, "backend:cuda,leak_report:off", body_init_failure, 1)
 CUDA_TEST(test_cuda_lazy_start, "backend:cuda,leak_report:off", body_lazy_start, 2)
@@ -577,6 +630,8 @@ int main(void)
         cmocka_unit_test(test_cuda_cross_device_record_stream),
         cmocka_unit_test(test_async_cross_device_record_stream),
         cmocka_unit_test(test_async_free_waits_on_uses),
+        cmocka_unit_test(test_async_default_pool_labelled_shared),
+        cmocka_unit_test(test_async_private_pool_labelled),
         cmocka_unit_test(test_no_cuda_runtime_in_process),
         cmocka_unit_test(test_init_failure_names_call),
         cmocka_unit_test(test_cuda_lazy_start),
