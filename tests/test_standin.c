@@ -253,11 +253,20 @@ static void test_proc_address_versions(void **state)
 static void test_error_names(void **state)
 {
     CU_NEED_DRIVER();
+    /* Every CUresult lib/cuda/driver.h declares. */
     const CUresult codes[] = {CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
-                              CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE,
-                              CUDA_ERROR_NOT_READY, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
-                              CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
-                              CUDA_ERROR_CAPTURED_EVENT, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_UNKNOWN};
+                              CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_STUB_LIBRARY,
+                              CUDA_ERROR_NO_DEVICE, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_CONTEXT,
+                              CUDA_ERROR_ALREADY_MAPPED, CUDA_ERROR_NOT_MAPPED, CUDA_ERROR_CONTEXT_ALREADY_IN_USE,
+                              CUDA_ERROR_OPERATING_SYSTEM, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_ILLEGAL_STATE,
+                              CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_READY, CUDA_ERROR_ILLEGAL_ADDRESS,
+                              CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, CUDA_ERROR_PEER_ACCESS_NOT_ENABLED,
+                              CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, CUDA_ERROR_CONTEXT_IS_DESTROYED,
+                              CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_SUPPORTED,
+                              CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                              CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+                              CUDA_ERROR_CAPTURED_EVENT, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+                              CUDA_ERROR_UNKNOWN};
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
         const char *name = NULL, *text = NULL;
         CU_OK(cu.cuGetErrorName(codes[i], &name));
