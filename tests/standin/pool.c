@@ -163,16 +163,19 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
 }
 
 /* cuMemPoolSetAttribute: RELEASE_THRESHOLD (cuuint64_t); RESERVED_MEM_HIGH
- * and USED_MEM_HIGH reset their watermark ('It is illegal to set this
- * attribute to a non-zero value'); the REUSE_* flags (int). The *_CURRENT
- * attributes are read-only. */
+ * and USED_MEM_HIGH (cuuint64_t) reset their watermark ('It is illegal to
+ * set this attribute to a non-zero value'; CUmemPool_attribute: 'High
+ * watermark can only be reset to zero'); the REUSE_* flags (int: only an int
+ * is read). The *_CURRENT attributes are read-only. */
 CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
     SI_ENTER();
     if (!value)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&si_lock);
-    cuuint64_t v64 = *(cuuint64_t *)value;
+    bool is_int = attr >= CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES &&
+                  attr <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+    cuuint64_t v64 = is_int ? 0 : *(cuuint64_t *)value;
     if (!si_pool_valid(pool)) {
         rc = CUDA_ERROR_INVALID_VALUE;
     } else if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) {
@@ -184,8 +187,7 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
             pool->reserved_high = pool->reserved;
         else
             pool->used_high = pool->used;
-    } else if (attr >= CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES &&
-               attr <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES) {
+    } else if (is_int) {
         pool->reuse[attr - 1] = *(int *)value != 0;
     } else {
         rc = CUDA_ERROR_INVALID_VALUE;
