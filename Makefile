@@ -4,6 +4,7 @@
 #   make test       every cmocka test binary, then the Python tests
 #   make bench      benchmarks (bench/)
 #   make asan | ubsan | tsan   the test suite under a sanitizer
+#   make cross-aarch64   the library for aarch64 (cross compilers), in build-aarch64/
 CC       ?= cc
 BUILD    ?= build
 CUDA_HOME ?= /usr/local/cuda
@@ -100,7 +101,22 @@ tsan:
 	$(MAKE) test-c BUILD=build-tsan SAN="-fsanitize=thread" OPT=-O1
 
 clean:
-	rm -rf build build-asan build-ubsan build-tsan
+	rm -rf build build-asan build-ubsan build-tsan build-aarch64
+
+# ---- aarch64 (GH200 and other ARM GPU nodes) ----
+# make cross-aarch64   the library built with Debian's cross compilers
+#                      (gcc-aarch64-linux-gnu, g++-aarch64-linux-gnu) into
+#                      build-aarch64/, then `file` must call both an ARM
+#                      aarch64 ELF; .ci/run installs the compilers when root.
+AARCH64_PREFIX ?= aarch64-linux-gnu-
+.PHONY: cross-aarch64
+cross-aarch64:
+	@command -v $(AARCH64_PREFIX)gcc >/dev/null && command -v $(AARCH64_PREFIX)g++ >/dev/null || \
+		{ echo "cross-aarch64: $(AARCH64_PREFIX)gcc / g++ not found; run: sudo apt-get install -y gcc-aarch64-linux-gnu g++-aarch64-linux-gnu" >&2; exit 1; }
+	$(MAKE) lib BUILD=build-aarch64 CC=$(AARCH64_PREFIX)gcc CXX=$(AARCH64_PREFIX)g++ CUDA_HOME=/nonexistent
+	@for f in build-aarch64/lib/libtally.so build-aarch64/obj/api.o; do \
+		file -b $$f | grep -q 'ARM aarch64' || { echo "cross-aarch64: $$f is not an aarch64 ELF: $$(file -b $$f)" >&2; exit 1; }; \
+		echo "cross-aarch64: $$f: $$(file -b $$f | cut -d, -f1-2)"; done
 
 # ---- fuzzing ----
 # make fuzz        libFuzzer targets (tests/fuzz/fuzz_*.c), built with clang
