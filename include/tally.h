@@ -75,6 +75,13 @@ TALLY_API const char *tally_backend_name(void);
 /* Number of devices the backend exposes (initialises); negative on error. */
 TALLY_API int tally_device_count(void);
 
+/* 1 once tally has initialised and started its backend (for cuda / async:
+ * once CUDA is in use), 0 before; never starts it. The backend starts at the
+ * first call that needs a device (an allocation, tally_init, the PyTorch init
+ * hook), so a program can still set CUDA_VISIBLE_DEVICES after loading tally
+ * and configuring it. Stays 1 in a forked child of a started parent. */
+TALLY_API int tally_backend_started(void);
+
 /* ---- Allocation --------------------------------------------------------- */
 
 /* Allocate size bytes on device for use on stream (NULL: the default
