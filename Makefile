@@ -30,7 +30,10 @@ CXXFLAGS += -std=c++17 $(OPT) -g -Wall -Wextra -fvisibility=hidden -fPIC $(SAN) 
 LIB_CXX_SRC := $(sort $(wildcard lib/*.cc))
 LIB_CXX_OBJ := $(LIB_CXX_SRC:lib/%.cc=$(BUILD)/obj/%.o)
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
-TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# C++ tests (tests/test_*.cc): what only C++ can check, e.g. an exception
+# thrown through tally_torch_alloc.
+TEST_CXX_SRC := $(sort $(wildcard tests/test_*.cc))
+TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%) $(TEST_CXX_SRC:tests/%.cc=$(BUILD)/tests/%)
 SETUP    := $(BUILD)/.setup-ok
 
 .PHONY: all lib demo test test-c test-py bench asan ubsan tsan clean setup
@@ -76,6 +79,10 @@ $(BUILD)/bin/demo: tools/demo.c $(BUILD)/lib/libtally.a
 $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a $(BUILD)/lib/libtally.so | $(SETUP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -o $@ $< $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.cc $(BUILD)/lib/libtally.a | $(SETUP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -o $@ $< $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
 demo: $(BUILD)/bin/demo
 	$(BUILD)/bin/demo
