@@ -170,6 +170,32 @@ static int child_configure_race(void)
     return 0;
 }
 
+/* ---- child: what starts the backend ---------------------------------------------------- */
+
+/* Loading, configuring, reading the options, tags and the sink leave the
+ * backend unstarted (a program can still choose its GPUs); the first
+ * allocation starts it. */
+static int child_lazy_start(void)
+{
+    tally_set_sink(quiet, NULL);
+    LU_REQUIRE(tally_backend_started() == 0);
+    LU_REQUIRE(strcmp(tally_version(), TALLY_VERSION) == 0);
+    LU_REQUIRE(tally_configure("stage_report:false,leak_report:off") == 0);
+    lu_buf_t opts = {0};
+    LU_REQUIRE(tally_write_options(lu_buf_write, &opts) == 0 && strstr(lu_buf_str(&opts), "backend:host"));
+    lu_buf_free(&opts);
+    LU_REQUIRE(tally_tag_push("early") == 0 && tally_tag_pop() == 0);
+    LU_REQUIRE(tally_configure("host_devices:nonsense") != 0); /* a refused key starts nothing either */
+    LU_REQUIRE(tally_backend_started() == 0);
+    void *p = tally_malloc(MB, 1, NULL);
+    LU_REQUIRE(p != NULL);
+    LU_REQUIRE(tally_backend_started() == 1);
+    tally_free(p);
+    LU_REQUIRE(tally_backend_started() == 1);
+    printf("lazy-start ok\n");
+    return 0;
+}
+
 /* ---- child: reports and frees after the exit report ------------------------------------ */
 
 static void *after[3];
@@ -304,6 +330,16 @@ static void test_bad_conf_fails_every_racing_thread_once(void **state)
     lu_child_free(&c);
 }
 
+static void test_backend_starts_at_first_allocation(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    lu_child_run(&c, "lazy-start", BASE, NULL);
+    LU_CHILD_EXIT(&c, 0);
+    LU_HAS(c.out, "lazy-start ok\n");
+    lu_child_free(&c);
+}
+
 static void test_reports_and_frees_after_the_exit_report(void **state)
 {
     (void)state;
@@ -349,6 +385,7 @@ static const lu_role_t roles[] = {
     {"init-race", child_init_race},
     {"init-race-bad-conf", child_init_race_bad_conf},
     {"configure-race", child_configure_race},
+    {"lazy-start", child_lazy_start},
     {"after-exit", child_after_exit},
     {"sink-reenters", child_sink_reenters},
     {NULL, NULL},
@@ -362,6 +399,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_threads_race_into_lazy_init),
         cmocka_unit_test(test_configure_racing_lazy_init_is_all_or_nothing),
         cmocka_unit_test(test_bad_conf_fails_every_racing_thread_once),
+        cmocka_unit_test(test_backend_starts_at_first_allocation),
         cmocka_unit_test(test_reports_and_frees_after_the_exit_report),
         cmocka_unit_test(test_sink_that_calls_tally_deadlocks),
     };
