@@ -20,6 +20,7 @@ Nothing is downloaded. Without torch, a compiler or a successful build, the
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import re
@@ -71,13 +72,16 @@ def _compiler() -> Tuple[Optional[str], str]:
 def _torch_build_info(torch: Any) -> Tuple[Optional[Tuple[List[str], List[str], bool]], str]:
     try:
         from torch.utils import cpp_extension  # type: ignore
-    except Exception as e:  # a torch without its C++ extension support, or a broken one
-        return None, f"torch.utils.cpp_extension is unavailable ({e})"
-    try:
+
         includes = [str(p) for p in cpp_extension.include_paths()]
         libs = [str(p) for p in cpp_extension.library_paths()]
     except Exception as e:
-        return None, f"torch.utils.cpp_extension cannot give its paths ({e})"
+        # cpp_extension imports setuptools, which an environment may lack:
+        # the wheel's own layout (torch/include, torch/lib) is what it returns.
+        base = Path(getattr(torch, "__file__", None) or "/nonexistent").parent
+        if not (base / "include" / "c10" / "util" / "Exception.h").is_file():
+            return None, f"torch.utils.cpp_extension is unavailable ({e})"
+        includes, libs = [str(base / "include")], [str(base / "lib")]
     header = [p for p in includes if os.path.isfile(os.path.join(p, "c10", "util", "Exception.h"))]
     if not header:
         return None, f"torch's headers are not installed (no c10/util/Exception.h under {', '.join(includes)})"
@@ -114,8 +118,19 @@ def find_or_build(torch: Any) -> Tuple[Optional[Path], str]:
         return path, f"cached {path}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / ".build-lock", "a")
     except OSError as e:
-        return None, f"cannot create the cache folder {folder} ({e})"
+        return None, f"cannot use the cache folder {folder} ({e})"
+    with lock:
+        # Ranks starting together: one builds, the others wait and find it.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.is_file():
+            return path, f"cached {path}"
+        return _build(path, cxx, includes, libs, abi)
+
+
+def _build(path: Path, cxx: str, includes: List[str], libs: List[str], abi: bool) -> Tuple[Optional[Path], str]:
+    folder = path.parent
     started = time.monotonic()
     log = path.with_suffix(".log")
     errors = []

@@ -144,6 +144,20 @@ class OomShimTest(unittest.TestCase):
         self.assertIn("OutOfMemoryError: CUDA out of memory. test [from tally_oom_shim_raise]\n", out)
         self.assertIn("Error: CUDA out of memory. test [from tally_oom_shim_raise]\n", out.split("\n", 1)[1])
 
+    def test_without_setuptools_the_wheel_layout_is_used(self):
+        # torch.utils.cpp_extension needs setuptools; without it the headers
+        # and libraries are found where a torch wheel keeps them.
+        site = self.make_torch("2.96.0", self.root / "site-nosetuptools")
+        (site / "torch" / "utils" / "cpp_extension.py").write_text("import setuptools_that_is_not_here\n")
+        (site / "torch" / "include").symlink_to(self.include)
+        (site / "torch" / "lib").symlink_to(self.lib)
+        r = self.py(self.BUILD, site=site)
+        self.assertIn("NOTE built ", r.stdout, r.stderr)
+        (site / "torch" / "include").unlink()
+        r = self.py(self.BUILD, site=site)
+        self.assertIn("NOTE torch.utils.cpp_extension is unavailable (No module named 'setuptools_that_is_not_here')",
+                      r.stdout)
+
     def test_fallbacks_say_why(self):
         cases = [
             ({"CXX": "/nonexistent/c++"}, "PATH None", "NOTE no C++ compiler: CXX=/nonexistent/c++ is not found"),
