@@ -4,6 +4,7 @@
 #   make test       every cmocka test binary, then the Python tests
 #   make bench      benchmarks (bench/)
 #   make asan | ubsan | tsan   the test suite under a sanitizer
+#   make cross-aarch64   the library for aarch64 (cross compilers), in build-aarch64/
 CC       ?= cc
 BUILD    ?= build
 OPT      ?= -O2
@@ -25,7 +26,9 @@ CXXFLAGS += -std=c++17 $(OPT) -g -Wall -Wextra -fvisibility=hidden -fPIC $(SAN) 
 LIB_CXX_SRC := $(sort $(wildcard lib/*.cc))
 LIB_CXX_OBJ := $(LIB_CXX_SRC:lib/%.cc=$(BUILD)/obj/%.o)
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
-# C++ tests (of the C++ parts of libtally.so) link the shared library.
+# C++ tests (tests/test_*.cc): what only C++ can check (the C++ parts of
+# libtally.so, an exception thrown through tally_torch_alloc); they link the
+# shared library.
 TEST_CXX_SRC := $(sort $(wildcard tests/test_*.cc))
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%) $(TEST_CXX_SRC:tests/%.cc=$(BUILD)/tests/%)
 SETUP    := $(BUILD)/.setup-ok
@@ -114,7 +117,22 @@ tsan:
 	$(MAKE) test-c BUILD=build-tsan SAN="-fsanitize=thread" OPT=-O1
 
 clean:
-	rm -rf build build-asan build-ubsan build-tsan
+	rm -rf build build-asan build-ubsan build-tsan build-aarch64
+
+# ---- aarch64 (GH200 and other ARM GPU nodes) ----
+# make cross-aarch64   the library built with Debian's cross compilers
+#                      (gcc-aarch64-linux-gnu, g++-aarch64-linux-gnu) into
+#                      build-aarch64/, then `file` must call both an ARM
+#                      aarch64 ELF; .ci/run installs the compilers when root.
+AARCH64_PREFIX ?= aarch64-linux-gnu-
+.PHONY: cross-aarch64
+cross-aarch64:
+	@command -v $(AARCH64_PREFIX)gcc >/dev/null && command -v $(AARCH64_PREFIX)g++ >/dev/null || \
+		{ echo "cross-aarch64: $(AARCH64_PREFIX)gcc / g++ not found; run: sudo apt-get install -y gcc-aarch64-linux-gnu g++-aarch64-linux-gnu" >&2; exit 1; }
+	$(MAKE) lib BUILD=build-aarch64 CC=$(AARCH64_PREFIX)gcc CXX=$(AARCH64_PREFIX)g++ CUDA_HOME=/nonexistent
+	@for f in build-aarch64/lib/libtally.so build-aarch64/obj/api.o; do \
+		file -b $$f | grep -q 'ARM aarch64' || { echo "cross-aarch64: $$f is not an aarch64 ELF: $$(file -b $$f)" >&2; exit 1; }; \
+		echo "cross-aarch64: $$f: $$(file -b $$f | cut -d, -f1-2)"; done
 
 # ---- fuzzing ----
 # make fuzz        libFuzzer targets (tests/fuzz/fuzz_*.c), built with clang

@@ -75,6 +75,13 @@ TALLY_API const char *tally_backend_name(void);
 /* Number of devices the backend exposes (initialises); negative on error. */
 TALLY_API int tally_device_count(void);
 
+/* 1 once tally has initialised and started its backend (for cuda / async:
+ * once CUDA is in use), 0 before; never starts it. The backend starts at the
+ * first call that needs a device (an allocation, tally_init, the PyTorch init
+ * hook), so a program can still set CUDA_VISIBLE_DEVICES after loading tally
+ * and configuring it. Stays 1 in a forked child of a started parent. */
+TALLY_API int tally_backend_started(void);
+
 /* ---- Allocation --------------------------------------------------------- */
 
 /* Allocate size bytes on device for use on stream (NULL: the default
@@ -260,10 +267,11 @@ TALLY_API int tally_write_report(const char *path);
  * "tally_torch_alloc", "tally_torch_free") calls, and the hooks its
  * allocator object's set_*_fn setters take (docs/pytorch.md).
  *
- * alloc: size bytes on device for stream; NULL for size 0. When it fails and
- * the library was linked with lib/torch_oom.cc, it throws a C++ exception
- * (std::runtime_error, "CUDA out of memory. Tried to allocate ...") that
- * PyTorch turns into a Python RuntimeError; otherwise it returns NULL. */
+ * alloc: size bytes on device for stream; NULL for size 0. When it fails it
+ * calls the raiser set with tally_torch_set_oom_raiser (c10::OutOfMemoryError
+ * when the Python package built its shim), else, when the library was linked
+ * with lib/torch_oom.cc, throws std::runtime_error ("CUDA out of memory.
+ * Tried to allocate ...", a Python RuntimeError); otherwise returns NULL. */
 TALLY_API void *tally_torch_alloc(size_t size, int device, void *stream);
 
 /* free: frees by tally's own record; size and device are hints that may be
@@ -278,9 +286,26 @@ TALLY_API void tally_torch_empty_cache(void);
 TALLY_API void tally_torch_memory_fraction(double fraction, int device);
 TALLY_API void tally_torch_record_stream(void *ptr, void *stream);
 
-/* 1 when tally_torch_alloc raises a C++ exception on failure (lib/torch_oom.cc
- * is linked in), 0 when it returns NULL. */
+/* 1 when tally_torch_alloc raises a C++ exception on failure (a raiser is set,
+ * or lib/torch_oom.cc is linked in), 0 when it returns NULL. */
 TALLY_API int tally_torch_oom_raises(void);
+
+/* The function tally_torch_alloc calls when an allocation fails, with oom
+ * non-zero for out-of-memory (else another failure, e.g. a bad device) and
+ * the message ("CUDA out of memory. Tried to allocate ..."). It must throw a
+ * C++ exception; if it returns, alloc returns NULL. The Python package sets
+ * one compiled against the installed PyTorch that throws
+ * c10::OutOfMemoryError (Python: torch.cuda.OutOfMemoryError), so cuDNN's
+ * smaller-workspace fallback works (docs/pytorch.md). NULL restores the
+ * default: lib/torch_oom.cc's std::runtime_error. */
+typedef void (*tally_torch_raise_fn)(int oom, const char *message);
+TALLY_API void tally_torch_set_oom_raiser(tally_torch_raise_fn raise);
+
+/* base_alloc hook (PyTorch's set_base_alloc_fn, used for CUDA IPC handles):
+ * the start of the segment holding ptr, with its size in *size. NULL (and
+ * *size 0) with an error when ptr is in no segment of tally or an argument
+ * is NULL. */
+TALLY_API void *tally_torch_base_alloc(void *ptr, size_t *size);
 
 /* ---- Host backend controls (simulated devices; no effect on cuda) -------- */
 

@@ -15,6 +15,8 @@ tally_global_t tally__g = {.once = PTHREAD_ONCE_INIT};
 static pthread_once_t options_once = PTHREAD_ONCE_INIT;
 static int options_rc;
 static char options_error[512];
+/* 0 before initialisation, 1 after, 2 in a forked child refused its
+ * parent's device backend (tally__after_fork_child). */
 static _Atomic int initialised;
 
 const char *tally_version(void)
@@ -25,6 +27,7 @@ const char *tally_version(void)
 /* Defaults, then TALLY_CONF; once, before anything else. */
 static void load_options(void)
 {
+    tally__fork_register();
     tally__options_default(&tally__opt);
     const char *conf = getenv("TALLY_CONF");
     if (conf && *conf) {
@@ -91,6 +94,7 @@ static int resolve_home(int home)
 /* Serialises tally_configure, initialisation and readers of the whole
  * option set. */
 static tally_mutex_t config_lock = TALLY_MUTEX_INIT;
+tally_mutex_t *tally__config_lock(void) { return &config_lock; }
 
 static void do_init_locked(void);
 
@@ -159,14 +163,40 @@ static void do_init_locked(void)
     atomic_store(&initialised, 1);
 }
 
+static _Atomic int refusal_said;
+
 int tally__ensure_init(void)
 {
-    if (TALLY_LIKELY(atomic_load_explicit(&initialised, memory_order_acquire)))
+    if (TALLY_LIKELY(atomic_load_explicit(&initialised, memory_order_acquire) == 1))
         return 0;
     pthread_once(&tally__g.once, do_init);
-    if (TALLY_UNLIKELY(tally__g.init_rc))
+    if (TALLY_UNLIKELY(tally__g.init_rc)) {
+        if (atomic_load(&initialised) == 2 && !atomic_exchange(&refusal_said, 1))
+            tally__diag("%s", tally__g.init_error);
         return tally__fail_quiet(-tally__g.init_rc, "%s", tally__g.init_error);
+    }
     return 0;
+}
+
+/* fork.c, in the child: memory and streams of a device backend belong to the
+ * parent's CUDA context, which the child cannot use; every call that needs
+ * the backend fails from now on, saying so once. */
+void tally__after_fork_child(void)
+{
+    if (atomic_load(&initialised) != 1 || tally__g.backend == &tally__backend_host)
+        return;
+    snprintf(tally__g.init_error, sizeof tally__g.init_error,
+             "backend %s: CUDA cannot be used in a forked child (fork after CUDA started); start workers with "
+             "multiprocessing's 'spawn'",
+             tally__g.backend->name);
+    tally__g.init_rc = -TALLY_EBACKEND;
+    atomic_store(&refusal_said, 0);
+    atomic_store(&initialised, 2);
+}
+
+int tally_backend_started(void)
+{
+    return atomic_load(&initialised) != 0;
 }
 
 int tally_init(void)

@@ -32,6 +32,7 @@ typedef struct hold_slot {
 } hold_slot_t;
 
 static tally_mutex_t host_lock = TALLY_MUTEX_INIT;
+tally_mutex_t *tally__host_lock(void) { return &host_lock; }
 static int ndev;
 static uint64_t capacity;
 static int mode;

@@ -3,7 +3,9 @@
  *
  * Lock order: a device lock (tally_device_t.lock) may be held while taking
  * the ledger's name lock or the sink lock; never the other way round, and
- * never two device locks at once. */
+ * never two device locks at once (except the fork handlers, which hold
+ * them all, in device order, while no other thread holds two). The whole
+ * order is stage, config, devices, names, site, host backend, sink, heap. */
 #ifndef TALLY_INTERNAL_H
 #define TALLY_INTERNAL_H
 
@@ -43,6 +45,22 @@ static inline void tally__mutex_unlock(tally_mutex_t *m)
     if (TALLY_UNLIKELY(atomic_exchange_explicit(&m->state, 0, memory_order_release) == 2))
         tally__mutex_wake(m);
 }
+/* The library's other locks, for the fork handlers (fork.c), which take
+ * them all in this order: stage, config, every device, names, site, host,
+ * sink, heap. */
+tally_mutex_t *tally__stage_lock(void);
+tally_mutex_t *tally__config_lock(void);
+tally_mutex_t *tally__names_lock(void);
+tally_mutex_t *tally__site_lock(void);
+tally_mutex_t *tally__host_lock(void);
+tally_mutex_t *tally__sink_lock(void);
+tally_mutex_t *tally__heap_lock(void);
+/* fork.c: whether block number seq of device was inherited from the parent
+ * process at fork (left out of the leak report); registers the handlers. */
+bool tally__fork_inherited(int device, uint64_t seq);
+void tally__fork_register(void);
+/* api.c: in a forked child, refuse a device backend the parent started. */
+void tally__after_fork_child(void);
 
 /* ---- host-side metadata memory (jemalloc private arena, meta.c) ----------- */
 void *tally__meta_alloc(size_t size);

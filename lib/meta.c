@@ -49,6 +49,7 @@ typedef struct meta_hdr {
 #define META_MAGIC 0x7a11e7a1u
 
 static tally_mutex_t heap_lock = TALLY_MUTEX_INIT;
+tally_mutex_t *tally__heap_lock(void) { return &heap_lock; }
 static meta_free_t *heap_free[META_CLASSES];
 static char *chunk_cur, *chunk_end;
 

@@ -18,6 +18,7 @@ typedef struct intern_table {
 } intern_table_t;
 
 static tally_mutex_t names_lock = TALLY_MUTEX_INIT;
+tally_mutex_t *tally__names_lock(void) { return &names_lock; }
 static intern_table_t tags, stages;
 
 static uint64_t hash_str(const char *s)
@@ -210,6 +211,7 @@ struct tally_site {
 
 #define SITE_BUCKETS 4096
 static tally_mutex_t site_lock = TALLY_MUTEX_INIT;
+tally_mutex_t *tally__site_lock(void) { return &site_lock; }
 static tally_site_t *site_buckets[SITE_BUCKETS];
 static uint32_t site_count;
 

@@ -114,6 +114,7 @@ static void stderr_write(void *arg, const char *text, size_t len)
 static tally_write_fn sink_fn = stderr_write;
 static void *sink_arg;
 static tally_mutex_t sink_lock = TALLY_MUTEX_INIT;
+tally_mutex_t *tally__sink_lock(void) { return &sink_lock; }
 
 void tally_set_sink(tally_write_fn write, void *arg)
 {

@@ -107,7 +107,8 @@ static int leak_cmp(const void *x, const void *y)
     return a->stage < b->stage ? -1 : a->stage > b->stage;
 }
 
-/* Live blocks of every device, grouped; the caller frees items. */
+/* Live blocks of every device, grouped, less those a forked child inherited
+ * from its parent (fork.c); the caller frees items. */
 leak_set_t tally__collect_leaks(void)
 {
     leak_set_t s = {0};
@@ -115,7 +116,7 @@ leak_set_t tally__collect_leaks(void)
         tally_device_t *d = tally__g.dev[i];
         tally__mutex_lock(&d->lock);
         for (size_t k = 0; k <= d->map.mask; k++)
-            if (d->map.keys[k])
+            if (d->map.keys[k] && !tally__fork_inherited(i, d->map.vals[k]->seq))
                 leak_add(&s, d->map.vals[k], i);
         tally__mutex_unlock(&d->lock);
     }

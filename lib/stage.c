@@ -21,6 +21,7 @@ typedef struct stage_frame {
 } stage_frame_t;
 
 static tally_mutex_t stage_lock = TALLY_MUTEX_INIT;
+tally_mutex_t *tally__stage_lock(void) { return &stage_lock; }
 static stage_frame_t frames[STAGE_DEPTH];
 static int depth;
 static tally_stage_rec_t history[TALLY_STAGE_HISTORY];

@@ -2,7 +2,7 @@
  * torch.cuda.memory.CUDAPluggableAllocator finds by name in libtally.so
  * (opened RTLD_NOW | RTLD_LOCAL and never closed), plus the optional hooks
  * its allocator object accepts (init, reset = empty_cache, memory fraction,
- * record_stream).
+ * record_stream, base_alloc).
  *
  * Two things PyTorch does not do for us are handled here:
  *  - it never checks the pointer alloc returns, so a failed allocation is
@@ -30,9 +30,19 @@ extern void tally__torch_raise(int oom, const char *message) __attribute__((weak
 
 static _Atomic int warned_size, warned_device, warned_count;
 
+/* Set by the Python package when it has built its shim against the
+ * installed PyTorch (python/tally/_oom_shim.cc): throws c10::OutOfMemoryError.
+ * Takes precedence over torch_oom.cc's std::runtime_error. */
+static _Atomic(tally_torch_raise_fn) raiser;
+
+void tally_torch_set_oom_raiser(tally_torch_raise_fn raise)
+{
+    atomic_store(&raiser, raise);
+}
+
 int tally_torch_oom_raises(void)
 {
-    return tally__torch_raise != NULL;
+    return atomic_load(&raiser) != NULL || tally__torch_raise != NULL;
 }
 
 static void size_text(size_t bytes, char *buf, size_t len)
@@ -66,7 +76,10 @@ static void alloc_failed(size_t size, int device)
                  asked, device, why);
     else
         snprintf(msg, sizeof msg, "tally: cannot allocate %s on device %d: %s", asked, device, why);
-    if (tally__torch_raise)
+    tally_torch_raise_fn raise = atomic_load(&raiser);
+    if (raise)
+        raise(oom, msg);
+    else if (tally__torch_raise)
         tally__torch_raise(oom, msg);
 }
 
@@ -160,4 +173,31 @@ void tally_torch_record_stream(void *ptr, void *stream)
 {
     if (ptr)
         tally_record_stream(ptr, stream);
+}
+
+void *tally_torch_base_alloc(void *ptr, size_t *size)
+{
+    if (!ptr || !size) {
+        tally__fail(TALLY_EINVAL, "tally_torch_base_alloc: %s is NULL", ptr ? "size" : "ptr");
+        if (size)
+            *size = 0;
+        return NULL;
+    }
+    *size = 0;
+    if (tally__ensure_init())
+        return NULL;
+    for (int i = 0; i < tally__g.ndev; i++) {
+        tally_device_t *d = tally__g.dev[i];
+        tally__mutex_lock(&d->lock);
+        tally_segment_t *s = tally__cache_segment_of_locked(d, (uintptr_t)ptr);
+        uintptr_t base = s ? s->base : 0;
+        size_t bytes = s ? s->size : 0;
+        tally__mutex_unlock(&d->lock);
+        if (s) {
+            *size = bytes;
+            return (void *)base;
+        }
+    }
+    tally__fail(TALLY_EINVAL, "tally_torch_base_alloc: %p is not inside any segment of tally", ptr);
+    return NULL;
 }

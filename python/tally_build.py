@@ -75,7 +75,8 @@ def _library() -> Path:
 
 def _package_files() -> List[Tuple[str, Path]]:
     files = []
-    for path in sorted((HERE / NAME).rglob("*.py")):
+    # The .cc is the OOM shim's source, compiled against torch at install().
+    for path in sorted([*(HERE / NAME).rglob("*.py"), *(HERE / NAME).rglob("*.cc")]):
         files.append((path.relative_to(HERE).as_posix(), path))
     return files
 

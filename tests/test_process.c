@@ -1,5 +1,5 @@
-/* A process's life around tally: racing into lazy initialisation, the time
- * after the exit report, and fork.
+/* A process's life around tally: racing into lazy initialisation and the
+ * time after the exit report (fork: tests/test_fork.c).
  *
  * Every case runs in a child: this binary re-executed (/proc/self/exe
  * --child ROLE, tests/ledgerutil.h) with its own TALLY_CONF, so tally starts
@@ -7,17 +7,6 @@
  *
  * A tally_configure racing the first use is applied either before
  * initialisation or not at all (then refused as not a runtime key).
- *
- * What tally does after fork (docs/bad-input.md, "fork"): the child gets a
- * copy of everything, ledger and cache included, and keeps working on the
- * host backend (its segments are private copies of the parent's mappings)
- * provided no other thread of the parent was inside tally at the moment of
- * fork. tally installs no pthread_atfork handlers: a lock another thread
- * held at fork stays held in the child forever, and the child's first call
- * that needs it blocks (the last test pins this). A child that may have
- * forked while other threads used tally must not call tally, and should
- * leave with _exit (the exit report takes the same locks). A forked child
- * that exits normally runs the exit report on the blocks it inherited.
  *
  * The diagnostics sink must not call tally: it runs under the sink lock
  * (and, for an OOM report, the device's lock); the last test pins that. */
@@ -181,6 +170,32 @@ static int child_configure_race(void)
     return 0;
 }
 
+/* ---- child: what starts the backend ---------------------------------------------------- */
+
+/* Loading, configuring, reading the options, tags and the sink leave the
+ * backend unstarted (a program can still choose its GPUs); the first
+ * allocation starts it. */
+static int child_lazy_start(void)
+{
+    tally_set_sink(quiet, NULL);
+    LU_REQUIRE(tally_backend_started() == 0);
+    LU_REQUIRE(strcmp(tally_version(), TALLY_VERSION) == 0);
+    LU_REQUIRE(tally_configure("stage_report:false,leak_report:off") == 0);
+    lu_buf_t opts = {0};
+    LU_REQUIRE(tally_write_options(lu_buf_write, &opts) == 0 && strstr(lu_buf_str(&opts), "backend:host"));
+    lu_buf_free(&opts);
+    LU_REQUIRE(tally_tag_push("early") == 0 && tally_tag_pop() == 0);
+    LU_REQUIRE(tally_configure("host_devices:nonsense") != 0); /* a refused key starts nothing either */
+    LU_REQUIRE(tally_backend_started() == 0);
+    void *p = tally_malloc(MB, 1, NULL);
+    LU_REQUIRE(p != NULL);
+    LU_REQUIRE(tally_backend_started() == 1);
+    tally_free(p);
+    LU_REQUIRE(tally_backend_started() == 1);
+    printf("lazy-start ok\n");
+    return 0;
+}
+
 /* ---- child: reports and frees after the exit report ------------------------------------ */
 
 static void *after[3];
@@ -244,235 +259,6 @@ static int child_after_exit(void)
     after_armed = 1;
     printf("main returns with 3 blocks live and stage 'late' open\n");
     return 0;
-}
-
-/* ---- child: fork while no other thread is inside tally ----------------------------------- */
-
-#define PARKED 3
-static pthread_mutex_t park_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t park_cond = PTHREAD_COND_INITIALIZER;
-static int parked, released;
-
-static void *parker(void *arg)
-{
-    int id = (int)(intptr_t)arg;
-    char tag[32];
-    snprintf(tag, sizeof tag, "parker-%d", id);
-    tally_tag_push(tag);
-    void *mine[16];
-    for (int i = 0; i < 16; i++)
-        mine[i] = tally_malloc((size_t)(i + 1) * 10000, i % 2, NULL);
-    for (int i = 0; i < 16; i += 2)
-        tally_free(mine[i]);
-    /* Park outside tally until the fork is done. */
-    pthread_mutex_lock(&park_lock);
-    parked++;
-    pthread_cond_broadcast(&park_cond);
-    while (!released)
-        pthread_cond_wait(&park_cond, &park_lock);
-    pthread_mutex_unlock(&park_lock);
-    for (int i = 1; i < 16; i += 2)
-        tally_free(mine[i]);
-    tally_tag_pop();
-    return NULL;
-}
-
-static int fork_grandchild(void)
-{
-    alarm(20);
-    /* Everything the parent had is here. */
-    if (tally_check() != 0) {
-        printf("grandchild: check failed: %s\n", tally_last_error());
-        return 10;
-    }
-    tally_stats_t s0 = lu_stats(0), s1 = lu_stats(1);
-    if (s0.allocation[0].current + s1.allocation[0].current != 2 + PARKED * 8) {
-        printf("grandchild: %lld blocks inherited\n", (long long)(s0.allocation[0].current + s1.allocation[0].current));
-        return 11;
-    }
-    const char *owner = getenv("FORK_BLOCK");
-    void *inherited = (void *)(uintptr_t)strtoull(owner, NULL, 16);
-    if (strcmp(lu_tag_of(inherited), "parent-tag") != 0 || strcmp(lu_stage_of(inherited), "parent-stage") != 0) {
-        printf("grandchild: inherited block has tag %s, stage %s\n", lu_tag_of(inherited), lu_stage_of(inherited));
-        return 12;
-    }
-    /* It keeps working: new blocks on both devices, written to (backed). */
-    void *mine[32];
-    for (int i = 0; i < 32; i++) {
-        mine[i] = tally_malloc((size_t)(i + 1) * 300000, i % 2, NULL);
-        if (!mine[i]) {
-            printf("grandchild: malloc failed: %s\n", tally_last_error());
-            return 13;
-        }
-        memset(mine[i], 0x5a, (size_t)(i + 1) * 300000);
-    }
-    for (int i = 0; i < 32; i++)
-        tally_free(mine[i]);
-    /* Its copy of the parent's blocks is its own to free. */
-    tally_free(inherited);
-    if (tally_stage_end("parent-stage") != 0 || tally_tag_pop() != 0) {
-        printf("grandchild: stage or tag: %s\n", tally_last_error());
-        return 14;
-    }
-    char path[400];
-    snprintf(path, sizeof path, "%s", getenv("FORK_REPORT"));
-    if (tally_write_report(path) != 0) {
-        printf("grandchild: report: %s\n", tally_last_error());
-        return 15;
-    }
-    if (tally_check() != 0) {
-        printf("grandchild: check failed: %s\n", tally_last_error());
-        return 16;
-    }
-    printf("grandchild ok\n");
-    fflush(stdout);
-    return 0;
-}
-
-static int child_fork_idle(void)
-{
-    LU_REQUIRE(tally_stage_begin("parent-stage") == 0);
-    LU_REQUIRE(tally_tag_push("parent-tag") == 0);
-    void *a = tally_malloc(6 * MB, 0, NULL);
-    void *b = tally_malloc(70000, 1, NULL);
-    LU_REQUIRE(a && b);
-    memset(a, 0x11, 6 * MB);
-    pthread_t t[PARKED];
-    for (int i = 0; i < PARKED; i++)
-        LU_REQUIRE(pthread_create(&t[i], NULL, parker, (void *)(intptr_t)i) == 0);
-    pthread_mutex_lock(&park_lock);
-    while (parked < PARKED)
-        pthread_cond_wait(&park_cond, &park_lock);
-    pthread_mutex_unlock(&park_lock);
-    char hex[32];
-    snprintf(hex, sizeof hex, "%llx", (unsigned long long)(uintptr_t)a);
-    setenv("FORK_BLOCK", hex, 1);
-    fflush(NULL);
-    pid_t pid = fork();
-    LU_REQUIRE(pid >= 0);
-    if (pid == 0) {
-        int rc = fork_grandchild();
-        fflush(NULL);
-        _exit(rc);
-    }
-    int st = 0;
-    LU_REQUIRE(waitpid(pid, &st, 0) == pid);
-    /* The parent is untouched by what the child did. */
-    LU_REQUIRE(tally_check() == 0);
-    LU_REQUIRE(((unsigned char *)a)[6 * MB - 1] == 0x11);
-    LU_REQUIRE(strcmp(lu_tag_of(a), "parent-tag") == 0);
-    pthread_mutex_lock(&park_lock);
-    released = 1;
-    pthread_cond_broadcast(&park_cond);
-    pthread_mutex_unlock(&park_lock);
-    for (int i = 0; i < PARKED; i++)
-        pthread_join(t[i], NULL);
-    tally_free(a);
-    tally_free(b);
-    LU_REQUIRE(tally_tag_pop() == 0);
-    LU_REQUIRE(tally_stage_end("parent-stage") == 0);
-    LU_REQUIRE(tally_check() == 0);
-    LU_REQUIRE(lu_stats(0).allocation[0].current == 0 && lu_stats(1).allocation[0].current == 0);
-    printf("parent ok, grandchild status %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 50;
-}
-
-/* ---- child: a forked child that exits normally reports what it inherited ----------------- */
-
-static int child_fork_exit_report(void)
-{
-    tally_set_sink(quiet, NULL);
-    LU_REQUIRE(tally_tag_push("inherited") == 0);
-    void *a = tally_malloc(2 * MB, 0, NULL);
-    LU_REQUIRE(a != NULL);
-    LU_REQUIRE(tally_tag_pop() == 0);
-    tally_set_sink(NULL, NULL);
-    fflush(NULL);
-    pid_t pid = fork();
-    LU_REQUIRE(pid >= 0);
-    if (pid == 0) {
-        printf("grandchild exits with the inherited block live\n");
-        exit(0); /* runs the exit report */
-    }
-    int st = 0;
-    LU_REQUIRE(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    tally_free(a); /* the parent leaves clean */
-    printf("parent exits clean\n");
-    return 0;
-}
-
-/* ---- child: fork while another thread holds a device lock ------------------------------- */
-
-static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t hold_cond = PTHREAD_COND_INITIALIZER;
-static int inside_sink, forked;
-
-/* Called by tally with device 0's lock (and the sink lock) held: the OOM
- * report is written under the device lock. Waits (at most 10 s) until the
- * main thread has forked. */
-static void blocking_sink(void *arg, const char *text, size_t len)
-{
-    (void)arg;
-    (void)text;
-    (void)len;
-    pthread_mutex_lock(&hold_lock);
-    if (!inside_sink) {
-        inside_sink = 1;
-        pthread_cond_broadcast(&hold_cond);
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += 10;
-        while (!forked)
-            if (pthread_cond_timedwait(&hold_cond, &hold_lock, &until) != 0)
-                break;
-    }
-    pthread_mutex_unlock(&hold_lock);
-}
-
-static void *oom_thread(void *arg)
-{
-    (void)arg;
-    /* Larger than the 8 GiB device: an OOM, reported under the lock. */
-    void *p = tally_malloc(16 * LU_GiB, 0, NULL);
-    return p;
-}
-
-static int child_fork_busy(void)
-{
-    LU_REQUIRE(tally_init() == 0);
-    tally_set_sink(blocking_sink, NULL);
-    pthread_t t;
-    LU_REQUIRE(pthread_create(&t, NULL, oom_thread, NULL) == 0);
-    pthread_mutex_lock(&hold_lock);
-    while (!inside_sink)
-        pthread_cond_wait(&hold_cond, &hold_lock);
-    pthread_mutex_unlock(&hold_lock);
-    /* The other thread is inside tally, holding device 0's lock. */
-    pid_t pid = fork();
-    LU_REQUIRE(pid >= 0);
-    if (pid == 0) {
-        alarm(2);
-        void *p = tally_malloc(MB, 1, NULL); /* device 1: its lock is free */
-        void *q = tally_malloc(MB, 0, NULL); /* device 0: held forever */
-        (void)p;
-        (void)q;
-        _exit(0);
-    }
-    pthread_mutex_lock(&hold_lock);
-    forked = 1;
-    pthread_cond_broadcast(&hold_cond);
-    pthread_mutex_unlock(&hold_lock);
-    pthread_join(t, NULL);
-    tally_set_sink(NULL, NULL);
-    int st = 0;
-    LU_REQUIRE(waitpid(pid, &st, 0) == pid);
-    LU_REQUIRE(tally_check() == 0); /* the parent is fine */
-    if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM) {
-        printf("grandchild blocked on device 0's lock and was stopped by its alarm\n");
-        return 0;
-    }
-    printf("grandchild status %d: it did not block\n", WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
-    return 3;
 }
 
 /* ---- child: a sink that calls back into tally -------------------------------------------- */
@@ -544,6 +330,16 @@ static void test_bad_conf_fails_every_racing_thread_once(void **state)
     lu_child_free(&c);
 }
 
+static void test_backend_starts_at_first_allocation(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    lu_child_run(&c, "lazy-start", BASE, NULL);
+    LU_CHILD_EXIT(&c, 0);
+    LU_HAS(c.out, "lazy-start ok\n");
+    lu_child_free(&c);
+}
+
 static void test_reports_and_frees_after_the_exit_report(void **state)
 {
     (void)state;
@@ -573,68 +369,6 @@ static void test_reports_and_frees_after_the_exit_report(void **state)
     lu_child_free(&c);
 }
 
-static void test_forked_child_keeps_working(void **state)
-{
-    (void)state;
-    char path[400], env[480];
-    snprintf(path, sizeof path, "%s/fork-child.json", lu_tmpdir());
-    snprintf(env, sizeof env, "FORK_REPORT=%s", path);
-    const char *const envs[] = {env, NULL};
-    lu_child_t c;
-    lu_child_run(&c, "fork-idle", "backend:host,host_devices:2,host_mode:backed,host_capacity:8GiB,leak_report:off",
-                 envs);
-    LU_CHILD_EXIT(&c, 0);
-    LU_HAS(c.out, "grandchild ok\n");
-    LU_HAS(c.out, "parent ok, grandchild status 0\n");
-    /* The grandchild's report is its own: its pid; live are the blocks it
-     * inherited and did not free (the parked threads' 8 each and the
-     * parent's small one), not its own nor the one it freed. */
-    tally_json_t *root = lu_json_file(path);
-    assert_true(lu_jint(root, "pid") != c.pid);
-    const tally_json_t *leaks = lu_jarr(root, "leaks");
-    int64_t parked_blocks = 0, parent_blocks = 0;
-    for (size_t i = 0; i < leaks->len; i++) {
-        const char *tag = lu_jstr(&leaks->items[i], "tag");
-        if (strncmp(tag, "parker-", 7) == 0)
-            parked_blocks += lu_jint(&leaks->items[i], "blocks");
-        else if (strcmp(tag, "parent-tag") == 0)
-            parent_blocks += lu_jint(&leaks->items[i], "blocks");
-        else
-            fail_msg("the grandchild's report has blocks of tag %s", tag);
-    }
-    LU_EQ(parked_blocks, PARKED * 8);
-    LU_EQ(parent_blocks, 1);
-    tally__json_free(root);
-    lu_child_free(&c);
-}
-
-static void test_forked_child_reports_inherited_blocks_at_exit(void **state)
-{
-    (void)state;
-    lu_child_t c;
-    lu_child_run(&c, "fork-exit-report", BASE ",leak_report:summary", NULL);
-    LU_CHILD_EXIT(&c, 0);
-    LU_HAS(c.out, "parent exits clean\n");
-    /* Only the grandchild, which exited with the copy live, reports it. */
-    LU_EQ(lu_count(c.err, "tally: SUMMARY: 2097152 bytes leaked in 1 block\n"), 1);
-    LU_EQ(lu_count(c.err, "SUMMARY"), 1);
-    lu_child_free(&c);
-}
-
-/* The documented limitation: a lock held by another thread at fork stays
- * held in the child. If lib/ gains pthread_atfork handlers that take the
- * locks around fork, the grandchild stops blocking and this test, with
- * docs/bad-input.md, should say so instead. */
-static void test_fork_while_another_thread_is_inside_tally_blocks_the_child(void **state)
-{
-    (void)state;
-    lu_child_t c;
-    lu_child_run(&c, "fork-busy", BASE ",leak_report:off", NULL);
-    LU_CHILD_EXIT(&c, 0);
-    LU_HAS(c.out, "grandchild blocked on device 0's lock and was stopped by its alarm\n");
-    lu_child_free(&c);
-}
-
 static void test_sink_that_calls_tally_deadlocks(void **state)
 {
     (void)state;
@@ -651,10 +385,8 @@ static const lu_role_t roles[] = {
     {"init-race", child_init_race},
     {"init-race-bad-conf", child_init_race_bad_conf},
     {"configure-race", child_configure_race},
+    {"lazy-start", child_lazy_start},
     {"after-exit", child_after_exit},
-    {"fork-idle", child_fork_idle},
-    {"fork-exit-report", child_fork_exit_report},
-    {"fork-busy", child_fork_busy},
     {"sink-reenters", child_sink_reenters},
     {NULL, NULL},
 };
@@ -667,10 +399,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_threads_race_into_lazy_init),
         cmocka_unit_test(test_configure_racing_lazy_init_is_all_or_nothing),
         cmocka_unit_test(test_bad_conf_fails_every_racing_thread_once),
+        cmocka_unit_test(test_backend_starts_at_first_allocation),
         cmocka_unit_test(test_reports_and_frees_after_the_exit_report),
-        cmocka_unit_test(test_forked_child_keeps_working),
-        cmocka_unit_test(test_forked_child_reports_inherited_blocks_at_exit),
-        cmocka_unit_test(test_fork_while_another_thread_is_inside_tally_blocks_the_child),
         cmocka_unit_test(test_sink_that_calls_tally_deadlocks),
     };
     int failed = cmocka_run_group_tests_name("process", tests, NULL, NULL);

@@ -14,8 +14,8 @@ import traceback
 from pathlib import Path
 from typing import List, Optional
 
-from . import _reports, _stats
-from ._lib import TallyError, call, has, library, library_path
+from . import _oom_shim, _reports, _stats
+from ._lib import TallyError, has, library, library_path
 from ._options import configure, options, options_text
 from ._torch import install
 
@@ -83,6 +83,8 @@ def _release_torch_caches() -> None:
 
 
 def _used_devices() -> List[int]:
+    if has("tally_backend_started") and not library().tally_backend_started():
+        return []  # nothing allocated: do not start the backend (CUDA) to say so
     count = library().tally_device_count()
     used = [d for d in range(max(count, 0)) if _stats.max_memory_reserved(d) > 0]
     return used
@@ -114,11 +116,14 @@ def _cmd_run(args) -> int:
         return 2
     have_torch = _import_torch()
     try:
+        # TALLY_CONF is checked here (the library would only say so at its
+        # first allocation): the backend is not started before the program
+        # runs, so that it can still set CUDA_VISIBLE_DEVICES.
+        configure(os.environ.get("TALLY_CONF", ""))
         for conf in args.conf:
             configure(conf)
         if args.report:
             configure({"report_path": args.report})
-        call("tally_init")
     except TallyError as e:
         _err(str(e))
         return 2
@@ -162,17 +167,23 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_info(args) -> int:
+    have_torch = _import_torch()
+    torch = sys.modules.get("torch") if have_torch else None
     print(f"tally {library().tally_version().decode()}")
     print(f"library: {library_path()}")
     print(f"backend: {library().tally_backend_name().decode()}")
     print(f"devices: {library().tally_device_count()}")
-    raises = library().tally_torch_oom_raises() if has("tally_torch_oom_raises") else 0
-    print(f"out-of-memory in PyTorch: {'raises RuntimeError' if raises else 'returns NULL (built without torch_oom.cc)'}")
-    try:
-        import torch
-
+    # What tally.install() would make an out-of-memory raise (building the
+    # shim now if torch is there and it is not cached yet).
+    if has("tally_torch_set_oom_raiser"):
+        kind, detail = _oom_shim.install(torch)
+    else:
+        raises = library().tally_torch_oom_raises() if has("tally_torch_oom_raises") else 0
+        kind, detail = (_oom_shim.RUNTIME_ERROR if raises else _oom_shim.NULL), "an older libtally.so"
+    print(f"out-of-memory in PyTorch: {_oom_shim.describe(kind, detail)}")
+    if torch is not None:
         print(f"PyTorch: {torch.__version__} (CUDA {torch.version.cuda})")
-    except ImportError:
+    else:
         print("PyTorch: not installed")
     return 0
 

@@ -104,6 +104,9 @@ _SIGNATURES = {
     "tally_torch_memory_fraction": (None, [_c.c_double, _c.c_int]),
     "tally_torch_record_stream": (None, [_c.c_void_p, _c.c_void_p]),
     "tally_torch_oom_raises": (_c.c_int, []),
+    "tally_torch_set_oom_raiser": (None, [_c.c_void_p]),
+    "tally_torch_base_alloc": (_c.c_void_p, [_c.c_void_p, _c.POINTER(_c.c_size_t)]),
+    "tally_backend_started": (_c.c_int, []),
     "tally_host_stream_hold": (_c.c_int, [_c.c_void_p, _c.c_int]),
     "tally_host_fail_alloc": (_c.c_int, [_c.c_uint64, _c.c_uint64]),
 }

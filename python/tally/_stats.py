@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any, Dict, List, Optional, Union
 
-from ._lib import call, collect_text, library, pool_stat
+from ._lib import call, collect_text, has, library, pool_stat
 from ._reports import report, snapshot_from_report
 
 # The torch.cuda names this module answers (patch_torch() replaces exactly these).
@@ -62,9 +62,20 @@ def device_index(device: Device = None) -> int:
     raise TypeError(f"tally: cannot read a device from {device!r}")
 
 
+def _started() -> bool:
+    """Whether tally's backend has started. Like torch.cuda's functions
+    before CUDA is initialised, the queries below answer without starting it
+    (empty statistics, zeros), so that logging memory early in a program does
+    not start CUDA."""
+    return not has("tally_backend_started") or bool(library().tally_backend_started())
+
+
 def memory_stats(device: Device = None) -> "collections.OrderedDict[str, int]":
     """torch.cuda.memory_stats: a flat, key-sorted dict such as
-    ``{"allocated_bytes.all.current": ..., "num_ooms": ...}``."""
+    ``{"allocated_bytes.all.current": ..., "num_ooms": ...}``; empty before
+    tally has started (as torch's before CUDA is initialised)."""
+    if not _started():
+        return collections.OrderedDict()
     text = collect_text("tally_write_stats_json", device_index(device))
     return collections.OrderedDict(sorted(json.loads(text).items()))
 
@@ -76,37 +87,40 @@ def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
 
 def memory_allocated(device: Device = None) -> int:
     """Bytes currently handed out on the device (torch.cuda.memory_allocated)."""
-    return pool_stat(device_index(device), "allocated_bytes", "current")
+    return pool_stat(device_index(device), "allocated_bytes", "current") if _started() else 0
 
 
 def max_memory_allocated(device: Device = None) -> int:
     """Peak of memory_allocated since start or the last peak reset."""
-    return pool_stat(device_index(device), "allocated_bytes", "peak")
+    return pool_stat(device_index(device), "allocated_bytes", "peak") if _started() else 0
 
 
 def memory_reserved(device: Device = None) -> int:
     """Bytes currently obtained from the device by the cache."""
-    return pool_stat(device_index(device), "reserved_bytes", "current")
+    return pool_stat(device_index(device), "reserved_bytes", "current") if _started() else 0
 
 
 def max_memory_reserved(device: Device = None) -> int:
     """Peak of memory_reserved since start or the last peak reset."""
-    return pool_stat(device_index(device), "reserved_bytes", "peak")
+    return pool_stat(device_index(device), "reserved_bytes", "peak") if _started() else 0
 
 
 def reset_peak_memory_stats(device: Device = None) -> None:
     """Set every peak statistic to its current value."""
-    call("tally_reset_peak_stats", device_index(device))
+    if _started():
+        call("tally_reset_peak_stats", device_index(device))
 
 
 def reset_accumulated_memory_stats(device: Device = None) -> None:
     """Zero the allocated / freed counts and the num_* counters."""
-    call("tally_reset_accumulated_stats", device_index(device))
+    if _started():
+        call("tally_reset_accumulated_stats", device_index(device))
 
 
 def empty_cache() -> None:
     """Release every unused cached segment of every device to the backend."""
-    library().tally_empty_cache(-1)
+    if _started():
+        library().tally_empty_cache(-1)
 
 
 def memory_snapshot(mempool_id: Optional[Any] = None) -> List[Dict[str, Any]]:

@@ -2,8 +2,12 @@
 
 ``install()`` makes tally PyTorch's CUDA allocator through
 ``torch.cuda.memory.CUDAPluggableAllocator`` and wires the optional hooks,
-so that ``torch.cuda.empty_cache()``, ``set_per_process_memory_fraction()``
-and ``Tensor.record_stream()`` reach tally. ``patch_torch()`` makes the
+so that ``torch.cuda.empty_cache()``, ``set_per_process_memory_fraction()``,
+``Tensor.record_stream()`` and base-allocation queries reach tally, and makes
+an out-of-memory raise ``c10::OutOfMemoryError`` where it can (_oom_shim).
+It does not start tally's backend, so nothing touches CUDA until PyTorch
+initialises it (the init hook) or the first allocation: the program may still
+set ``CUDA_VISIBLE_DEVICES`` after ``install()``. ``patch_torch()`` makes the
 statistics functions of ``torch.cuda`` answer from tally, since PyTorch
 cannot answer them for a pluggable allocator.
 """
@@ -14,8 +18,8 @@ import ctypes
 import warnings
 from typing import Any, Dict, Optional, Tuple
 
-from . import _stats
-from ._lib import TallyError, call, library, library_path
+from . import _oom_shim, _stats
+from ._lib import TallyError, library, library_path
 from ._options import configure
 
 __all__ = ["install", "installed", "patch_torch", "unpatch_torch", "PATCHED_NAMES"]
@@ -26,6 +30,7 @@ _HOOKS = (
     ("set_reset_fn", "tally_torch_empty_cache"),
     ("set_memory_fraction_fn", "tally_torch_memory_fraction"),
     ("set_record_stream_fn", "tally_torch_record_stream"),
+    ("set_base_alloc_fn", "tally_torch_base_alloc"),
     # CUDA graph pools (C++ signatures, lib/torch_graph.cc); without them tally
     # refuses allocations on a capturing stream rather than share its memory.
     ("set_begin_allocate_to_pool", "tally_torch_begin_allocate_to_pool"),
@@ -89,14 +94,8 @@ def install(conf: Optional[Any] = None):
             "(before creating CUDA tensors or calling torch.cuda functions), or run the program with "
             "`python -m tally run script.py`."
         )
-    call("tally_init")
-    backend = library().tally_backend_name().decode()
-    if backend == "host" and getattr(torch.cuda, "is_available", lambda: False)():
-        raise TallyError(
-            "tally.install(): tally runs its host backend (simulated devices in host memory) but PyTorch sees "
-            "a CUDA device, so CUDA tensors would get host memory; build libtally.so with CUDA, or set "
-            "backend:cuda to see why the cuda backend cannot start"
-        )
+    # Nothing here may start tally's backend or CUDA (no tally_init, no
+    # device queries): that waits for PyTorch's lazy CUDA init.
     pluggable = torch.cuda.memory.CUDAPluggableAllocator(library_path(), "tally_torch_alloc", "tally_torch_free")
     handle = pluggable.allocator()
     missing = []
@@ -110,8 +109,12 @@ def install(conf: Optional[Any] = None):
         torch.cuda.memory.change_current_allocator(pluggable)
     except RuntimeError as e:
         raise RuntimeError(f"tally.install() must be called before any CUDA use: {e}") from e
+    lazy_call = getattr(torch.cuda, "_lazy_call", None)
+    if lazy_call is not None:
+        lazy_call(_refuse_host_memory_for_cuda)
     if missing:
         warnings.warn(f"tally: this PyTorch lacks {', '.join(missing)}; those hooks do not reach tally", stacklevel=2)
+    _oom_shim.install(torch)
     if not library().tally_torch_oom_raises():
         warnings.warn(
             "tally: this libtally.so was built without lib/torch_oom.cc, so an out-of-memory cannot be "
@@ -120,6 +123,19 @@ def install(conf: Optional[Any] = None):
         )
     _allocator = pluggable
     return pluggable
+
+
+def _refuse_host_memory_for_cuda() -> None:
+    """Queued with torch.cuda._lazy_call by install(): runs inside PyTorch's
+    lazy CUDA init, after the init hook started tally, so neither CUDA nor
+    tally is started earlier for this check."""
+    torch = _import_torch()
+    if library().tally_backend_name().decode() == "host" and torch.cuda.device_count() > 0:
+        raise TallyError(
+            "tally: tally runs its host backend (simulated devices in host memory) but PyTorch sees a CUDA "
+            "device, so CUDA tensors would get host memory; drop backend:host, or set backend:cuda to see why "
+            "the cuda backend cannot start"
+        )
 
 
 def patch_torch() -> None:

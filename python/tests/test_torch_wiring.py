@@ -20,6 +20,7 @@ FAKE_TORCH = textwrap.dedent(
     RESET = ctypes.CFUNCTYPE(None)
     FRACTION = ctypes.CFUNCTYPE(None, ctypes.c_double, ctypes.c_int)
     RECORD = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+    BASE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t))
 
     class Handle:
         # torch._C._CUDAPluggableAllocator: setters take function addresses.
@@ -29,6 +30,7 @@ FAKE_TORCH = textwrap.dedent(
         def set_reset_fn(self, a): self.hooks["reset"] = RESET(a)
         def set_memory_fraction_fn(self, a): self.hooks["fraction"] = FRACTION(a)
         def set_record_stream_fn(self, a): self.hooks["record"] = RECORD(a)
+        def set_base_alloc_fn(self, a): self.hooks["base"] = BASE(a)
 
     class CUDAPluggableAllocator:
         def __init__(self, path, alloc_name, free_name):
@@ -41,7 +43,25 @@ FAKE_TORCH = textwrap.dedent(
         def allocator(self):
             return self._handle
 
-    state = {"initialised": False, "current": None}
+    state = {"initialised": False, "current": None, "devices": 2}
+    queued = []        # torch.cuda._lazy_call: run at lazy init
+    cuda_queries = []  # calls that would initialise CUDA in a real torch
+
+    def lazy_init():
+        # As torch.cuda._lazy_init: CUDA init (which calls the allocator's init
+        # hook with the device count), then the queued calls.
+        state["initialised"] = True
+        state["current"]._handle.hooks["init"](state["devices"])
+        for fn in queued:
+            fn()
+
+    def device_count():
+        cuda_queries.append("device_count")
+        return state["devices"]
+
+    def is_available():
+        cuda_queries.append("is_available")
+        return state["devices"] > 0
 
     def change_current_allocator(a):
         if state["initialised"]:
@@ -55,7 +75,8 @@ FAKE_TORCH = textwrap.dedent(
                                    memory_stats=memory_stats, memory_summary=lambda *a, **k: "torch's")
     cuda = types.SimpleNamespace(memory=memory, is_initialized=lambda: state["initialised"],
                                  current_device=lambda: 1, memory_stats=memory_stats,
-                                 empty_cache=lambda: "torch's")
+                                 empty_cache=lambda: "torch's", _lazy_call=queued.append,
+                                 device_count=device_count, is_available=is_available)
     torch = types.ModuleType("torch")
     torch.cuda = cuda
     torch.version = types.SimpleNamespace(cuda="13.0")
@@ -84,7 +105,7 @@ class FakeTorchTest(unittest.TestCase):
             assert calls == [("created", "tally_torch_alloc", "tally_torch_free"), ("changed",)], calls
             assert state["current"] is a
             assert a.path == tally.library_path()
-            assert set(a._handle.hooks) == {"init", "reset", "fraction", "record"}
+            assert set(a._handle.hooks) == {"init", "reset", "fraction", "record", "base"}
             raises = tally.library().tally_torch_oom_raises()
             assert any("torch_oom.cc" in str(x.message) for x in w) == (not raises), [str(x.message) for x in w]
 
@@ -101,6 +122,12 @@ class FakeTorchTest(unittest.TestCase):
             assert tally.memory_reserved(1) == 0
             h["fraction"](0.5, 1)
             assert a.alloc(0, 0, None) is None
+            # base_alloc: the segment of a block (a 2 MiB small-pool segment)
+            q = a.alloc(1000, 0, None)
+            size = ctypes.c_size_t(0)
+            base = h["base"](q, ctypes.byref(size))
+            assert size.value == 2 << 20 and base <= q < base + size.value, (base, q, size.value)
+            a.free(q, 1000, 0, None)
             print("ok")
             """
         )
@@ -136,20 +163,57 @@ class FakeTorchTest(unittest.TestCase):
         )
         self.assertIn("rejected", r.stdout)
 
-    def test_install_refuses_host_memory_for_a_real_gpu(self):
+    def test_install_does_not_start_tally_or_cuda(self):
         r = self.run_with_fake_torch(
             """\
             import tally
-            torch.cuda.is_available = lambda: True
+            lib = tally.library()
+            a = tally.install()
+            tally.patch_torch()
+            tally.options()
+            # Memory queries before anything is allocated answer as torch's do
+            # before CUDA init, without starting anything.
+            assert torch.cuda.memory_stats() == {} and tally.memory_allocated() == 0
+            assert tally.max_memory_reserved(1) == 0
+            tally.empty_cache(); tally.reset_peak_memory_stats()
+            assert lib.tally_backend_started() == 0, "install() started tally's backend"
+            assert cuda_queries == [], cuda_queries
+            p = a.alloc(4096, 0, None)                      # the first allocation starts it
+            assert p and lib.tally_backend_started() == 1
+            assert tally.memory_stats(0)["allocation.all.current"] == 1
+            a.free(p, 4096, 0, None)
+            print("lazy")
+            """
+        )
+        self.assertIn("lazy", r.stdout)
+
+    def test_install_refuses_host_memory_for_a_real_gpu_at_cuda_init(self):
+        r = self.run_with_fake_torch(
+            """\
+            import tally
+            tally.install()                                  # no device query here
+            assert cuda_queries == [] and tally.library().tally_backend_started() == 0
             try:
-                tally.install()
+                lazy_init()                                  # PyTorch's lazy CUDA init: 2 devices
             except tally.TallyError as e:
                 assert "host backend" in str(e), e
                 print("refused")
-            assert calls == []
             """
         )
         self.assertIn("refused", r.stdout)
+
+    def test_host_backend_without_cuda_devices_is_fine(self):
+        r = self.run_with_fake_torch(
+            """\
+            import tally
+            state["devices"] = 0
+            tally.install()
+            lazy_init()
+            assert tally.library().tally_backend_started() == 1   # the init hook started it
+            print("fine")
+            """
+        )
+        self.assertIn("fine", r.stdout)
 
     def test_patch_and_unpatch(self):
         r = self.run_with_fake_torch(
@@ -164,7 +228,10 @@ class FakeTorchTest(unittest.TestCase):
             # device=None follows torch's current device once CUDA is initialised
             state["initialised"] = True
             assert tally.device_index(None) == 1
-            assert torch.cuda.memory_stats()["allocation.all.current"] == 0
+            assert torch.cuda.memory_stats() == {}              # tally not started yet, as torch before init
+            p = tally.library().tally_malloc(4096, 1, None)
+            assert torch.cuda.memory_stats()["allocation.all.current"] == 1
+            tally.library().tally_free(p)
             tally.unpatch_torch()
             assert torch.cuda.memory_stats() == "torch's"
             assert torch.cuda.memory.memory_summary() == "torch's"
