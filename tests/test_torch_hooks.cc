@@ -4,8 +4,9 @@
 // c10::OutOfMemoryError does from the Python package's shim into PyTorch;
 // and base_alloc (tally_torch_base_alloc), the segment holding a pointer.
 //
-// Linked with libtally.a, which holds no lib/torch_oom.cc: without a raiser,
-// alloc returns NULL; with one, the raiser's own exception type arrives.
+// Linked with libtally.so as PyTorch loads it: without a raiser, alloc throws
+// the fallback std::runtime_error (lib/torch_oom.cc); with one, the raiser's
+// own exception type arrives.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +17,7 @@ extern "C" { // cmocka's header declares its functions for C only
 
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 #include "tally.h"
@@ -62,11 +64,19 @@ int setup(void **)
     return 0;
 }
 
-void test_without_raiser_alloc_returns_null(void **)
+// No raiser set: libtally.so's fallback (lib/torch_oom.cc) throws
+// std::runtime_error with the same message.
+void test_without_raiser_alloc_throws_runtime_error(void **)
 {
     tally_torch_set_oom_raiser(nullptr);
-    assert_int_equal(tally_torch_oom_raises(), 0); // libtally.a: no torch_oom.cc
-    assert_null(tally_torch_alloc(size_t(1) << 30, 0, nullptr));
+    assert_int_equal(tally_torch_oom_raises(), 1);
+    bool caught = false;
+    try {
+        tally_torch_alloc(size_t(1) << 30, 0, nullptr);
+    } catch (const std::runtime_error &e) {
+        caught = std::strncmp(e.what(), "CUDA out of memory.", 19) == 0;
+    }
+    assert_true(caught);
 }
 
 void test_raiser_exception_leaves_alloc(void **)
@@ -168,7 +178,7 @@ void test_base_alloc_bad_input(void **)
 int main()
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_without_raiser_alloc_returns_null),
+        cmocka_unit_test(test_without_raiser_alloc_throws_runtime_error),
         cmocka_unit_test(test_raiser_exception_leaves_alloc),
         cmocka_unit_test(test_raiser_gets_other_failures_as_not_oom),
         cmocka_unit_test(test_raiser_that_returns_gives_null),
