@@ -177,7 +177,9 @@ static void collect_whole(tally_block_t *b, void *arg)
         c->items[c->n++] = b;
 }
 
-static size_t release_pool(tally_device_t *d, tally_pool_t *p)
+/* Release whole free segments of pool p until want bytes are given back
+ * (SIZE_MAX: all of them). */
+static size_t release_pool(tally_device_t *d, tally_pool_t *p, size_t want)
 {
     if (!p->count)
         return 0;
@@ -186,7 +188,7 @@ static size_t release_pool(tally_device_t *d, tally_pool_t *p)
         return 0;
     tally__pool_walk(p, collect_whole, &c);
     size_t released = 0;
-    for (size_t i = 0; i < c.n; i++) {
+    for (size_t i = 0; i < c.n && released < want; i++) {
         /* An expandable segment gives back its mapped pages, not its range. */
         tally_block_t *b = c.items[i];
         released += b->seg->ex ? tally__expand_mapped_bytes(b->seg) : b->size;
@@ -194,6 +196,14 @@ static size_t release_pool(tally_device_t *d, tally_pool_t *p)
     }
     tally__meta_free(c.items);
     return released;
+}
+
+/* Release whole free small-pool segments until at least want bytes are
+ * given back (expandable segments move this memory to where large blocks
+ * need pages, as they move idle pages). Returns the bytes released. */
+size_t tally__cache_release_small_locked(tally_device_t *d, size_t want)
+{
+    return want ? release_pool(d, &d->small, want) : 0;
 }
 
 /* ---- events -------------------------------------------------------------- */
@@ -612,8 +622,8 @@ size_t tally__cache_release_all_locked(tally_device_t *d)
         return before[0] > after[0] ? (size_t)(before[0] - after[0]) : 0;
     }
     synchronize_and_free_events(d);
-    size_t released = release_pool(d, &d->large);
-    released += release_pool(d, &d->small);
+    size_t released = release_pool(d, &d->large, SIZE_MAX);
+    released += release_pool(d, &d->small, SIZE_MAX);
     if (tally__expand_on())
         released += tally__expand_trim_locked(d);
     return released;

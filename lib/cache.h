@@ -158,6 +158,7 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t size, void *
 void tally__cache_free_locked(tally_device_t *d, tally_block_t *b);
 int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void *stream);
 size_t tally__cache_release_all_locked(tally_device_t *d);
+size_t tally__cache_release_small_locked(tally_device_t *d, size_t want);
 int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen);
 void tally__cache_fill_derived_locked(tally_device_t *d, tally_stats_t *out);
 /* expand.c: expandable segments (large pool, 2 MiB pages mapped on demand) */

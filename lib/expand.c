@@ -10,11 +10,19 @@
  * reserved memory is then about the peak of the pages live blocks touch,
  * not of the sum of segments. Every segment here belongs to the large pool.
  *
+ * Backend calls: idle pages are taken back in whole runs, the longest
+ * first, so one unmap call frees many pages; when no idle page is left,
+ * whole free small-pool segments are released instead (their memory moves
+ * too). With expandable_map_ahead:f, a block that grows its region into
+ * unmapped address space maps up to f x reserved bytes more in the same
+ * call, so the next blocks find pages mapped (fewer calls, more memory).
+ *
  * Requires a backend with reserve / map / unmap (host today). Runs with the
  * device lock held. */
 #include "ledger.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PAGE ((size_t)2 << 20)
@@ -186,6 +194,95 @@ static size_t unmap_idle(tally_device_t *d, size_t want, const tally_segment_t *
     return done;
 }
 
+typedef struct idle_run {
+    tally_segment_t *s;
+    size_t p, n;
+} idle_run_t;
+
+static int run_longer(const void *a, const void *b)
+{
+    const idle_run_t *x = a, *y = b;
+    if (x->n != y->n)
+        return x->n < y->n ? 1 : -1;
+    return (x->p > y->p) - (x->p < y->p);
+}
+
+static inline bool is_idle(const tally_expand_t *ex, size_t p)
+{
+    return ex->idle_bits[p >> 6] >> (p & 63) & 1;
+}
+
+/* Take back at least want idle pages (fewer if there are not enough) in
+ * whole runs of neighbouring idle pages, the longest runs first: one unmap
+ * call each. Pages [keep_lo, keep_hi] of segment keep are left alone.
+ * Returns the pages unmapped. */
+static size_t steal_runs(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo, size_t keep_hi)
+{
+    size_t cap = 0, nr = 0;
+    for (tally_segment_t *s = d->segments; s; s = s->next)
+        if (s->ex)
+            cap += s->ex->idle;
+    if (!cap || !want)
+        return 0;
+    idle_run_t *runs = tally__meta_alloc(cap * sizeof *runs);
+    if (!runs) /* no room to sort: take runs in address order */
+        return unmap_idle(d, want, keep, keep_lo, keep_hi);
+    for (tally_segment_t *s = d->segments; s; s = s->next) {
+        tally_expand_t *ex = s->ex;
+        if (!ex || !ex->idle)
+            continue;
+        size_t words = ex->npages / 64 + 1;
+        size_t p = 0;
+        while (p < ex->npages) {
+            /* Next idle page at or after p: a scan of words. */
+            size_t w = p >> 6;
+            uint64_t m = w < words ? ex->idle_bits[w] & (~0ull << (p & 63)) : 0;
+            while (!m && ++w < words)
+                m = ex->idle_bits[w];
+            if (!m)
+                break;
+            p = w * 64 + (size_t)__builtin_ctzll(m);
+            if (s == keep && p >= keep_lo && p <= keep_hi) {
+                p = keep_hi + 1;
+                continue;
+            }
+            size_t n = 1;
+            while (p + n < ex->npages && is_idle(ex, p + n) && !(s == keep && p + n == keep_lo))
+                n++;
+            runs[nr++] = (idle_run_t){s, p, n};
+            p += n;
+        }
+    }
+    qsort(runs, nr, sizeof *runs, run_longer);
+    size_t done = 0;
+    for (size_t i = 0; i < nr && done < want; i++) {
+        unmap_run(d, runs[i].s, runs[i].p, runs[i].n);
+        done += runs[i].n;
+    }
+    tally__meta_free(runs);
+    return done;
+}
+
+/* Pages to map past the block's last page, in the same call, when the block
+ * grows into unmapped space: up to expandable_map_ahead x reserved bytes,
+ * over free, unmapped pages only. */
+static size_t map_ahead_pages(const tally_device_t *d, const tally_block_t *b, size_t last)
+{
+    double f = tally__opt_double(&tally__opt.expandable_map_ahead);
+    if (f <= 0)
+        return 0;
+    const tally_segment_t *s = b->seg;
+    const tally_block_t *rest = b->next;
+    if (!rest || rest->state != BLOCK_FREE)
+        return 0;
+    size_t want = (size_t)((double)d->reserved * f / (double)PAGE);
+    size_t end = (rest->addr + rest->size - s->base) / PAGE; /* pages wholly inside rest end here */
+    size_t n = 0;
+    while (n < want && last + 1 + n < end && !s->ex->mapped[last + 1 + n])
+        n++;
+    return n;
+}
+
 /* Back the block's pages with memory and count it on them. Idle pages
  * elsewhere are unmapped first, as many as pages are needed. Returns 0 or
  * the backend's error; on error nothing changed. */
@@ -198,8 +295,11 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, siz
     for (size_t p = first; p <= last; p++)
         need += !ex->mapped[p];
     uint64_t room = high_water[d->id] > d->reserved ? (high_water[d->id] - d->reserved) / PAGE : 0;
-    if (need > room)
-        unmap_idle(d, need - room, s, first, last);
+    if (need > room) {
+        size_t got = steal_runs(d, need - room, s, first, last);
+        if (got < need - room)
+            tally__cache_release_small_locked(d, (need - room - got) * PAGE);
+    }
     for (size_t p = first; p <= last;) {
         if (ex->mapped[p]) {
             p++;
@@ -208,6 +308,8 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, siz
         size_t n = 1;
         while (p + n <= last && !ex->mapped[p + n])
             n++;
+        if (p + n > last)
+            n += map_ahead_pages(d, b, last);
         int rc = map_run(d, s, p, n, why, whylen);
         if (rc) {
             /* Undo this block's new pages (no live block touches them). */

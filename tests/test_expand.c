@@ -19,6 +19,8 @@ static int reset(void **state)
 {
     (void)state;
     tally_empty_cache(-1);
+    tally_reset_peak_stats(0);
+    tally_reset_peak_stats(1);
     return 0;
 }
 
@@ -189,6 +191,148 @@ static void test_random_workload_keeps_invariants(void **state)
     EQ(stats(1).allocation[0].current, 0);
 }
 
+static void test_idle_pages_below_the_mark_cost_no_call(void **state)
+{
+    (void)state;
+    /* Hysteresis: a freed block's pages stay mapped while reserved memory
+     * is under its high-water mark, so using the hole again costs nothing. */
+    void *a = tally_malloc(10 * MiB, 0, stream_a);
+    void *b = tally_malloc(10 * MiB, 0, stream_a);
+    tally_free(a);
+    tally_stats_t before = stats(0);
+    void *c = tally_malloc(10 * MiB, 0, stream_a);
+    assert_non_null(c);
+    tally_stats_t s = stats(0);
+    EQ(s.num_device_alloc, before.num_device_alloc);
+    EQ(s.num_device_free, before.num_device_free);
+    CHECK_OK();
+    tally_free(b);
+    tally_free(c);
+}
+
+static void test_every_idle_run_goes_when_all_are_needed(void **state)
+{
+    (void)state;
+    /* Blocks of 2, 16 and 4 MiB between live 2 MiB guards; free the three:
+     * idle runs of 1, 8 and 2 pages. A block that needs 12 new pages at the
+     * mark takes all three runs back (one unmap call each) and raises the
+     * peak by the one page still missing. */
+    void *g[4], *x[3];
+    size_t sizes[3] = {2 * MiB, 16 * MiB, 4 * MiB};
+    g[0] = tally_malloc(2 * MiB, 0, stream_a);
+    for (int i = 0; i < 3; i++) {
+        x[i] = tally_malloc(sizes[i], 0, stream_a);
+        g[i + 1] = tally_malloc(2 * MiB, 0, stream_a);
+        assert_non_null(x[i]);
+        assert_non_null(g[i + 1]);
+    }
+    for (int i = 0; i < 3; i++)
+        tally_free(x[i]);
+    tally_stats_t before = stats(0);
+    void *big = tally_malloc(24 * MiB, 0, stream_a); /* fits no hole: 12 new pages, 11 idle */
+    assert_non_null(big);
+    tally_stats_t s = stats(0);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].peak, before.reserved_bytes[TALLY_POOL_ALL].peak + 1 * PAGE);
+    EQ(s.num_device_free - before.num_device_free, 3);
+    EQ(s.num_device_alloc - before.num_device_alloc, 1);
+    tally_free(big);
+    CHECK_OK();
+    for (int i = 0; i < 4; i++)
+        tally_free(g[i]);
+    CHECK_OK();
+}
+
+static void test_steal_takes_the_longest_run_first(void **state)
+{
+    (void)state;
+    /* Three single idle pages, then a 10-page idle run, between live guards. */
+    void *g[5], *one[3];
+    g[0] = tally_malloc(2 * MiB, 0, stream_a);
+    for (int i = 0; i < 3; i++) {
+        one[i] = tally_malloc(2 * MiB, 0, stream_a);
+        g[i + 1] = tally_malloc(2 * MiB, 0, stream_a);
+    }
+    void *run = tally_malloc(20 * MiB, 0, stream_a);
+    g[4] = tally_malloc(2 * MiB, 0, stream_a);
+    assert_non_null(run);
+    assert_non_null(g[4]);
+    for (int i = 0; i < 3; i++)
+        tally_free(one[i]);
+    tally_free(run);
+    tally_stats_t before = stats(0);
+    /* 22 MiB fits no hole: it goes past the end and needs 11 new pages,
+     * with 13 idle and no room under the mark. Longest first: the 10-page
+     * run and one single page, two unmap calls (in address order it would
+     * be the three singles and part of the run: four). */
+    void *n = tally_malloc(22 * MiB, 0, stream_a);
+    assert_non_null(n);
+    tally_stats_t s = stats(0);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].peak, before.reserved_bytes[TALLY_POOL_ALL].peak);
+    EQ(s.num_device_free - before.num_device_free, 2);
+    EQ(s.num_device_alloc - before.num_device_alloc, 1);
+    CHECK_OK();
+    tally_free(n);
+    for (int i = 0; i < 5; i++)
+        tally_free(g[i]);
+    CHECK_OK();
+}
+
+static void test_free_small_segments_move_to_large_blocks(void **state)
+{
+    (void)state;
+    /* Small-pool segments whose blocks are all free hold memory no large
+     * block can use; at the mark they are released before the peak rises. */
+    void *big = tally_malloc(20 * MiB, 0, stream_a);
+    void *smalls[16];
+    for (int i = 0; i < 16; i++) {
+        smalls[i] = tally_malloc(MiB, 0, stream_a); /* two to a 2 MiB small-pool segment */
+        assert_non_null(smalls[i]);
+    }
+    for (int i = 0; i < 16; i++)
+        tally_free(smalls[i]);
+    tally_stats_t before = stats(0);
+    EQ(before.segment[TALLY_POOL_SMALL].current, 8);
+    void *more = tally_malloc(8 * MiB, 0, stream_a); /* 4 new pages, no idle large page */
+    assert_non_null(more);
+    tally_stats_t s = stats(0);
+    EQ(s.segment[TALLY_POOL_SMALL].current, 4);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].peak, before.reserved_bytes[TALLY_POOL_ALL].peak);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].current, before.reserved_bytes[TALLY_POOL_ALL].current);
+    CHECK_OK();
+    tally_free(big);
+    tally_free(more);
+}
+
+static void test_map_ahead_maps_more_in_one_call(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_configure("expandable_map_ahead:0.25"), 0);
+    void *base = tally_malloc(32 * MiB, 0, stream_a); /* 16 pages, + 0 ahead (nothing reserved yet) */
+    assert_non_null(base);
+    tally_stats_t before = stats(0);
+    void *a = tally_malloc(4 * MiB, 0, stream_a); /* 2 pages + 25% of 32 MiB = 4 pages ahead */
+    assert_non_null(a);
+    tally_stats_t s = stats(0);
+    EQ(s.num_device_alloc - before.num_device_alloc, 1);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].current - before.reserved_bytes[TALLY_POOL_ALL].current, 6 * PAGE);
+    /* The next blocks land on the pages mapped ahead: no call. */
+    void *b = tally_malloc(8 * MiB, 0, stream_a);
+    assert_non_null(b);
+    EQ(stats(0).num_device_alloc, s.num_device_alloc);
+    CHECK_OK();
+    assert_int_equal(tally_configure("expandable_map_ahead:0"), 0);
+    /* Off: a block that grows the range maps exactly its own pages. */
+    tally_stats_t off = stats(0);
+    void *c = tally_malloc(4 * MiB, 0, stream_a);
+    assert_non_null(c);
+    EQ(stats(0).reserved_bytes[TALLY_POOL_ALL].current - off.reserved_bytes[TALLY_POOL_ALL].current, 2 * PAGE);
+    CHECK_OK();
+    tally_free(base);
+    tally_free(a);
+    tally_free(b);
+    tally_free(c);
+}
+
 static void test_options_show_the_key(void **state)
 {
     (void)state;
@@ -210,6 +354,11 @@ int main(void)
         cmocka_unit_test_setup(test_out_of_memory_at_capacity, reset),
         cmocka_unit_test_setup(test_injected_map_failures_leave_state_intact, reset),
         cmocka_unit_test_setup(test_random_workload_keeps_invariants, reset),
+        cmocka_unit_test_setup(test_idle_pages_below_the_mark_cost_no_call, reset),
+        cmocka_unit_test_setup(test_every_idle_run_goes_when_all_are_needed, reset),
+        cmocka_unit_test_setup(test_steal_takes_the_longest_run_first, reset),
+        cmocka_unit_test_setup(test_free_small_segments_move_to_large_blocks, reset),
+        cmocka_unit_test_setup(test_map_ahead_maps_more_in_one_call, reset),
         cmocka_unit_test(test_options_show_the_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
