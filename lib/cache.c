@@ -468,6 +468,17 @@ static bool get_free_block(tally_device_t *d, alloc_params_t *p)
         return false;
     if (!b->seg->ex && p->size >= msplit && b->size >= p->size + tally__opt.max_non_split_rounding)
         return false;
+    if (b->seg->ex && !tally__expand_mapped_locked(b, p->size)) {
+        /* Expandable segments: the best fit needs new pages (a map call);
+         * one of the next few larger free blocks may not. */
+        tally_block_t *c = b;
+        for (int k = 4; k > 0 && (c = tally__pool_after(pool, c)); k--) {
+            if (c->seg->ex && tally__expand_mapped_locked(c, p->size)) {
+                b = c;
+                break;
+            }
+        }
+    }
     tally__pool_erase(pool, b);
     p->block = b;
     return true;

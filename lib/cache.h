@@ -141,6 +141,9 @@ void tally__pool_erase(tally_pool_t *p, tally_block_t *b);
 tally_block_t *tally__pool_lower_bound(tally_pool_t *p, void *stream, size_t size);
 /* Largest block with key < (stream, size, addr), or NULL. */
 tally_block_t *tally__pool_before(tally_pool_t *p, void *stream, size_t size, uintptr_t addr);
+/* Large pool: the next block after b in (stream, size, address) order on
+ * b's stream, or NULL. */
+tally_block_t *tally__pool_after(tally_pool_t *p, const tally_block_t *b);
 /* In-order walk; fn may not modify the pool. Returns the number visited. */
 size_t tally__pool_walk(const tally_pool_t *p, void (*fn)(tally_block_t *, void *), void *arg);
 /* Verify order and heap property; returns node count or -1. */
@@ -167,6 +170,7 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
                                 char *why, size_t whylen);
 int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, size_t whylen);
 void tally__expand_unref_locked(tally_block_t *b);
+bool tally__expand_mapped_locked(const tally_block_t *b, size_t size);
 size_t tally__expand_trim_locked(tally_device_t *d);
 size_t tally__expand_release_locked(tally_device_t *d, tally_segment_t *s);
 size_t tally__expand_mapped_bytes(const tally_segment_t *s);

@@ -13,9 +13,11 @@
  * Backend calls: idle pages are taken back in whole runs, the longest
  * first, so one unmap call frees many pages; when no idle page is left,
  * whole free small-pool segments are released instead (their memory moves
- * too). With expandable_map_ahead:f, a block that grows its region into
- * unmapped address space maps up to f x reserved bytes more in the same
- * call, so the next blocks find pages mapped (fewer calls, more memory).
+ * too). A block that maps new pages also maps, in the same call, the free
+ * unmapped pages after it that fit under the mark (the room a whole run
+ * left), and with expandable_map_ahead:f up to f x reserved bytes more
+ * (fewer calls, more memory; those do not raise the mark). cache.c prefers
+ * a free block already on mapped pages among the few after the best fit.
  *
  * Requires a backend with reserve / map / unmap (host today). Runs with the
  * device lock held. */
@@ -114,8 +116,10 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
     return 0;
 }
 
-/* Map pages [p, p + n) in one backend call. */
-static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, char *why, size_t whylen)
+/* Map pages [p, p + n) in one backend call; the last `ahead` of them are
+ * mapped ahead of need and do not raise the high-water mark. */
+static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, size_t ahead, char *why,
+                   size_t whylen)
 {
     size_t bytes = n * PAGE;
     if (d->allowed_max != UINT64_MAX && d->reserved + bytes > d->allowed_max) {
@@ -131,8 +135,8 @@ static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, ch
     s->ex->idle += n;
     s->ex->nmapped += n;
     d->reserved += bytes;
-    if (d->reserved > high_water[d->id])
-        high_water[d->id] = d->reserved;
+    if (d->reserved - ahead * PAGE > high_water[d->id])
+        high_water[d->id] = d->reserved - ahead * PAGE;
     d->stats.num_device_alloc++;
     tally__stat_pool_inc(d->stats.reserved_bytes, TALLY_POOL_LARGE, (int64_t)bytes);
     return 0;
@@ -263,23 +267,31 @@ static size_t steal_runs(tally_device_t *d, size_t want, const tally_segment_t *
     return done;
 }
 
-/* Pages to map past the block's last page, in the same call, when the block
- * grows into unmapped space: up to expandable_map_ahead x reserved bytes,
- * over free, unmapped pages only. */
-static size_t map_ahead_pages(const tally_device_t *d, const tally_block_t *b, size_t last)
+/* Pages to map past the block's last page in the same call, over free,
+ * unmapped pages of the block after it: as many as fit under the
+ * high-water mark (free: the peak does not move), plus up to
+ * expandable_map_ahead x reserved bytes, which *ahead is set to (those may
+ * raise reserved memory but not the mark idle pages are kept under). run:
+ * the pages this call maps for the block itself. */
+static size_t map_ahead_pages(const tally_device_t *d, const tally_block_t *b, size_t last, size_t run,
+                              size_t *ahead)
 {
     double f = tally__opt_double(&tally__opt.expandable_map_ahead);
-    if (f <= 0)
-        return 0;
     const tally_segment_t *s = b->seg;
     const tally_block_t *rest = b->next;
+    *ahead = 0;
     if (!rest || rest->state != BLOCK_FREE)
         return 0;
-    size_t want = (size_t)((double)d->reserved * f / (double)PAGE);
+    uint64_t after = d->reserved + run * PAGE;
+    size_t under_mark = high_water[d->id] > after ? (high_water[d->id] - after) / PAGE : 0;
+    size_t want = under_mark;
+    if (f > 0)
+        want += (size_t)((double)d->reserved * f / (double)PAGE);
     size_t end = (rest->addr + rest->size - s->base) / PAGE; /* pages wholly inside rest end here */
     size_t n = 0;
     while (n < want && last + 1 + n < end && !s->ex->mapped[last + 1 + n])
         n++;
+    *ahead = n > under_mark ? n - under_mark : 0;
     return n;
 }
 
@@ -308,9 +320,10 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, siz
         size_t n = 1;
         while (p + n <= last && !ex->mapped[p + n])
             n++;
+        size_t ahead = 0;
         if (p + n > last)
-            n += map_ahead_pages(d, b, last);
-        int rc = map_run(d, s, p, n, why, whylen);
+            n += map_ahead_pages(d, b, last, n, &ahead);
+        int rc = map_run(d, s, p, n, ahead, why, whylen);
         if (rc) {
             /* Undo this block's new pages (no live block touches them). */
             for (size_t q = first; q < p; q++) {
@@ -334,6 +347,17 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, siz
         }
     }
     return 0;
+}
+
+/* Whether the first size bytes of free block b lie on mapped pages. */
+bool tally__expand_mapped_locked(const tally_block_t *b, size_t size)
+{
+    const tally_segment_t *s = b->seg;
+    size_t first = (b->addr - s->base) / PAGE, last = (b->addr - s->base + size - 1) / PAGE;
+    for (size_t p = first; p <= last; p++)
+        if (!s->ex->mapped[p])
+            return false;
+    return true;
 }
 
 /* The block no longer needs its pages (called before it merges). */

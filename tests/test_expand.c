@@ -277,6 +277,42 @@ static void test_steal_takes_the_longest_run_first(void **state)
     CHECK_OK();
 }
 
+static void test_room_under_the_mark_is_mapped_ahead_and_used(void **state)
+{
+    (void)state;
+    /* Holes of 10 and 2 pages between guards. A 22 MiB block fits neither:
+     * it needs 11 pages, takes back both runs (the second has one page too
+     * many), and maps its 11 pages plus that page of room past its end in
+     * one call: reserved memory ends where it was. */
+    void *a = tally_malloc(20 * MiB, 0, stream_a);
+    void *g1 = tally_malloc(2 * MiB, 0, stream_a);
+    void *c = tally_malloc(4 * MiB, 0, stream_a);
+    void *g2 = tally_malloc(2 * MiB, 0, stream_a);
+    assert_non_null(g2);
+    tally_free(a);
+    tally_free(c);
+    tally_stats_t before = stats(0);
+    void *x = tally_malloc(22 * MiB, 0, stream_a);
+    assert_non_null(x);
+    tally_stats_t s = stats(0);
+    EQ(s.num_device_free - before.num_device_free, 2);
+    EQ(s.num_device_alloc - before.num_device_alloc, 1);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].current, before.reserved_bytes[TALLY_POOL_ALL].current);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].peak, before.reserved_bytes[TALLY_POOL_ALL].peak);
+    /* A 2 MiB block: the best fit is the unmapped 4 MiB hole, which needs
+     * a map call; the free space after x starts on the page mapped ahead,
+     * so the block goes there and costs nothing. */
+    void *y = tally_malloc(2 * MiB, 0, stream_a);
+    assert_non_null(y);
+    EQ(stats(0).num_device_alloc, s.num_device_alloc);
+    EQ((uintptr_t)y, (uintptr_t)x + 22 * MiB);
+    CHECK_OK();
+    tally_free(x);
+    tally_free(y);
+    tally_free(g1);
+    tally_free(g2);
+}
+
 static void test_free_small_segments_move_to_large_blocks(void **state)
 {
     (void)state;
@@ -357,6 +393,7 @@ int main(void)
         cmocka_unit_test_setup(test_idle_pages_below_the_mark_cost_no_call, reset),
         cmocka_unit_test_setup(test_every_idle_run_goes_when_all_are_needed, reset),
         cmocka_unit_test_setup(test_steal_takes_the_longest_run_first, reset),
+        cmocka_unit_test_setup(test_room_under_the_mark_is_mapped_ahead_and_used, reset),
         cmocka_unit_test_setup(test_free_small_segments_move_to_large_blocks, reset),
         cmocka_unit_test_setup(test_map_ahead_maps_more_in_one_call, reset),
         cmocka_unit_test(test_options_show_the_key),
