@@ -62,7 +62,7 @@ step "replay with expandable segments"
 "$BUILD/bin/tally-replay" --check --conf expandable_segments:true "${replay_args[@]}" >"$OUT/replay-expandable.txt"
 step "PyTorch's expandable segments (model) and the expandable_map_ahead curve"
 "$BIN/pt-expand-model" "$TRACES" >"$OUT/pt-expandable.txt"
-for f in 0 0.0025 0.005 0.01 0.02; do
+for f in 0 0.001 0.0025 0.005 0.01 0.02; do
   "$BUILD/bin/tally-replay" --reps 1 --quiet --conf "expandable_segments:true,expandable_map_ahead:$f" "$TRACES" \
     >"$OUT/map-ahead-$f.txt"
 done
@@ -219,7 +219,7 @@ echo "### expandable_map_ahead: the trade-off (recorded traces, 1 repetition)"
 echo
 echo "| expandable_map_ahead | mean res/live | map + unmap calls (sum) | x default calls | worst trace x default |"
 echo "|---:|---:|---:|---:|---:|"
-for f in 0 0.0025 0.005 0.01 0.02; do
+for f in 0 0.001 0.0025 0.005 0.01 0.02; do
   awk -F'|' -v f="$f" '
   FILENAME ~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); dc[t]=$8+$9 }
   FILENAME !~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); if (!(t in dc)) next; n++; r+=$7; c=$8+$9; sc+=c; sd+=dc[t]; if (dc[t] && c/dc[t] > w) w=c/dc[t] }
