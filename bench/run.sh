@@ -60,11 +60,11 @@ if [ -d "$BUILD/traces" ]; then replay_args+=("$BUILD/traces"); fi
 "$BUILD/bin/tally-replay" --check "${replay_args[@]}" >"$OUT/replay.txt"
 step "replay with expandable segments"
 "$BUILD/bin/tally-replay" --check --conf expandable_segments:true "${replay_args[@]}" >"$OUT/replay-expandable.txt"
-step "PyTorch's expandable segments (model) and the expandable_map_ahead curve"
+step "PyTorch's expandable segments (model) and the expandable_grow_chunk_mb curve"
 "$BIN/pt-expand-model" "$TRACES" >"$OUT/pt-expandable.txt"
-for f in 0 0.001 0.0025 0.005 0.01 0.02; do
-  "$BUILD/bin/tally-replay" --reps 1 --quiet --conf "expandable_segments:true,expandable_map_ahead:$f" "$TRACES" \
-    >"$OUT/map-ahead-$f.txt"
+for f in 2 4 8 12 16 20 32 40; do
+  "$BUILD/bin/tally-replay" --reps 1 --quiet --conf "expandable_segments:true,expandable_grow_chunk_mb:$f" "$TRACES" \
+    >"$OUT/grow-chunk-$f.txt"
 done
 step "hot path through PyTorch's entry points (batch of 64) against mimalloc"
 "$BIN/torchpath-mimalloc" >"$OUT/torchpath.txt"
@@ -215,15 +215,15 @@ END {
   }
 }' "$OUT/replay.txt" "$OUT/replay-expandable.txt" "$OUT/pt-expandable.txt"
 echo
-echo "### expandable_map_ahead: the trade-off (recorded traces, 1 repetition)"
+echo "### expandable_grow_chunk_mb: the trade-off (recorded traces, 1 repetition; 20 is the default)"
 echo
-echo "| expandable_map_ahead | mean res/live | map + unmap calls (sum) | x default calls | worst trace x default |"
+echo "| expandable_grow_chunk_mb | mean res/live | map + unmap calls (sum) | x default calls | worst trace x default |"
 echo "|---:|---:|---:|---:|---:|"
-for f in 0 0.001 0.0025 0.005 0.01 0.02; do
+for f in 2 4 8 12 16 20 32 40; do
   awk -F'|' -v f="$f" '
   FILENAME ~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); dc[t]=$8+$9 }
   FILENAME !~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); if (!(t in dc)) next; n++; r+=$7; c=$8+$9; sc+=c; sd+=dc[t]; if (dc[t] && c/dc[t] > w) w=c/dc[t] }
-  END { if (n) printf "| %s | %.4f | %d | %.2f | %.1f |\n", f, r/n, sc, sd ? sc/sd : 0, w }' "$OUT/replay.txt" "$OUT/map-ahead-$f.txt"
+  END { if (n) printf "| %s | %.4f | %d | %.2f | %.1f |\n", f, r/n, sc, sd ? sc/sd : 0, w }' "$OUT/replay.txt" "$OUT/grow-chunk-$f.txt"
 done
 echo
 echo "## Hot path through PyTorch's entry points (tally_torch_alloc / tally_torch_free against mimalloc)"

@@ -200,10 +200,10 @@ static void publish_runtime(const tally_options_t *n)
     STORE(leak_exitcode);
     STORE(home_device);
     STORE(timeline);
+    STORE(expandable_grow_chunk_mb);
 #undef STORE
     __atomic_store(&tally__opt.gc_threshold, &n->gc_threshold, __ATOMIC_RELAXED);
     __atomic_store(&tally__opt.memory_fraction, &n->memory_fraction, __ATOMIC_RELAXED);
-    __atomic_store(&tally__opt.expandable_map_ahead, &n->expandable_map_ahead, __ATOMIC_RELAXED);
     memcpy(tally__opt.persistent_tags, n->persistent_tags, sizeof tally__opt.persistent_tags);
     memcpy(tally__opt.report_path, n->report_path, sizeof tally__opt.report_path);
 }

@@ -15,9 +15,11 @@
  * whole free small-pool segments are released instead (their memory moves
  * too). A block that maps new pages also maps, in the same call, the free
  * unmapped pages after it that fit under the mark (the room a whole run
- * left), and with expandable_map_ahead:f up to f x reserved bytes more
- * (fewer calls, more memory; those do not raise the mark). cache.c prefers
- * a free block already on mapped pages among the few after the best fit.
+ * left); a block under 10 MiB that grows the range maps up to the next
+ * expandable_grow_chunk_mb boundary (20 MiB: what PyTorch's default
+ * placement would give it as a segment; those pages do not raise the mark).
+ * cache.c prefers a free block already on mapped pages among the few after
+ * the best fit.
  *
  * Requires a backend with reserve / map / unmap (host today). Runs with the
  * device lock held. */
@@ -267,16 +269,21 @@ static size_t steal_runs(tally_device_t *d, size_t want, const tally_segment_t *
     return done;
 }
 
+/* Requests under this size get a 20 MiB segment in PyTorch's default
+ * placement; here they grow the range by expandable_grow_chunk_mb. */
+#define GROW_SMALL ((size_t)10 << 20)
+
 /* Pages to map past the block's last page in the same call, over free,
  * unmapped pages of the block after it: as many as fit under the
- * high-water mark (free: the peak does not move), plus up to
- * expandable_map_ahead x reserved bytes, which *ahead is set to (those may
- * raise reserved memory but not the mark idle pages are kept under). run:
- * the pages this call maps for the block itself. */
+ * high-water mark (free: the peak does not move); and when the block is
+ * under 10 MiB and grows the range (the free block after it is the
+ * region's last), up to the next expandable_grow_chunk_mb boundary, so the
+ * next small blocks find pages mapped: those are returned in *ahead, and
+ * may raise reserved memory but not the mark. run: the pages this call
+ * maps for the block itself. */
 static size_t map_ahead_pages(const tally_device_t *d, const tally_block_t *b, size_t last, size_t run,
                               size_t *ahead)
 {
-    double f = tally__opt_double(&tally__opt.expandable_map_ahead);
     const tally_segment_t *s = b->seg;
     const tally_block_t *rest = b->next;
     *ahead = 0;
@@ -285,8 +292,9 @@ static size_t map_ahead_pages(const tally_device_t *d, const tally_block_t *b, s
     uint64_t after = d->reserved + run * PAGE;
     size_t under_mark = high_water[d->id] > after ? (high_water[d->id] - after) / PAGE : 0;
     size_t want = under_mark;
-    if (f > 0)
-        want += (size_t)((double)d->reserved * f / (double)PAGE);
+    size_t chunk = (size_t)TALLY_OPT(expandable_grow_chunk_mb) * ((size_t)1 << 20) / PAGE;
+    if (chunk > 1 && b->size < GROW_SMALL && !rest->next)
+        want += (last / chunk + 1) * chunk - last - 1; /* to the next chunk boundary */
     size_t end = (rest->addr + rest->size - s->base) / PAGE; /* pages wholly inside rest end here */
     size_t n = 0;
     while (n < want && last + 1 + n < end && !s->ex->mapped[last + 1 + n])

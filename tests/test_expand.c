@@ -339,34 +339,51 @@ static void test_free_small_segments_move_to_large_blocks(void **state)
     tally_free(more);
 }
 
-static void test_map_ahead_maps_more_in_one_call(void **state)
+static void test_small_blocks_growing_the_range_map_to_the_chunk(void **state)
 {
     (void)state;
-    assert_int_equal(tally_configure("expandable_map_ahead:0.25"), 0);
-    void *base = tally_malloc(32 * MiB, 0, stream_a); /* 16 pages, + 0 ahead (nothing reserved yet) */
+    assert_int_equal(tally_configure("expandable_grow_chunk_mb:20"), 0);
+    void *base = tally_malloc(32 * MiB, 0, stream_a); /* >= 10 MiB: its own 16 pages */
     assert_non_null(base);
+    EQ(stats(0).reserved_bytes[TALLY_POOL_ALL].current, 16 * PAGE);
     tally_stats_t before = stats(0);
-    void *a = tally_malloc(4 * MiB, 0, stream_a); /* 2 pages + 25% of 32 MiB = 4 pages ahead */
+    /* 3 MiB on pages 16-17: the call maps up to the 20 MiB boundary (page 20). */
+    void *a = tally_malloc(3 * MiB, 0, stream_a);
     assert_non_null(a);
     tally_stats_t s = stats(0);
     EQ(s.num_device_alloc - before.num_device_alloc, 1);
-    EQ(s.reserved_bytes[TALLY_POOL_ALL].current - before.reserved_bytes[TALLY_POOL_ALL].current, 6 * PAGE);
-    /* The next blocks land on the pages mapped ahead: no call. */
-    void *b = tally_malloc(8 * MiB, 0, stream_a);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].current, 20 * PAGE);
+    /* 4 MiB on pages 17-19: mapped already, no call. */
+    void *b = tally_malloc(4 * MiB, 0, stream_a);
     assert_non_null(b);
     EQ(stats(0).num_device_alloc, s.num_device_alloc);
-    CHECK_OK();
-    assert_int_equal(tally_configure("expandable_map_ahead:0"), 0);
-    /* Off: a block that grows the range maps exactly its own pages. */
-    tally_stats_t off = stats(0);
-    void *c = tally_malloc(4 * MiB, 0, stream_a);
+    /* 3 MiB on pages 19-20: page 20 is new; one call maps up to page 30. */
+    void *c = tally_malloc(3 * MiB, 0, stream_a);
     assert_non_null(c);
-    EQ(stats(0).reserved_bytes[TALLY_POOL_ALL].current - off.reserved_bytes[TALLY_POOL_ALL].current, 2 * PAGE);
+    EQ(stats(0).num_device_alloc, s.num_device_alloc + 1);
+    EQ(stats(0).reserved_bytes[TALLY_POOL_ALL].current, 30 * PAGE);
     CHECK_OK();
+    /* A block of 10 MiB or more maps only its own pages. */
     tally_free(base);
+    void *big = tally_malloc(40 * MiB, 0, stream_a); /* fits no hole: pages 21-40 */
+    assert_non_null(big);
+    tally_stats_t t = stats(0);
+    /* Pages 21-29 were mapped ahead; 30-40 are new, and no more: base's 16
+     * idle pages went back as one run to pay for them. */
+    EQ(t.reserved_bytes[TALLY_POOL_ALL].current, 30 * PAGE - 16 * PAGE + 11 * PAGE);
+    EQ(t.num_device_alloc, s.num_device_alloc + 2);
+    CHECK_OK();
+    /* Chunk of 2 MiB: a small block maps exactly its own new pages. */
+    assert_int_equal(tally_configure("expandable_grow_chunk_mb:2"), 0);
+    void *d = tally_malloc(3 * MiB, 0, stream_a);
+    assert_non_null(d);
+    EQ(stats(0).reserved_bytes[TALLY_POOL_ALL].current - t.reserved_bytes[TALLY_POOL_ALL].current, 2 * PAGE);
+    CHECK_OK();
     tally_free(a);
     tally_free(b);
     tally_free(c);
+    tally_free(big);
+    tally_free(d);
 }
 
 static void test_options_show_the_key(void **state)
@@ -380,8 +397,10 @@ static void test_options_show_the_key(void **state)
 
 int main(void)
 {
+    /* Chunk of one page, so that most tests see a block's own pages only;
+     * the chunk test sets it at run time. */
     tu_conf("backend:host,host_devices:2,host_mode:virtual,host_capacity:256MiB,expandable_segments:true,"
-            "leak_report:off");
+            "expandable_grow_chunk_mb:2,leak_report:off");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_large_block_maps_only_its_pages, reset),
         cmocka_unit_test_setup(test_holes_are_reused_without_raising_the_peak, reset),
@@ -395,7 +414,7 @@ int main(void)
         cmocka_unit_test_setup(test_steal_takes_the_longest_run_first, reset),
         cmocka_unit_test_setup(test_room_under_the_mark_is_mapped_ahead_and_used, reset),
         cmocka_unit_test_setup(test_free_small_segments_move_to_large_blocks, reset),
-        cmocka_unit_test_setup(test_map_ahead_maps_more_in_one_call, reset),
+        cmocka_unit_test_setup(test_small_blocks_growing_the_range_map_to_the_chunk, reset),
         cmocka_unit_test(test_options_show_the_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
