@@ -750,11 +750,11 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
     if (b->seg->ex) {
         /* Back the block with pages; on OOM release what is cached and
          * retry once, as for a new segment. */
-        int rc = tally__expand_map_locked(d, b, p.why, sizeof p.why);
+        int rc = tally__expand_map_locked(d, b, true, p.why, sizeof p.why);
         if (rc == TALLY_ENOMEM) {
             tally__cache_release_all_locked(d);
             d->stats.num_alloc_retries++;
-            rc = tally__expand_map_locked(d, b, p.why, sizeof p.why);
+            rc = tally__expand_map_locked(d, b, false, p.why, sizeof p.why);
         }
         if (rc) {
             undo_handout(d, b);

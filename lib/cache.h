@@ -168,7 +168,7 @@ void tally__cache_fill_derived_locked(tally_device_t *d, tally_stats_t *out);
 bool tally__expand_on(void);
 int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *(*new_block)(tally_device_t *),
                                 char *why, size_t whylen);
-int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, size_t whylen);
+int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more, char *why, size_t whylen);
 void tally__expand_unref_locked(tally_block_t *b);
 bool tally__expand_mapped_locked(const tally_block_t *b, size_t size);
 size_t tally__expand_trim_locked(tally_device_t *d);

@@ -304,9 +304,11 @@ static size_t map_ahead_pages(const tally_device_t *d, const tally_block_t *b, s
 }
 
 /* Back the block's pages with memory and count it on them. Idle pages
- * elsewhere are unmapped first, as many as pages are needed. Returns 0 or
- * the backend's error; on error nothing changed. */
-int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, size_t whylen)
+ * elsewhere are unmapped first, as many as pages are needed. map_more:
+ * also map pages past the block (map_ahead_pages); the retry after an OOM
+ * maps the block's own pages only. Returns 0 or the backend's error; on
+ * error nothing changed. */
+int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more, char *why, size_t whylen)
 {
     tally_segment_t *s = b->seg;
     tally_expand_t *ex = s->ex;
@@ -329,7 +331,7 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, siz
         while (p + n <= last && !ex->mapped[p + n])
             n++;
         size_t ahead = 0;
-        if (p + n > last)
+        if (p + n > last && map_more)
             n += map_ahead_pages(d, b, last, n, &ahead);
         int rc = map_run(d, s, p, n, ahead, why, whylen);
         if (rc) {

@@ -386,6 +386,38 @@ static void test_small_blocks_growing_the_range_map_to_the_chunk(void **state)
     tally_free(d);
 }
 
+static void test_chunk_past_capacity_does_not_fail_a_block_that_fits(void **state)
+{
+    (void)state;
+    /* Device 1 has 256 MiB. After 200 MiB on another stream and 50 MiB on
+     * this one, a 3 MiB block fits (254 MiB) but its 20 MiB chunk does
+     * not: the retry after the failed map maps the block's own pages only,
+     * so it is served, and the device can still be filled to the last page. */
+    assert_int_equal(tally_configure("expandable_grow_chunk_mb:20"), 0);
+    int64_t ooms = stats(1).num_ooms;
+    void *other = tally_malloc(200 * MiB, 1, (void *)0x900);
+    void *big = tally_malloc(50 * MiB, 1, stream_a);
+    assert_non_null(other);
+    assert_non_null(big);
+    void *small = tally_malloc(3 * MiB, 1, stream_a);
+    assert_non_null(small);
+    EQ(stats(1).reserved_bytes[TALLY_POOL_ALL].current, 254 * MiB);
+    EQ(stats(1).num_ooms, ooms);
+    void *last = tally_malloc(MiB + 4096, 1, stream_a); /* large pool: the last page */
+    assert_non_null(last);
+    tally_set_sink(discard, NULL); /* the OOM report */
+    void *none = tally_malloc(4 * MiB, 1, stream_a);
+    tally_set_sink(NULL, NULL);
+    assert_null(none);
+    CHECK_OK();
+    assert_int_equal(tally_configure("expandable_grow_chunk_mb:2"), 0);
+    tally_free(other);
+    tally_free(big);
+    tally_free(small);
+    tally_free(last);
+    CHECK_OK();
+}
+
 static void test_options_show_the_key(void **state)
 {
     (void)state;
@@ -415,6 +447,7 @@ int main(void)
         cmocka_unit_test_setup(test_room_under_the_mark_is_mapped_ahead_and_used, reset),
         cmocka_unit_test_setup(test_free_small_segments_move_to_large_blocks, reset),
         cmocka_unit_test_setup(test_small_blocks_growing_the_range_map_to_the_chunk, reset),
+        cmocka_unit_test_setup(test_chunk_past_capacity_does_not_fail_a_block_that_fits, reset),
         cmocka_unit_test(test_options_show_the_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
