@@ -386,6 +386,31 @@ static void test_small_blocks_growing_the_range_map_to_the_chunk(void **state)
     tally_free(d);
 }
 
+static void test_empty_cache_gives_back_pages_mapped_ahead(void **state)
+{
+    (void)state;
+    /* A 3 MiB block growing the range maps its 20 MiB chunk; empty_cache
+     * unmaps the idle part (one call for the run) and keeps the block's two
+     * pages; the high-water mark falls with it, so the next growth counts
+     * from there. */
+    assert_int_equal(tally_configure("expandable_grow_chunk_mb:20"), 0);
+    void *a = tally_malloc(3 * MiB, 0, stream_a);
+    assert_non_null(a);
+    EQ(stats(0).reserved_bytes[TALLY_POOL_ALL].current, 10 * PAGE);
+    tally_stats_t before = stats(0);
+    size_t released = tally_empty_cache(0);
+    tally_stats_t s = stats(0);
+    EQ(released, 8 * PAGE);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].current, 2 * PAGE);
+    EQ(s.num_device_free - before.num_device_free, 1);
+    CHECK_OK();
+    assert_int_equal(tally_configure("expandable_grow_chunk_mb:2"), 0);
+    tally_free(a);
+    tally_empty_cache(0);
+    EQ(stats(0).reserved_bytes[TALLY_POOL_ALL].current, 0);
+    CHECK_OK();
+}
+
 static void test_chunk_past_capacity_does_not_fail_a_block_that_fits(void **state)
 {
     (void)state;
@@ -447,6 +472,7 @@ int main(void)
         cmocka_unit_test_setup(test_room_under_the_mark_is_mapped_ahead_and_used, reset),
         cmocka_unit_test_setup(test_free_small_segments_move_to_large_blocks, reset),
         cmocka_unit_test_setup(test_small_blocks_growing_the_range_map_to_the_chunk, reset),
+        cmocka_unit_test_setup(test_empty_cache_gives_back_pages_mapped_ahead, reset),
         cmocka_unit_test_setup(test_chunk_past_capacity_does_not_fail_a_block_that_fits, reset),
         cmocka_unit_test(test_options_show_the_key),
     };
