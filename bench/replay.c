@@ -340,7 +340,7 @@ static uint64_t nocache_cost(uint64_t size)
 
 typedef struct figures {
     uint64_t peak_live, peak_nocache;
-    int64_t peak_reserved, peak_requested, backend_allocs;
+    int64_t peak_reserved, peak_requested, backend_allocs, backend_frees;
     double ns_per_op;
     long oom_event; /* -1 if none */
     bool varied;    /* memory figures differed between repetitions */
@@ -431,6 +431,7 @@ static int replay(const trace_t *t, int reps, bool check, figures_t *f, char *er
             f->peak_reserved = s.reserved_bytes[0].peak;
             f->peak_requested = s.requested_bytes[0].peak;
             f->backend_allocs = s.num_device_alloc;
+            f->backend_frees = s.num_device_free;
             f->oom_event = oom;
         } else if (f->peak_reserved != s.reserved_bytes[0].peak || f->backend_allocs != s.num_device_alloc) {
             f->varied = true;
@@ -551,8 +552,8 @@ int main(int argc, char **argv)
         printf("tally %s, backend %s%s%s; %d repetitions per trace, ns/op is the median (CPU time)\n\n", tally_version(),
                tally_backend_name(), conf ? ", --conf " : "", conf ? conf : "", reps);
     printf("| trace | events | ns/op | peak live MiB | tally reserved MiB | tally res/live | tally backend allocs "
-           "| no-cache MiB | no-cache/live | PyTorch reserved MiB | PyTorch res/live | PyTorch seg allocs |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "| tally backend frees | no-cache MiB | no-cache/live | PyTorch reserved MiB | PyTorch res/live | PyTorch seg allocs |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     int failures = 0, n_ok = 0, n_py = 0, n_beat = 0, n_ref = 0;
     double sum_ratio = 0, sum_ref = 0;
     char notes[8192] = "";
@@ -610,8 +611,9 @@ int main(int argc, char **argv)
             snprintf(c_seg, sizeof c_seg, "-");
         else
             snprintf(c_seg, sizeof c_seg, "%.0f", py_seg);
-        printf("| %s | %zu | %.1f | %s | %s | %s%s | %lld | %s | %s | %s | %s | %s |\n", t.name, t.nev, f.ns_per_op,
-               c_live, c_res, c_rl, f.oom_event >= 0 ? " (OOM)" : "", (long long)f.backend_allocs, c_nc, c_ncl, c_py,
+        printf("| %s | %zu | %.1f | %s | %s | %s%s | %lld | %lld | %s | %s | %s | %s | %s |\n", t.name, t.nev,
+               f.ns_per_op, c_live, c_res, c_rl, f.oom_event >= 0 ? " (OOM)" : "", (long long)f.backend_allocs,
+               (long long)f.backend_frees, c_nc, c_ncl, c_py,
                c_pyl, c_seg);
         fflush(stdout);
 #define NOTE(...)                                                                                          \

@@ -21,7 +21,8 @@ if [ ! -d "$TRACES" ]; then
 fi
 TRACES=$(cd "$TRACES" && pwd)
 BIN=$BUILD/bench
-for f in "$BIN/hotpath-glibc" "$BIN/hotpath-jemalloc" "$BIN/hotpath-mimalloc" "$BUILD/bin/tally-replay"; do
+for f in "$BIN/hotpath-glibc" "$BIN/hotpath-jemalloc" "$BIN/hotpath-mimalloc" "$BUILD/bin/tally-replay" \
+  "$BIN/torchpath-mimalloc" "$BIN/pt-expand-model"; do
   if [ ! -x "$f" ]; then
     echo "run.sh: $f is missing; run: make -C bench BUILD=$BUILD" >&2
     exit 1
@@ -59,6 +60,14 @@ if [ -d "$BUILD/traces" ]; then replay_args+=("$BUILD/traces"); fi
 "$BUILD/bin/tally-replay" --check "${replay_args[@]}" >"$OUT/replay.txt"
 step "replay with expandable segments"
 "$BUILD/bin/tally-replay" --check --conf expandable_segments:true "${replay_args[@]}" >"$OUT/replay-expandable.txt"
+step "PyTorch's expandable segments (model) and the expandable_grow_chunk_mb curve"
+"$BIN/pt-expand-model" "$TRACES" >"$OUT/pt-expandable.txt"
+for f in 2 4 8 12 16 20 32 40; do
+  "$BUILD/bin/tally-replay" --reps 1 --quiet --conf "expandable_segments:true,expandable_grow_chunk_mb:$f" "$TRACES" \
+    >"$OUT/grow-chunk-$f.txt"
+done
+step "hot path through PyTorch's entry points (batch of 64) against mimalloc"
+"$BIN/torchpath-mimalloc" >"$OUT/torchpath.txt"
 # 4. Instruction counts (noise-free), when valgrind is installed.
 if [ "${TALLY_BENCH_CALLGRIND:-1}" != 0 ] && command -v valgrind >/dev/null && command -v callgrind_annotate >/dev/null; then
   step "instruction counts (callgrind)"
@@ -180,5 +189,49 @@ echo
 echo "## Replay with expandable_segments:true (one address range per stream, 2 MiB pages mapped on demand)"
 echo
 cat "$OUT/replay-expandable.txt"
+echo
+echo "## Expandable segments: memory and backend calls per recorded trace"
+echo
+echo "Calls: default = segment allocations + frees (cudaMalloc / cudaFree); tally expandable = map + unmap calls;"
+echo "PyTorch expandable (bench/pt_expand.c, a model of its placement) = map calls (it unmaps only at empty_cache / OOM)."
+echo "Estimated GPU time of the calls (assumed costs, not measured here: cudaMalloc or cudaFree 50 us; a map call"
+echo "= cuMemCreate + cuMemMap + cuMemSetAccess, 3 x 20 us; an unmap call = cuMemUnmap + cuMemRelease, 2 x 20 us; see docs/benchmarks.md)."
+echo
+awk -F'|' '
+FILENAME ~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); dr[t]=$7+0; dc[t]=$8+$9; pr[t]=$13; gsub(/ /,"",pr[t]); order[++n]=t }
+FILENAME ~ /replay-expandable.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); er[t]=$7+0; em[t]=$8+0; eu[t]=$9+0 }
+FILENAME ~ /pt-expandable.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); mr[t]=$5+0; mm[t]=$6+0 }
+END {
+  print "| trace | default res/live | default calls | tally expandable res/live | tally map + unmap | x default | PyTorch default res/live (reference.json) | PyTorch expandable res/live (model) | PyTorch expandable map calls | est. GPU ms: default / tally exp. / PyTorch exp. |"
+  print "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  for (i = 1; i <= n; i++) { t = order[i]; if (!(t in er) || !(t in mr)) continue
+    ec = em[t] + eu[t]; x = dc[t] > 0 ? sprintf("%.1f", ec / dc[t]) : "-"
+    printf "| %s | %.3f | %d | %.3f | %d + %d | %s | %s | %.3f | %d | %.1f / %.1f / %.1f |\n", t, dr[t], dc[t], er[t], em[t], eu[t], x, pr[t], mr[t], mm[t], dc[t] * 0.05, em[t] * 0.06 + eu[t] * 0.04, mm[t] * 0.06
+    k++; sdr += dr[t]; ser += er[t]; smr += mr[t]; sdc += dc[t]; sec += ec; smm += mm[t]; if (dc[t] > 0 && ec / dc[t] > worst) { worst = ec / dc[t]; wt = t }
+  }
+  if (k) {
+    printf "\nMeans over %d traces: res/live default %.4f, tally expandable %.4f (goal <= 1.01), PyTorch expandable model %.4f.\n", k, sdr / k, ser / k, smr / k
+    printf "Calls summed: default %d, tally expandable %d = %.2fx default (goal <= 2x), PyTorch expandable model %d; worst trace %s at %.1fx (goal <= 5x).\n", sdc, sec, sdc ? sec / sdc : 0, smm, wt, worst
+  }
+}' "$OUT/replay.txt" "$OUT/replay-expandable.txt" "$OUT/pt-expandable.txt"
+echo
+echo "### expandable_grow_chunk_mb: the trade-off (recorded traces, 1 repetition; 20 is the default)"
+echo
+echo "| expandable_grow_chunk_mb | mean res/live | map + unmap calls (sum) | x default calls | worst trace x default |"
+echo "|---:|---:|---:|---:|---:|"
+for f in 2 4 8 12 16 20 32 40; do
+  awk -F'|' -v f="$f" '
+  FILENAME ~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); dc[t]=$8+$9 }
+  FILENAME !~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); if (!(t in dc)) next; n++; r+=$7; c=$8+$9; sc+=c; sd+=dc[t]; if (dc[t] && c/dc[t] > w) w=c/dc[t] }
+  END { if (n) printf "| %s | %.4f | %d | %.2f | %.1f |\n", f, r/n, sc, sd ? sc/sd : 0, w }' "$OUT/replay.txt" "$OUT/grow-chunk-$f.txt"
+done
+echo
+echo "## Hot path through PyTorch's entry points (tally_torch_alloc / tally_torch_free against mimalloc)"
+echo
+echo "Batches of 64 allocations (sizes log-uniform up to 192 KiB, fixed seed), freed in a scattered order; CPU ns per pair, median of 15 repetitions (goal: ratio <= 2)."
+echo
+echo '```'
+cat "$OUT/torchpath.txt"
+echo '```'
 echo
 echo "Raw results: $OUT. Wall time of the run: $((end - start)) s."

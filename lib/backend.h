@@ -65,7 +65,10 @@ typedef struct tally_backend {
     /* Address space and page mapping, for expandable segments (may be NULL):
      * reserve size bytes of addresses without memory; map / unmap memory
      * at an address inside a reservation (map counts against capacity and
-     * can fail with TALLY_ENOMEM); give a reservation back. */
+     * can fail with TALLY_ENOMEM); give a reservation back. Sizes are whole
+     * 2 MiB pages; one map call may cover many pages, and an unmap may cover
+     * part of an earlier map's range or several of them (on CUDA: one
+     * physical handle per page, docs/architecture.md). */
     int (*reserve)(int device, size_t size, void **ptr, char *why, size_t whylen);
     int (*map)(int device, void *ptr, size_t size, char *why, size_t whylen);
     int (*unmap)(int device, void *ptr, size_t size);

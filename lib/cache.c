@@ -188,7 +188,9 @@ static void collect_whole(tally_block_t *b, void *arg)
         c->items[c->n++] = b;
 }
 
-size_t tally__cache_release_pool_locked(tally_device_t *d, tally_pool_t *p)
+/* Release whole free segments of pool p until want bytes are given back
+ * (SIZE_MAX: all of them). */
+static size_t release_pool(tally_device_t *d, tally_pool_t *p, size_t want)
 {
     if (!p->count)
         return 0;
@@ -197,7 +199,7 @@ size_t tally__cache_release_pool_locked(tally_device_t *d, tally_pool_t *p)
         return 0;
     tally__pool_walk(p, collect_whole, &c);
     size_t released = 0;
-    for (size_t i = 0; i < c.n; i++) {
+    for (size_t i = 0; i < c.n && released < want; i++) {
         /* An expandable segment gives back its mapped pages, not its range. */
         tally_block_t *b = c.items[i];
         released += b->seg->ex ? tally__expand_mapped_bytes(b->seg) : b->size;
@@ -205,6 +207,20 @@ size_t tally__cache_release_pool_locked(tally_device_t *d, tally_pool_t *p)
     }
     tally__meta_free(c.items);
     return released;
+}
+
+/* Release every whole free segment of pool p (graph pools, release_all). */
+size_t tally__cache_release_pool_locked(tally_device_t *d, tally_pool_t *p)
+{
+    return release_pool(d, p, SIZE_MAX);
+}
+
+/* Release whole free small-pool segments until at least want bytes are
+ * given back (expandable segments move this memory to where large blocks
+ * need pages, as they move idle pages). Returns the bytes released. */
+size_t tally__cache_release_small_locked(tally_device_t *d, size_t want)
+{
+    return want ? release_pool(d, &d->small, want) : 0;
 }
 
 /* ---- free ---------------------------------------------------------------- */
@@ -357,6 +373,17 @@ static bool get_free_block(tally_device_t *d, alloc_params_t *p)
         return false;
     if (!b->seg->ex && p->size >= msplit && b->size >= p->size + tally__opt.max_non_split_rounding)
         return false;
+    if (b->seg->ex && !tally__expand_mapped_locked(b, p->size)) {
+        /* Expandable segments: the best fit needs new pages (a map call);
+         * one of the next few larger free blocks may not. */
+        tally_block_t *c = b;
+        for (int k = 4; k > 0 && (c = tally__pool_after(pool, c)); k--) {
+            if (c->seg->ex && tally__expand_mapped_locked(c, p->size)) {
+                b = c;
+                break;
+            }
+        }
+    }
     tally__pool_erase(pool, b);
     p->block = b;
     return true;
@@ -649,11 +676,11 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
     if (b->seg->ex) {
         /* Back the block with pages; on OOM release what is cached and
          * retry once, as for a new segment. */
-        int rc = tally__expand_map_locked(d, b, p.why, sizeof p.why);
+        int rc = tally__expand_map_locked(d, b, true, p.why, sizeof p.why);
         if (rc == TALLY_ENOMEM) {
             tally__cache_release_all_locked(d);
             d->stats.num_alloc_retries++;
-            rc = tally__expand_map_locked(d, b, p.why, sizeof p.why);
+            rc = tally__expand_map_locked(d, b, false, p.why, sizeof p.why);
         }
         if (rc) {
             undo_handout(d, b);

@@ -179,6 +179,9 @@ void tally__pool_erase(tally_pool_t *p, tally_block_t *b);
 tally_block_t *tally__pool_lower_bound(tally_pool_t *p, void *stream, size_t size);
 /* Largest block with key < (stream, size, addr), or NULL. */
 tally_block_t *tally__pool_before(tally_pool_t *p, void *stream, size_t size, uintptr_t addr);
+/* Large pool: the next block after b in (stream, size, address) order on
+ * b's stream, or NULL. */
+tally_block_t *tally__pool_after(tally_pool_t *p, const tally_block_t *b);
 /* In-order walk; fn may not modify the pool. Returns the number visited. */
 size_t tally__pool_walk(const tally_pool_t *p, void (*fn)(tally_block_t *, void *), void *arg);
 /* Verify order and heap property; returns node count or -1. */
@@ -196,14 +199,16 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t size, void *
 void tally__cache_free_locked(tally_device_t *d, tally_block_t *b);
 int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void *stream);
 size_t tally__cache_release_all_locked(tally_device_t *d);
+size_t tally__cache_release_small_locked(tally_device_t *d, size_t want);
 int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen);
 void tally__cache_fill_derived_locked(tally_device_t *d, tally_stats_t *out);
 /* expand.c: expandable segments (large pool, 2 MiB pages mapped on demand) */
 bool tally__expand_on(void);
 int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *(*new_block)(tally_device_t *),
                                 char *why, size_t whylen);
-int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, size_t whylen);
+int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more, char *why, size_t whylen);
 void tally__expand_unref_locked(tally_block_t *b);
+bool tally__expand_mapped_locked(const tally_block_t *b, size_t size);
 size_t tally__expand_trim_locked(tally_device_t *d);
 size_t tally__expand_release_locked(tally_device_t *d, tally_segment_t *s);
 size_t tally__expand_mapped_bytes(const tally_segment_t *s);

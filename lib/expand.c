@@ -10,11 +10,23 @@
  * reserved memory is then about the peak of the pages live blocks touch,
  * not of the sum of segments. Every segment here belongs to the large pool.
  *
+ * Backend calls: idle pages are taken back in whole runs, the longest
+ * first, so one unmap call frees many pages; when no idle page is left,
+ * whole free small-pool segments are released instead (their memory moves
+ * too). A block that maps new pages also maps, in the same call, the free
+ * unmapped pages after it that fit under the mark (the room a whole run
+ * left); a block under 10 MiB that grows the range maps up to the next
+ * expandable_grow_chunk_mb boundary (20 MiB: what PyTorch's default
+ * placement would give it as a segment; those pages do not raise the mark).
+ * cache.c prefers a free block already on mapped pages among the few after
+ * the best fit.
+ *
  * Requires a backend with reserve / map / unmap (host today). Runs with the
  * device lock held. */
 #include "ledger.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PAGE ((size_t)2 << 20)
@@ -106,8 +118,10 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
     return 0;
 }
 
-/* Map pages [p, p + n) in one backend call. */
-static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, char *why, size_t whylen)
+/* Map pages [p, p + n) in one backend call; the last `ahead` of them are
+ * mapped ahead of need and do not raise the high-water mark. */
+static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, size_t ahead, char *why,
+                   size_t whylen)
 {
     size_t bytes = n * PAGE;
     if (d->allowed_max != UINT64_MAX && d->reserved + bytes > d->allowed_max) {
@@ -123,8 +137,8 @@ static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, ch
     s->ex->idle += n;
     s->ex->nmapped += n;
     d->reserved += bytes;
-    if (d->reserved > high_water[d->id])
-        high_water[d->id] = d->reserved;
+    if (d->reserved - ahead * PAGE > high_water[d->id])
+        high_water[d->id] = d->reserved - ahead * PAGE;
     d->stats.num_device_alloc++;
     tally__stat_pool_inc(d->stats.reserved_bytes, TALLY_POOL_LARGE, (int64_t)bytes);
     return 0;
@@ -186,10 +200,115 @@ static size_t unmap_idle(tally_device_t *d, size_t want, const tally_segment_t *
     return done;
 }
 
+typedef struct idle_run {
+    tally_segment_t *s;
+    size_t p, n;
+} idle_run_t;
+
+static int run_longer(const void *a, const void *b)
+{
+    const idle_run_t *x = a, *y = b;
+    if (x->n != y->n)
+        return x->n < y->n ? 1 : -1;
+    return (x->p > y->p) - (x->p < y->p);
+}
+
+static inline bool is_idle(const tally_expand_t *ex, size_t p)
+{
+    return ex->idle_bits[p >> 6] >> (p & 63) & 1;
+}
+
+/* Take back at least want idle pages (fewer if there are not enough) in
+ * whole runs of neighbouring idle pages, the longest runs first: one unmap
+ * call each. Pages [keep_lo, keep_hi] of segment keep are left alone.
+ * Returns the pages unmapped. */
+static size_t steal_runs(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo, size_t keep_hi)
+{
+    size_t cap = 0, nr = 0;
+    for (tally_segment_t *s = d->segments; s; s = s->next)
+        if (s->ex)
+            cap += s->ex->idle;
+    if (!cap || !want)
+        return 0;
+    idle_run_t *runs = tally__meta_alloc(cap * sizeof *runs);
+    if (!runs) /* no room to sort: take runs in address order */
+        return unmap_idle(d, want, keep, keep_lo, keep_hi);
+    for (tally_segment_t *s = d->segments; s; s = s->next) {
+        tally_expand_t *ex = s->ex;
+        if (!ex || !ex->idle)
+            continue;
+        size_t words = ex->npages / 64 + 1;
+        size_t p = 0;
+        while (p < ex->npages) {
+            /* Next idle page at or after p: a scan of words. */
+            size_t w = p >> 6;
+            uint64_t m = w < words ? ex->idle_bits[w] & (~0ull << (p & 63)) : 0;
+            while (!m && ++w < words)
+                m = ex->idle_bits[w];
+            if (!m)
+                break;
+            p = w * 64 + (size_t)__builtin_ctzll(m);
+            if (s == keep && p >= keep_lo && p <= keep_hi) {
+                p = keep_hi + 1;
+                continue;
+            }
+            size_t n = 1;
+            while (p + n < ex->npages && is_idle(ex, p + n) && !(s == keep && p + n == keep_lo))
+                n++;
+            runs[nr++] = (idle_run_t){s, p, n};
+            p += n;
+        }
+    }
+    qsort(runs, nr, sizeof *runs, run_longer);
+    size_t done = 0;
+    for (size_t i = 0; i < nr && done < want; i++) {
+        unmap_run(d, runs[i].s, runs[i].p, runs[i].n);
+        done += runs[i].n;
+    }
+    tally__meta_free(runs);
+    return done;
+}
+
+/* Requests under this size get a 20 MiB segment in PyTorch's default
+ * placement; here they grow the range by expandable_grow_chunk_mb. */
+#define GROW_SMALL ((size_t)10 << 20)
+
+/* Pages to map past the block's last page in the same call, over free,
+ * unmapped pages of the block after it: as many as fit under the
+ * high-water mark (free: the peak does not move); and when the block is
+ * under 10 MiB and grows the range (the free block after it is the
+ * region's last), up to the next expandable_grow_chunk_mb boundary, so the
+ * next small blocks find pages mapped: those are returned in *ahead, and
+ * may raise reserved memory but not the mark. run: the pages this call
+ * maps for the block itself. */
+static size_t map_ahead_pages(const tally_device_t *d, const tally_block_t *b, size_t last, size_t run,
+                              size_t *ahead)
+{
+    const tally_segment_t *s = b->seg;
+    const tally_block_t *rest = b->next;
+    *ahead = 0;
+    if (!rest || rest->state != BLOCK_FREE)
+        return 0;
+    uint64_t after = d->reserved + run * PAGE;
+    size_t under_mark = high_water[d->id] > after ? (high_water[d->id] - after) / PAGE : 0;
+    size_t want = under_mark;
+    size_t chunk = (size_t)TALLY_OPT(expandable_grow_chunk_mb) * ((size_t)1 << 20) / PAGE;
+    if (chunk > 1 && b->size < GROW_SMALL && !rest->next)
+        want += (last / chunk + 1) * chunk - last - 1; /* to the next chunk boundary */
+    size_t end = (rest->addr + rest->size - s->base) / PAGE; /* pages wholly inside rest end here */
+    size_t n = 0;
+    while (n < want && last + 1 + n < end && !s->ex->mapped[last + 1 + n])
+        n++;
+    *ahead = n > under_mark ? n - under_mark : 0;
+    return n;
+}
+
 /* Back the block's pages with memory and count it on them. Idle pages
- * elsewhere are unmapped first, as many as pages are needed. Returns 0 or
- * the backend's error; on error nothing changed. */
-int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, size_t whylen)
+ * elsewhere are unmapped first, as many as pages are needed. map_more:
+ * also map pages past the block (map_ahead_pages); the retry after an OOM
+ * maps the block's own pages only. Returns 0 or the backend's error; on
+ * error nothing changed. */
+int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more, char *why, size_t whylen)
 {
     tally_segment_t *s = b->seg;
     tally_expand_t *ex = s->ex;
@@ -198,8 +317,11 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, siz
     for (size_t p = first; p <= last; p++)
         need += !ex->mapped[p];
     uint64_t room = high_water[d->id] > d->reserved ? (high_water[d->id] - d->reserved) / PAGE : 0;
-    if (need > room)
-        unmap_idle(d, need - room, s, first, last);
+    if (need > room) {
+        size_t got = steal_runs(d, need - room, s, first, last);
+        if (got < need - room)
+            tally__cache_release_small_locked(d, (need - room - got) * PAGE);
+    }
     for (size_t p = first; p <= last;) {
         if (ex->mapped[p]) {
             p++;
@@ -208,7 +330,10 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, siz
         size_t n = 1;
         while (p + n <= last && !ex->mapped[p + n])
             n++;
-        int rc = map_run(d, s, p, n, why, whylen);
+        size_t ahead = 0;
+        if (p + n > last && map_more)
+            n += map_ahead_pages(d, b, last, n, &ahead);
+        int rc = map_run(d, s, p, n, ahead, why, whylen);
         if (rc) {
             /* Undo this block's new pages (no live block touches them). */
             for (size_t q = first; q < p; q++) {
@@ -232,6 +357,17 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, char *why, siz
         }
     }
     return 0;
+}
+
+/* Whether the first size bytes of free block b lie on mapped pages. */
+bool tally__expand_mapped_locked(const tally_block_t *b, size_t size)
+{
+    const tally_segment_t *s = b->seg;
+    size_t first = (b->addr - s->base) / PAGE, last = (b->addr - s->base + size - 1) / PAGE;
+    for (size_t p = first; p <= last; p++)
+        if (!s->ex->mapped[p])
+            return false;
+    return true;
 }
 
 /* The block no longer needs its pages (called before it merges). */

@@ -51,6 +51,9 @@ static const option_row_t rows[] = {
      "a cached oversize block is reused for a request at most this much (MiB, >= 20) smaller"},
     {"expandable_segments", T_BOOL, OFF(expandable_segments), 0, 0, NULL, false,
      "large pool: one address range per stream, 2 MiB pages mapped where blocks live (host backend)"},
+    {"expandable_grow_chunk_mb", T_INT, OFF(expandable_grow_chunk_mb), 2, 1024, NULL, true,
+     "expandable segments: a block under 10 MiB that grows its range maps pages up to the next multiple "
+     "of this many MiB, in one call (2: only its own pages)"},
     {"garbage_collection_threshold", T_DOUBLE, OFF(gc_threshold), 0, 1, NULL, true,
      "with a memory fraction set, reclaim old cached blocks above this share of it (0 < t < 1)"},
     {"roundup_power2_divisions", T_ROUNDUP, OFF(roundup_divisions), 0, 0, NULL, false,
@@ -93,6 +96,7 @@ void tally__options_default(tally_options_t *o)
     o->max_split_size = UINT64_MAX;
     o->max_non_split_rounding = (uint64_t)20 << 20;
     o->gc_threshold = 0;
+    o->expandable_grow_chunk_mb = 20;
     for (int i = 0; i < TALLY_ROUNDUP_INTERVALS; i++)
         o->roundup_divisions[i] = 0;
     o->ledger = 1;

@@ -254,6 +254,20 @@ tally_block_t *tally__pool_before(tally_pool_t *p, void *stream, size_t size, ui
     return best;
 }
 
+tally_block_t *tally__pool_after(tally_pool_t *p, const tally_block_t *b)
+{
+    tally_block_t *t = p->root, *best = NULL;
+    while (t) {
+        if (block_cmp(t, b) > 0) {
+            best = t;
+            t = t->left;
+        } else {
+            t = t->right;
+        }
+    }
+    return best && best->stream == b->stream ? best : NULL;
+}
+
 static size_t walk(tally_block_t *t, void (*fn)(tally_block_t *, void *), void *arg)
 {
     size_t n = 0;

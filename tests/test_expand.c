@@ -19,6 +19,8 @@ static int reset(void **state)
 {
     (void)state;
     tally_empty_cache(-1);
+    tally_reset_peak_stats(0);
+    tally_reset_peak_stats(1);
     return 0;
 }
 
@@ -189,6 +191,258 @@ static void test_random_workload_keeps_invariants(void **state)
     EQ(stats(1).allocation[0].current, 0);
 }
 
+static void test_idle_pages_below_the_mark_cost_no_call(void **state)
+{
+    (void)state;
+    /* Hysteresis: a freed block's pages stay mapped while reserved memory
+     * is under its high-water mark, so using the hole again costs nothing. */
+    void *a = tally_malloc(10 * MiB, 0, stream_a);
+    void *b = tally_malloc(10 * MiB, 0, stream_a);
+    tally_free(a);
+    tally_stats_t before = stats(0);
+    void *c = tally_malloc(10 * MiB, 0, stream_a);
+    assert_non_null(c);
+    tally_stats_t s = stats(0);
+    EQ(s.num_device_alloc, before.num_device_alloc);
+    EQ(s.num_device_free, before.num_device_free);
+    CHECK_OK();
+    tally_free(b);
+    tally_free(c);
+}
+
+static void test_every_idle_run_goes_when_all_are_needed(void **state)
+{
+    (void)state;
+    /* Blocks of 2, 16 and 4 MiB between live 2 MiB guards; free the three:
+     * idle runs of 1, 8 and 2 pages. A block that needs 12 new pages at the
+     * mark takes all three runs back (one unmap call each) and raises the
+     * peak by the one page still missing. */
+    void *g[4], *x[3];
+    size_t sizes[3] = {2 * MiB, 16 * MiB, 4 * MiB};
+    g[0] = tally_malloc(2 * MiB, 0, stream_a);
+    for (int i = 0; i < 3; i++) {
+        x[i] = tally_malloc(sizes[i], 0, stream_a);
+        g[i + 1] = tally_malloc(2 * MiB, 0, stream_a);
+        assert_non_null(x[i]);
+        assert_non_null(g[i + 1]);
+    }
+    for (int i = 0; i < 3; i++)
+        tally_free(x[i]);
+    tally_stats_t before = stats(0);
+    void *big = tally_malloc(24 * MiB, 0, stream_a); /* fits no hole: 12 new pages, 11 idle */
+    assert_non_null(big);
+    tally_stats_t s = stats(0);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].peak, before.reserved_bytes[TALLY_POOL_ALL].peak + 1 * PAGE);
+    EQ(s.num_device_free - before.num_device_free, 3);
+    EQ(s.num_device_alloc - before.num_device_alloc, 1);
+    tally_free(big);
+    CHECK_OK();
+    for (int i = 0; i < 4; i++)
+        tally_free(g[i]);
+    CHECK_OK();
+}
+
+static void test_steal_takes_the_longest_run_first(void **state)
+{
+    (void)state;
+    /* Three single idle pages, then a 10-page idle run, between live guards. */
+    void *g[5], *one[3];
+    g[0] = tally_malloc(2 * MiB, 0, stream_a);
+    for (int i = 0; i < 3; i++) {
+        one[i] = tally_malloc(2 * MiB, 0, stream_a);
+        g[i + 1] = tally_malloc(2 * MiB, 0, stream_a);
+    }
+    void *run = tally_malloc(20 * MiB, 0, stream_a);
+    g[4] = tally_malloc(2 * MiB, 0, stream_a);
+    assert_non_null(run);
+    assert_non_null(g[4]);
+    for (int i = 0; i < 3; i++)
+        tally_free(one[i]);
+    tally_free(run);
+    tally_stats_t before = stats(0);
+    /* 22 MiB fits no hole: it goes past the end and needs 11 new pages,
+     * with 13 idle and no room under the mark. Longest first: the 10-page
+     * run and one single page, two unmap calls (in address order it would
+     * be the three singles and part of the run: four). */
+    void *n = tally_malloc(22 * MiB, 0, stream_a);
+    assert_non_null(n);
+    tally_stats_t s = stats(0);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].peak, before.reserved_bytes[TALLY_POOL_ALL].peak);
+    EQ(s.num_device_free - before.num_device_free, 2);
+    EQ(s.num_device_alloc - before.num_device_alloc, 1);
+    CHECK_OK();
+    tally_free(n);
+    for (int i = 0; i < 5; i++)
+        tally_free(g[i]);
+    CHECK_OK();
+}
+
+static void test_room_under_the_mark_is_mapped_ahead_and_used(void **state)
+{
+    (void)state;
+    /* Holes of 10 and 2 pages between guards. A 22 MiB block fits neither:
+     * it needs 11 pages, takes back both runs (the second has one page too
+     * many), and maps its 11 pages plus that page of room past its end in
+     * one call: reserved memory ends where it was. */
+    void *a = tally_malloc(20 * MiB, 0, stream_a);
+    void *g1 = tally_malloc(2 * MiB, 0, stream_a);
+    void *c = tally_malloc(4 * MiB, 0, stream_a);
+    void *g2 = tally_malloc(2 * MiB, 0, stream_a);
+    assert_non_null(g2);
+    tally_free(a);
+    tally_free(c);
+    tally_stats_t before = stats(0);
+    void *x = tally_malloc(22 * MiB, 0, stream_a);
+    assert_non_null(x);
+    tally_stats_t s = stats(0);
+    EQ(s.num_device_free - before.num_device_free, 2);
+    EQ(s.num_device_alloc - before.num_device_alloc, 1);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].current, before.reserved_bytes[TALLY_POOL_ALL].current);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].peak, before.reserved_bytes[TALLY_POOL_ALL].peak);
+    /* A 2 MiB block: the best fit is the unmapped 4 MiB hole, which needs
+     * a map call; the free space after x starts on the page mapped ahead,
+     * so the block goes there and costs nothing. */
+    void *y = tally_malloc(2 * MiB, 0, stream_a);
+    assert_non_null(y);
+    EQ(stats(0).num_device_alloc, s.num_device_alloc);
+    EQ((uintptr_t)y, (uintptr_t)x + 22 * MiB);
+    CHECK_OK();
+    tally_free(x);
+    tally_free(y);
+    tally_free(g1);
+    tally_free(g2);
+}
+
+static void test_free_small_segments_move_to_large_blocks(void **state)
+{
+    (void)state;
+    /* Small-pool segments whose blocks are all free hold memory no large
+     * block can use; at the mark they are released before the peak rises. */
+    void *big = tally_malloc(20 * MiB, 0, stream_a);
+    void *smalls[16];
+    for (int i = 0; i < 16; i++) {
+        smalls[i] = tally_malloc(MiB, 0, stream_a); /* two to a 2 MiB small-pool segment */
+        assert_non_null(smalls[i]);
+    }
+    for (int i = 0; i < 16; i++)
+        tally_free(smalls[i]);
+    tally_stats_t before = stats(0);
+    EQ(before.segment[TALLY_POOL_SMALL].current, 8);
+    void *more = tally_malloc(8 * MiB, 0, stream_a); /* 4 new pages, no idle large page */
+    assert_non_null(more);
+    tally_stats_t s = stats(0);
+    EQ(s.segment[TALLY_POOL_SMALL].current, 4);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].peak, before.reserved_bytes[TALLY_POOL_ALL].peak);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].current, before.reserved_bytes[TALLY_POOL_ALL].current);
+    CHECK_OK();
+    tally_free(big);
+    tally_free(more);
+}
+
+static void test_small_blocks_growing_the_range_map_to_the_chunk(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_configure("expandable_grow_chunk_mb:20"), 0);
+    void *base = tally_malloc(32 * MiB, 0, stream_a); /* >= 10 MiB: its own 16 pages */
+    assert_non_null(base);
+    EQ(stats(0).reserved_bytes[TALLY_POOL_ALL].current, 16 * PAGE);
+    tally_stats_t before = stats(0);
+    /* 3 MiB on pages 16-17: the call maps up to the 20 MiB boundary (page 20). */
+    void *a = tally_malloc(3 * MiB, 0, stream_a);
+    assert_non_null(a);
+    tally_stats_t s = stats(0);
+    EQ(s.num_device_alloc - before.num_device_alloc, 1);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].current, 20 * PAGE);
+    /* 4 MiB on pages 17-19: mapped already, no call. */
+    void *b = tally_malloc(4 * MiB, 0, stream_a);
+    assert_non_null(b);
+    EQ(stats(0).num_device_alloc, s.num_device_alloc);
+    /* 3 MiB on pages 19-20: page 20 is new; one call maps up to page 30. */
+    void *c = tally_malloc(3 * MiB, 0, stream_a);
+    assert_non_null(c);
+    EQ(stats(0).num_device_alloc, s.num_device_alloc + 1);
+    EQ(stats(0).reserved_bytes[TALLY_POOL_ALL].current, 30 * PAGE);
+    CHECK_OK();
+    /* A block of 10 MiB or more maps only its own pages. */
+    tally_free(base);
+    void *big = tally_malloc(40 * MiB, 0, stream_a); /* fits no hole: pages 21-40 */
+    assert_non_null(big);
+    tally_stats_t t = stats(0);
+    /* Pages 21-29 were mapped ahead; 30-40 are new, and no more: base's 16
+     * idle pages went back as one run to pay for them. */
+    EQ(t.reserved_bytes[TALLY_POOL_ALL].current, 30 * PAGE - 16 * PAGE + 11 * PAGE);
+    EQ(t.num_device_alloc, s.num_device_alloc + 2);
+    CHECK_OK();
+    /* Chunk of 2 MiB: a small block maps exactly its own new pages. */
+    assert_int_equal(tally_configure("expandable_grow_chunk_mb:2"), 0);
+    void *d = tally_malloc(3 * MiB, 0, stream_a);
+    assert_non_null(d);
+    EQ(stats(0).reserved_bytes[TALLY_POOL_ALL].current - t.reserved_bytes[TALLY_POOL_ALL].current, 2 * PAGE);
+    CHECK_OK();
+    tally_free(a);
+    tally_free(b);
+    tally_free(c);
+    tally_free(big);
+    tally_free(d);
+}
+
+static void test_empty_cache_gives_back_pages_mapped_ahead(void **state)
+{
+    (void)state;
+    /* A 3 MiB block growing the range maps its 20 MiB chunk; empty_cache
+     * unmaps the idle part (one call for the run) and keeps the block's two
+     * pages; the high-water mark falls with it, so the next growth counts
+     * from there. */
+    assert_int_equal(tally_configure("expandable_grow_chunk_mb:20"), 0);
+    void *a = tally_malloc(3 * MiB, 0, stream_a);
+    assert_non_null(a);
+    EQ(stats(0).reserved_bytes[TALLY_POOL_ALL].current, 10 * PAGE);
+    tally_stats_t before = stats(0);
+    size_t released = tally_empty_cache(0);
+    tally_stats_t s = stats(0);
+    EQ(released, 8 * PAGE);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].current, 2 * PAGE);
+    EQ(s.num_device_free - before.num_device_free, 1);
+    CHECK_OK();
+    assert_int_equal(tally_configure("expandable_grow_chunk_mb:2"), 0);
+    tally_free(a);
+    tally_empty_cache(0);
+    EQ(stats(0).reserved_bytes[TALLY_POOL_ALL].current, 0);
+    CHECK_OK();
+}
+
+static void test_chunk_past_capacity_does_not_fail_a_block_that_fits(void **state)
+{
+    (void)state;
+    /* Device 1 has 256 MiB. After 200 MiB on another stream and 50 MiB on
+     * this one, a 3 MiB block fits (254 MiB) but its 20 MiB chunk does
+     * not: the retry after the failed map maps the block's own pages only,
+     * so it is served, and the device can still be filled to the last page. */
+    assert_int_equal(tally_configure("expandable_grow_chunk_mb:20"), 0);
+    int64_t ooms = stats(1).num_ooms;
+    void *other = tally_malloc(200 * MiB, 1, (void *)0x900);
+    void *big = tally_malloc(50 * MiB, 1, stream_a);
+    assert_non_null(other);
+    assert_non_null(big);
+    void *small = tally_malloc(3 * MiB, 1, stream_a);
+    assert_non_null(small);
+    EQ(stats(1).reserved_bytes[TALLY_POOL_ALL].current, 254 * MiB);
+    EQ(stats(1).num_ooms, ooms);
+    void *last = tally_malloc(MiB + 4096, 1, stream_a); /* large pool: the last page */
+    assert_non_null(last);
+    tally_set_sink(discard, NULL); /* the OOM report */
+    void *none = tally_malloc(4 * MiB, 1, stream_a);
+    tally_set_sink(NULL, NULL);
+    assert_null(none);
+    CHECK_OK();
+    assert_int_equal(tally_configure("expandable_grow_chunk_mb:2"), 0);
+    tally_free(other);
+    tally_free(big);
+    tally_free(small);
+    tally_free(last);
+    CHECK_OK();
+}
+
 static void test_options_show_the_key(void **state)
 {
     (void)state;
@@ -200,8 +454,10 @@ static void test_options_show_the_key(void **state)
 
 int main(void)
 {
+    /* Chunk of one page, so that most tests see a block's own pages only;
+     * the chunk test sets it at run time. */
     tu_conf("backend:host,host_devices:2,host_mode:virtual,host_capacity:256MiB,expandable_segments:true,"
-            "leak_report:off");
+            "expandable_grow_chunk_mb:2,leak_report:off");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_large_block_maps_only_its_pages, reset),
         cmocka_unit_test_setup(test_holes_are_reused_without_raising_the_peak, reset),
@@ -210,6 +466,14 @@ int main(void)
         cmocka_unit_test_setup(test_out_of_memory_at_capacity, reset),
         cmocka_unit_test_setup(test_injected_map_failures_leave_state_intact, reset),
         cmocka_unit_test_setup(test_random_workload_keeps_invariants, reset),
+        cmocka_unit_test_setup(test_idle_pages_below_the_mark_cost_no_call, reset),
+        cmocka_unit_test_setup(test_every_idle_run_goes_when_all_are_needed, reset),
+        cmocka_unit_test_setup(test_steal_takes_the_longest_run_first, reset),
+        cmocka_unit_test_setup(test_room_under_the_mark_is_mapped_ahead_and_used, reset),
+        cmocka_unit_test_setup(test_free_small_segments_move_to_large_blocks, reset),
+        cmocka_unit_test_setup(test_small_blocks_growing_the_range_map_to_the_chunk, reset),
+        cmocka_unit_test_setup(test_empty_cache_gives_back_pages_mapped_ahead, reset),
+        cmocka_unit_test_setup(test_chunk_past_capacity_does_not_fail_a_block_that_fits, reset),
         cmocka_unit_test(test_options_show_the_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
