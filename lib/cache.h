@@ -27,6 +27,7 @@ struct tally_block {
     uint8_t pool;                /* TALLY_POOL_SMALL or TALLY_POOL_LARGE */
     uint8_t state;               /* BLOCK_* */
     uint8_t paged;               /* counted on its expandable segment's pages */
+    uint8_t ignored;             /* tally_ignore: kept on purpose, not a leak */
     uint16_t event_count;        /* outstanding stream events */
     uint16_t nuses, cap_uses;    /* streams recorded by record_stream */
     void **uses;

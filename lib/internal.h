@@ -99,6 +99,7 @@ typedef struct tally_options {
     double memory_fraction;             /* 0: none; applies to every device */
     int ledger;                         /* record tags / stages per block */
     int backtrace_depth;
+    int python_stack;                   /* Python frames per allocation site */
     int release_at_stage_end;
     int stage_report;
     int leak_report;
@@ -111,6 +112,7 @@ typedef struct tally_options {
     uint64_t async_release_threshold;   /* bytes the async pool keeps cached */
     char persistent_tags[512];
     char report_path[512];
+    char leak_suppressions[512];        /* LeakSanitizer-style suppressions file */
 } tally_options_t;
 
 extern tally_options_t tally__opt;

@@ -52,14 +52,8 @@ int tally__intern_tag(const char *name, uint32_t *id);
 int tally__intern_stage(const char *name, uint32_t *id);
 bool tally__tag_is_persistent(uint32_t id);
 
-/* Allocation sites (backtraces), interned; NULL when off. */
+/* Allocation sites, interned; NULL when off (site.h). */
 typedef struct tally_site tally_site_t;
-tally_site_t *tally__site_capture(int depth);
-/* Symbolised frames of a site, one per line, through out. */
-void tally__site_write(const tally_site_t *site, tally_out_t *o, const char *indent);
-/* A short one-line label of the site (first frame outside tally). */
-void tally__site_label(const tally_site_t *site, char *buf, size_t len);
-uint32_t tally__site_id(const tally_site_t *site);
 
 /* Timeline (timeline.c): a bounded ring of events per device. */
 enum {

@@ -3,7 +3,7 @@
  * history, the live blocks grouped as leaks, the segments and blocks (for
  * snapshot export) and, when recorded, the timeline. docs/reports.md gives
  * the schema. Written at exit when report_path is set, or on demand. */
-#include "stage.h"
+#include "suppress.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,13 +86,22 @@ static void write_stage(const tally_stage_rec_t *rec, void *arg)
     tally__out_puts(o, "]}");
 }
 
+/* The live blocks grouped as the leak report groups them, each with its
+ * site's id and whether a suppression (or tally_ignore) covers it; then
+ * every site those groups name, with its whole frames. */
 static void write_leaks(tally_out_t *o)
 {
+    tally_suppressions_t *sup = tally__meta_calloc(sizeof *sup);
+    char why[700];
+    if (sup && tally__sup_load(sup, why, sizeof why))
+        sup->n = 0;
     leak_set_t s = tally__collect_leaks();
+    if (sup)
+        tally__leaks_classify(&s, sup);
     tally__out_puts(o, "\"leaks\":[");
     for (size_t i = 0; i < s.n; i++) {
         const leak_group_t *g = &s.items[i];
-        char label[256];
+        char label[1400];
         tally__out_puts(o, i ? ",\n {\"tag\":" : "\n {\"tag\":");
         tally__out_json_str(o, tally__tag_name(g->tag));
         tally__out_puts(o, ",\"stage\":");
@@ -102,10 +111,29 @@ static void write_leaks(tally_out_t *o)
                           (unsigned long long)g->blocks);
         tally__site_label(g->site, label, sizeof label);
         tally__out_json_str(o, label);
+        tally__out_printf(o, ",\"site_id\":%u,\"suppressed\":%s}", tally__site_id(g->site),
+                          g->suppressed == -1 ? "false" : "true");
+    }
+    tally__out_puts(o, "],\n\"sites\":[");
+    bool first = true;
+    for (size_t i = 0; i < s.n; i++) {
+        const tally_site_t *site = s.items[i].site;
+        size_t k = 0;
+        while (k < i && s.items[k].site != site)
+            k++;
+        if (!site || k < i)
+            continue;
+        tally__out_printf(o, "%s\n {\"id\":%u,\"frames\":", first ? "" : ",", tally__site_id(site));
+        tally__site_json(site, o);
         tally__out_puts(o, "}");
+        first = false;
     }
     tally__out_puts(o, "],\n");
     tally__meta_free(s.items);
+    if (sup) {
+        tally__sup_free(sup);
+        tally__meta_free(sup);
+    }
 }
 
 static const char *const state_names[] = {"inactive", "active_allocated", "active_pending_free"};
@@ -128,6 +156,8 @@ static void write_segments(tally_out_t *o, tally_device_t *d, bool *first)
                 tally__out_json_str(o, tally__tag_name(b->tag));
                 tally__out_puts(o, ",\"stage\":");
                 tally__out_json_str(o, tally__stage_name(b->stage));
+                if (b->site)
+                    tally__out_printf(o, ",\"site_id\":%u", tally__site_id(b->site));
             }
             tally__out_puts(o, "}");
         }

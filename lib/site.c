@@ -1,0 +1,166 @@
+/* Allocation sites. tally_malloc captures the caller's site before it takes
+ * any tally lock: its Python frames (pystack.c, already interned) and its
+ * native return addresses (unwind.c). The pair is interned here, so a block
+ * carries one pointer and a loop that allocates from one place makes one
+ * record. Frames are named only when a report is written (symbolize.c).
+ * Records are never freed: a site stays valid for the life of the process. */
+#include "site.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define SITE_BUCKETS 4096
+static tally_mutex_t site_lock = TALLY_MUTEX_INIT;
+static tally_site_t *site_buckets[SITE_BUCKETS];
+static uint32_t site_count;
+
+/* The first frames to drop: those inside tally, up to the return into
+ * tally_malloc (normally frame 0; later when a sanitizer's interceptor adds
+ * frames). hook is that return address. */
+static int first_outside(void *const *frames, int n, void *hook)
+{
+    for (int i = 0; i < n && i < 8; i++)
+        if (frames[i] == hook)
+            return i + 1;
+    return n > 1 ? 1 : 0;
+}
+
+__attribute__((noinline)) tally_site_t *tally__site_capture(int depth, int pydepth)
+{
+    enum { SLACK = 5 };
+    void *frames[64 + SLACK];
+    const tally_pysite_t *py = pydepth > 0 ? tally__py_capture(pydepth) : NULL;
+    int keep = 0, first = 0;
+    if (depth > 0) {
+        int want = depth + SLACK;
+        if (want > (int)(sizeof frames / sizeof frames[0]))
+            want = (int)(sizeof frames / sizeof frames[0]);
+        int n = tally__unwind(frames, want);
+        first = first_outside(frames, n, __builtin_return_address(0));
+        keep = n - first < depth ? n - first : depth;
+    }
+    if (!keep && !py)
+        return NULL;
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)(uintptr_t)py;
+    for (int i = 0; i < keep; i++)
+        h = (h ^ (uint64_t)(uintptr_t)frames[first + i]) * 1099511628211ull;
+    tally__mutex_lock(&site_lock);
+    tally_site_t **slot = &site_buckets[h % SITE_BUCKETS];
+    for (tally_site_t *s = *slot; s; s = s->next) {
+        if (s->hash == h && s->depth == keep && s->py == py &&
+            memcmp(s->frames, frames + first, (size_t)keep * sizeof(void *)) == 0) {
+            tally__mutex_unlock(&site_lock);
+            return s;
+        }
+    }
+    tally_site_t *s = tally__meta_alloc(sizeof *s + (size_t)keep * sizeof(void *));
+    if (s) {
+        s->hash = h;
+        s->depth = keep;
+        s->py = py;
+        s->id = ++site_count;
+        memcpy(s->frames, frames + first, (size_t)keep * sizeof(void *));
+        s->next = *slot;
+        *slot = s;
+    }
+    tally__mutex_unlock(&site_lock);
+    return s;
+}
+
+uint32_t tally__site_id(const tally_site_t *site)
+{
+    return site ? site->id : 0;
+}
+
+static int py_depth(const tally_site_t *site)
+{
+    return site->py ? site->py->depth : 0;
+}
+
+static void py_format(const tally_pyframe_t *f, char *buf, size_t len)
+{
+    snprintf(buf, len, "in %s %s:%d (python)", f->func, f->file, f->line);
+}
+
+void tally__site_write(const tally_site_t *site, tally_out_t *o, const char *indent)
+{
+    if (!site)
+        return;
+    char line[1400];
+    int k = 0;
+    for (int i = 0; i < py_depth(site); i++) {
+        py_format(&site->py->frames[i], line, sizeof line);
+        tally__out_printf(o, "%s#%d %s\n", indent, k++, line);
+    }
+    for (int i = 0; i < site->depth; i++) {
+        tally_frame_sym_t f;
+        tally__symbolize((uintptr_t)site->frames[i], &f);
+        tally__frame_format(&f, line, sizeof line);
+        tally__out_printf(o, "%s#%d %s\n", indent, k++, line);
+    }
+}
+
+void tally__site_label(const tally_site_t *site, char *buf, size_t len)
+{
+    if (site && py_depth(site)) {
+        const tally_pyframe_t *f = &site->py->frames[0];
+        snprintf(buf, len, "%s %s:%d", f->func, f->file, f->line);
+        return;
+    }
+    if (!site || !site->depth) {
+        snprintf(buf, len, "-");
+        return;
+    }
+    tally_frame_sym_t f;
+    tally__symbolize((uintptr_t)site->frames[0], &f);
+    if (f.line > 0)
+        snprintf(buf, len, "%s %s:%d", f.func[0] ? f.func : "??", f.file, f.line);
+    else
+        tally__frame_format(&f, buf, len);
+}
+
+static void json_frame(tally_out_t *o, bool first, const char *func, const char *file, int line, uintptr_t pc,
+                       bool python)
+{
+    tally__out_puts(o, first ? "{\"name\":" : ",{\"name\":");
+    tally__out_json_str(o, func[0] ? func : "??");
+    tally__out_puts(o, ",\"filename\":");
+    tally__out_json_str(o, file);
+    tally__out_printf(o, ",\"line\":%d,\"python\":%s", line, python ? "true" : "false");
+    if (!python)
+        tally__out_printf(o, ",\"pc\":%llu", (unsigned long long)pc);
+    tally__out_puts(o, "}");
+}
+
+void tally__site_json(const tally_site_t *site, tally_out_t *o)
+{
+    tally__out_puts(o, "[");
+    bool first = true;
+    for (int i = 0; site && i < py_depth(site); i++, first = false) {
+        const tally_pyframe_t *f = &site->py->frames[i];
+        json_frame(o, first, f->func, f->file, f->line, 0, true);
+    }
+    for (int i = 0; site && i < site->depth; i++, first = false) {
+        tally_frame_sym_t f;
+        tally__symbolize((uintptr_t)site->frames[i], &f);
+        json_frame(o, first, f.func, f.line > 0 ? f.file : f.module, f.line, f.pc, false);
+    }
+    tally__out_puts(o, "]");
+}
+
+bool tally__site_any_frame(const tally_site_t *site, bool (*fn)(const char *func, const char *file, void *arg),
+                           void *arg)
+{
+    if (!site)
+        return false;
+    for (int i = 0; i < py_depth(site); i++)
+        if (fn(site->py->frames[i].func, site->py->frames[i].file, arg))
+            return true;
+    for (int i = 0; i < site->depth; i++) {
+        tally_frame_sym_t f;
+        tally__symbolize((uintptr_t)site->frames[i], &f);
+        if (fn(f.func, f.line > 0 ? f.file : f.module, arg))
+            return true;
+    }
+    return false;
+}
