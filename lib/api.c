@@ -195,6 +195,7 @@ static void publish_runtime(const tally_options_t *n)
 #define STORE(f) __atomic_store_n(&tally__opt.f, n->f, __ATOMIC_RELAXED)
     STORE(backtrace_depth);
     STORE(python_stack);
+    STORE(unwinder);
     STORE(release_at_stage_end);
     STORE(stage_report);
     STORE(leak_report);

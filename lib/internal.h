@@ -84,6 +84,7 @@ void tally__sink_writer(void *arg, const char *text, size_t len);
 enum { TALLY_BACKEND_AUTO, TALLY_BACKEND_HOST, TALLY_BACKEND_CUDA, TALLY_BACKEND_ASYNC };
 enum { TALLY_HOST_BACKED, TALLY_HOST_VIRTUAL };
 enum { TALLY_LEAK_OFF, TALLY_LEAK_SUMMARY, TALLY_LEAK_FULL };
+enum { TALLY_UNWIND_AUTO, TALLY_UNWIND_GLIBC, TALLY_UNWIND_FP };
 #define TALLY_ROUNDUP_INTERVALS 16
 #define TALLY_MAX_DEVICES 64
 
@@ -100,6 +101,7 @@ typedef struct tally_options {
     int ledger;                         /* record tags / stages per block */
     int backtrace_depth;
     int python_stack;                   /* Python frames per allocation site */
+    int unwinder;                       /* TALLY_UNWIND_* (unwind.c) */
     int release_at_stage_end;
     int stage_report;
     int leak_report;

@@ -30,6 +30,7 @@ static const char *const backend_names[] = {"auto", "host", "cuda", "async", NUL
 static const char *const host_mode_names[] = {"backed", "virtual", NULL};
 static const char *const leak_names[] = {"off", "summary", "full", NULL};
 static const char *const pool_names[] = {"default", "private", NULL};
+static const char *const unwinder_names[] = {"auto", "glibc", "fp", NULL};
 
 #define OFF(f) offsetof(tally_options_t, f)
 static const option_row_t rows[] = {
@@ -61,6 +62,8 @@ static const option_row_t rows[] = {
      "record tag, stage and device of every block"},
     {"backtrace_depth", T_INT, OFF(backtrace_depth), 0, 64, NULL, true,
      "frames of native backtrace recorded per allocation (0: off)"},
+    {"unwinder", T_ENUM, OFF(unwinder), 0, 0, unwinder_names, true,
+     "native unwinder for backtrace_depth: auto (libunwind if installed, else glibc), glibc, fp (frame pointers)"},
     {"python_stack", T_INT, OFF(python_stack), 0, 64, NULL, true,
      "frames of the Python stack recorded per allocation (0: off)"},
     {"persistent_tags", T_STRING, OFF(persistent_tags), 0, 0, NULL, true,

@@ -44,6 +44,8 @@ const tally_pysite_t *tally__py_capture(int depth);
  * first is the return into the caller of tally__unwind's caller's caller,
  * as glibc's backtrace counts); returns how many. */
 int tally__unwind(void **frames, int max);
+/* Whether libunwind could be loaded (unwinder:auto uses it). */
+bool tally__unwind_has_libunwind(void);
 
 /* ---- site.c: interned sites --------------------------------------------- */
 struct tally_site {

@@ -54,6 +54,27 @@ static int child_two_sites(void)
     return 0;
 }
 
+/* A caller whose frame-pointer register holds garbage (code built without
+ * frame pointers may use it for anything): unwinder:fp must stop, not fault. */
+__attribute__((noinline, optimize("omit-frame-pointer"))) static void *garbage_fp_malloc(size_t size)
+{
+    void *p;
+    __asm__ volatile("mov $0x5a5a5a5a5a5a5a50, %%rbp\n\t"
+                     "call tally_malloc"
+                     : "=a"(p), "+D"(size)
+                     : "S"(0), "d"(0)
+                     : "rbp", "rcx", "r8", "r9", "r10", "r11", "memory", "cc");
+    return p;
+}
+
+static int child_garbage_fp(void)
+{
+    keep[nkeep++] = garbage_fp_malloc(MB);
+    LU_REQUIRE(keep[0] != NULL);
+    make_model();
+    return 0;
+}
+
 static int child_ignored(void)
 {
     make_model();
@@ -94,6 +115,36 @@ static void test_leak_report_names_function_file_and_line(void **state)
     LU_HAS(c.err, " in child_one_leak ");
     assert_true(lu_pos(c.err, " in child_one_leak ") > lu_pos(c.err, " in make_model "));
     LU_HAS(c.err, "tally: 4194304 bytes (4.0 MiB) in 1 block: tag weights, stage (none), device 0\n");
+    lu_child_free(&c);
+}
+
+static void test_each_unwinder_names_the_caller(void **state)
+{
+    (void)state;
+    static const char *const unwinders[] = {"auto", "glibc", "fp"};
+    for (int i = 0; i < 3; i++) {
+        char conf[256];
+        snprintf(conf, sizeof conf, SITES ",unwinder:%s", unwinders[i]);
+        lu_child_t c;
+        lu_child_run(&c, "one-leak", conf, NULL);
+        LU_CHILD_EXIT(&c, 0);
+        expect_frame(c.err, "make_model", model_line);
+        lu_child_free(&c);
+    }
+}
+
+static void test_frame_pointer_walk_survives_garbage(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    lu_child_run(&c, "garbage-fp", SITES ",unwinder:fp", NULL);
+    LU_CHILD_EXIT(&c, 0);
+    /* The garbage caller's own frame is still named (its return address is
+     * in tally_malloc's frame); the walk stops at the garbage. */
+    LU_HAS(c.err, "tally:     #0 0x");
+    LU_HAS(c.err, " in garbage_fp_malloc");
+    expect_frame(c.err, "make_model", model_line);
+    LU_HAS(c.err, "tally: SUMMARY: 5242880 bytes leaked in 2 blocks\n");
     lu_child_free(&c);
 }
 
@@ -281,6 +332,7 @@ static const lu_role_t roles[] = {
     {"one-leak", child_one_leak},
     {"two-sites", child_two_sites},
     {"ignored", child_ignored},
+    {"garbage-fp", child_garbage_fp},
     {NULL, NULL},
 };
 
@@ -291,6 +343,8 @@ int main(int argc, char **argv)
     setenv("TALLY_CONF", BASE ",leak_report:off", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_leak_report_names_function_file_and_line),
+        cmocka_unit_test(test_each_unwinder_names_the_caller),
+        cmocka_unit_test(test_frame_pointer_walk_survives_garbage),
         cmocka_unit_test(test_sites_grouped_biggest_first_frames_once),
         cmocka_unit_test(test_json_report_has_whole_sites),
         cmocka_unit_test(test_suppression_silences_one_site_not_the_other),
