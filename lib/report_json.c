@@ -58,7 +58,41 @@ static void write_ledger(tally_out_t *o)
 typedef struct stage_ctx {
     tally_out_t *o;
     bool first;
+    struct site_list *sites;
 } stage_ctx_t;
+
+/* The sites the report names (stage survivors, leaks), each once. */
+typedef struct site_list {
+    const tally_site_t **items;
+    size_t n, cap;
+} site_list_t;
+
+static void site_note(site_list_t *l, const tally_site_t *site)
+{
+    if (!site)
+        return;
+    for (size_t i = 0; i < l->n; i++)
+        if (l->items[i] == site)
+            return;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        const tally_site_t **grown = tally__meta_alloc(cap * sizeof *grown);
+        if (!grown)
+            return;
+        if (l->n)
+            memcpy(grown, l->items, l->n * sizeof *grown);
+        tally__meta_free(l->items);
+        l->items = grown;
+        l->cap = cap;
+    }
+    l->items[l->n++] = site;
+}
+
+static void write_site_id(tally_out_t *o, const tally_site_t *site)
+{
+    if (site)
+        tally__out_printf(o, ",\"site_id\":%u", tally__site_id(site));
+}
 
 static void write_stage(const tally_stage_rec_t *rec, void *arg)
 {
@@ -79,9 +113,12 @@ static void write_stage(const tally_stage_rec_t *rec, void *arg)
         const tally_survivor_t *s = &rec->surv[i];
         tally__out_puts(o, i ? ",{\"tag\":" : "{\"tag\":");
         tally__out_json_str(o, tally__tag_name(s->tag));
-        tally__out_printf(o, ",\"device\":%d,\"foreign\":%s,\"bytes\":%llu,\"blocks\":%llu}", s->device,
+        tally__out_printf(o, ",\"device\":%d,\"foreign\":%s,\"bytes\":%llu,\"blocks\":%llu", s->device,
                           is_foreign(s->device) ? "true" : "false", (unsigned long long)s->bytes,
                           (unsigned long long)s->blocks);
+        write_site_id(o, s->site);
+        site_note(c->sites, s->site);
+        tally__out_puts(o, "}");
     }
     tally__out_puts(o, "]}");
 }
@@ -89,7 +126,7 @@ static void write_stage(const tally_stage_rec_t *rec, void *arg)
 /* The live blocks grouped as the leak report groups them, each with its
  * site's id and whether a suppression (or tally_ignore) covers it; then
  * every site those groups name, with its whole frames. */
-static void write_leaks(tally_out_t *o)
+static void write_leaks(tally_out_t *o, site_list_t *sites)
 {
     tally_suppressions_t *sup = tally__meta_calloc(sizeof *sup);
     char why[700];
@@ -115,18 +152,12 @@ static void write_leaks(tally_out_t *o)
                           g->suppressed == -1 ? "false" : "true");
     }
     tally__out_puts(o, "],\n\"sites\":[");
-    bool first = true;
-    for (size_t i = 0; i < s.n; i++) {
-        const tally_site_t *site = s.items[i].site;
-        size_t k = 0;
-        while (k < i && s.items[k].site != site)
-            k++;
-        if (!site || k < i)
-            continue;
-        tally__out_printf(o, "%s\n {\"id\":%u,\"frames\":", first ? "" : ",", tally__site_id(site));
-        tally__site_json(site, o);
+    for (size_t i = 0; i < s.n; i++)
+        site_note(sites, s.items[i].site);
+    for (size_t i = 0; i < sites->n; i++) {
+        tally__out_printf(o, "%s\n {\"id\":%u,\"frames\":", i ? "," : "", tally__site_id(sites->items[i]));
+        tally__site_json(sites->items[i], o);
         tally__out_puts(o, "}");
-        first = false;
     }
     tally__out_puts(o, "],\n");
     tally__meta_free(s.items);
@@ -156,8 +187,7 @@ static void write_segments(tally_out_t *o, tally_device_t *d, bool *first)
                 tally__out_json_str(o, tally__tag_name(b->tag));
                 tally__out_puts(o, ",\"stage\":");
                 tally__out_json_str(o, tally__stage_name(b->stage));
-                if (b->site)
-                    tally__out_printf(o, ",\"site_id\":%u", tally__site_id(b->site));
+                write_site_id(o, b->site);
             }
             tally__out_puts(o, "}");
         }
@@ -216,12 +246,14 @@ int tally__report_json(tally_out_t *o)
     }
     tally__out_puts(o, "],\n");
     write_ledger(o);
-    stage_ctx_t c = {o, true};
+    site_list_t sites = {0};
+    stage_ctx_t c = {o, true, &sites};
     uint64_t total = 0;
     tally__out_puts(o, "\"stages\":[");
     tally__stage_history(write_stage, &c, &total);
     tally__out_printf(o, "],\n\"stages_total\":%llu,\n", (unsigned long long)total);
-    write_leaks(o);
+    write_leaks(o, &sites);
+    tally__meta_free(sites.items);
     bool first = true;
     tally__out_puts(o, "\"segments\":[");
     for (int i = 0; i < tally__g.ndev; i++) {

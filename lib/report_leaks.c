@@ -46,7 +46,8 @@ static int leak_cmp(const void *x, const void *y)
         return a->tag < b->tag ? -1 : 1;
     if (a->stage != b->stage)
         return a->stage < b->stage ? -1 : 1;
-    return tally__site_id(a->site) < tally__site_id(b->site) ? -1 : 1;
+    uint32_t sa = tally__site_id(a->site), sb = tally__site_id(b->site);
+    return sa < sb ? -1 : sa > sb;
 }
 
 /* Live blocks of every device, grouped, largest first; the caller frees items. */
@@ -78,74 +79,27 @@ void tally__leaks_classify(leak_set_t *s, tally_suppressions_t *sup)
     }
 }
 
-/* A group with the totals of its site, for ordering sites by bytes. */
-typedef struct site_row {
-    const leak_group_t *g;
-    uint64_t site_bytes, site_blocks;
-} site_row_t;
-
-static int by_site(const void *x, const void *y)
+static void leak_line(tally_out_t *o, const void *item, void *arg)
 {
-    uint32_t a = tally__site_id(((const site_row_t *)x)->g->site), b = tally__site_id(((const site_row_t *)y)->g->site);
-    return a < b ? -1 : a > b;
-}
-
-static int by_site_bytes(const void *x, const void *y)
-{
-    const site_row_t *a = x, *b = y;
-    if (a->site_bytes != b->site_bytes)
-        return a->site_bytes < b->site_bytes ? 1 : -1;
-    if (a->g->site != b->g->site)
-        return by_site(x, y);
-    return leak_cmp(a->g, b->g);
-}
-
-/* The unsuppressed groups, ordered by their site's bytes; *n rows. */
-static site_row_t *site_rows(const leak_set_t *s, size_t *n)
-{
-    site_row_t *rows = s->n ? tally__meta_alloc(s->n * sizeof *rows) : NULL;
-    size_t k = 0;
-    for (size_t i = 0; rows && i < s->n; i++)
-        if (s->items[i].suppressed == -1)
-            rows[k++] = (site_row_t){&s->items[i], 0, 0};
-    qsort(rows, k, sizeof *rows, by_site);
-    for (size_t i = 0; i < k;) {
-        size_t j = i;
-        uint64_t bytes = 0, blocks = 0;
-        for (; j < k && rows[j].g->site == rows[i].g->site; j++) {
-            bytes += rows[j].g->bytes;
-            blocks += rows[j].g->blocks;
-        }
-        for (; i < j; i++) {
-            rows[i].site_bytes = bytes;
-            rows[i].site_blocks = blocks;
-        }
-    }
-    qsort(rows, k, sizeof *rows, by_site_bytes);
-    *n = k;
-    return rows;
+    const leak_group_t *g = item;
+    char h[32], f[64];
+    tally__fmt_bytes(g->bytes, h, sizeof h);
+    tally__foreign_note(g->device, f, sizeof f);
+    tally__out_printf(o, "tally: %llu bytes (%s) in %llu block%s: tag %s, stage %s, device %d%s\n",
+                      (unsigned long long)g->bytes, h, (unsigned long long)g->blocks, tally__plural(g->blocks),
+                      tally__tag_name(g->tag), tally__stage_name(g->stage), g->device, f);
 }
 
 static void write_groups(tally_out_t *o, const leak_set_t *s)
 {
+    tally_site_row_t *rows = s->n ? tally__meta_alloc(s->n * sizeof *rows) : NULL;
     size_t n = 0;
-    site_row_t *rows = site_rows(s, &n);
-    for (size_t i = 0; i < n; i++) {
-        const leak_group_t *g = rows[i].g;
-        char h[32], f[64];
-        if (g->site && (i == 0 || rows[i - 1].g->site != g->site)) {
-            tally__fmt_bytes(rows[i].site_bytes, h, sizeof h);
-            tally__out_printf(o, "tally: Direct leak of %llu bytes (%s) in %llu block%s allocated from:\n",
-                              (unsigned long long)rows[i].site_bytes, h, (unsigned long long)rows[i].site_blocks,
-                              tally__plural(rows[i].site_blocks));
-            tally__site_write(g->site, o, "tally:     ");
-        }
-        tally__fmt_bytes(g->bytes, h, sizeof h);
-        tally__foreign_note(g->device, f, sizeof f);
-        tally__out_printf(o, "tally: %llu bytes (%s) in %llu block%s: tag %s, stage %s, device %d%s\n",
-                          (unsigned long long)g->bytes, h, (unsigned long long)g->blocks, tally__plural(g->blocks),
-                          tally__tag_name(g->tag), tally__stage_name(g->stage), g->device, f);
+    for (size_t i = 0; rows && i < s->n; i++) {
+        const leak_group_t *g = &s->items[i];
+        if (g->suppressed == -1)
+            rows[n++] = (tally_site_row_t){g->site, g->bytes, g->blocks, g, 0, 0};
     }
+    tally__write_by_site(o, rows, n, "Direct leak of ", leak_line, NULL);
     tally__meta_free(rows);
 }
 

@@ -1,6 +1,7 @@
 /* Text reports built from the ledger: the stage-end survivor report, the
  * leak report at exit, the OOM report, and the ledger table. Each line that
  * goes to the diagnostics sink starts with "tally: ". */
+#include "site.h"
 #include "stage.h"
 
 #include <stdio.h>
@@ -37,6 +38,17 @@ void tally__foreign_note(int device, char *buf, size_t len)
         buf[0] = 0;
 }
 
+static void survivor_line(tally_out_t *o, const void *item, void *stage)
+{
+    const tally_survivor_t *s = item;
+    char a[32], f[64];
+    tally__fmt_bytes(s->bytes, a, sizeof a);
+    tally__foreign_note(s->device, f, sizeof f);
+    tally__out_printf(o, "tally: stage %s ended with %s still live under tag %s on device %d (%llu block%s)%s\n",
+                      (const char *)stage, a, tally__tag_name(s->tag), s->device, (unsigned long long)s->blocks,
+                      tally__plural(s->blocks), f);
+}
+
 void tally__report_stage(const tally_stage_rec_t *rec, tally_out_t *o)
 {
     char a[32], b[32], c[32];
@@ -53,15 +65,13 @@ void tally__report_stage(const tally_stage_rec_t *rec, tally_out_t *o)
         tally__out_printf(o, "tally: stage %s ended after %.3f s: peak allocated %s, peak reserved %s; nothing "
                              "outlives it\n",
                           name, (double)rec->wall_us / 1e6, a, b);
-    for (uint32_t i = 0; i < rec->nsurv; i++) {
+    tally_site_row_t *rows = rec->nsurv ? tally__meta_alloc(rec->nsurv * sizeof *rows) : NULL;
+    for (uint32_t i = 0; rows && i < rec->nsurv; i++) {
         const tally_survivor_t *s = &rec->surv[i];
-        char f[64];
-        tally__fmt_bytes(s->bytes, a, sizeof a);
-        tally__foreign_note(s->device, f, sizeof f);
-        tally__out_printf(o, "tally: stage %s ended with %s still live under tag %s on device %d (%llu block%s)%s\n",
-                          name, a, tally__tag_name(s->tag), s->device, (unsigned long long)s->blocks,
-                          tally__plural(s->blocks), f);
+        rows[i] = (tally_site_row_t){s->site, s->bytes, s->blocks, s, 0, 0};
     }
+    tally__write_by_site(o, rows, rows ? rec->nsurv : 0, "", survivor_line, (void *)name);
+    tally__meta_free(rows);
     if (TALLY_OPT(release_at_stage_end)) {
         tally__fmt_bytes(rec->released, a, sizeof a);
         tally__fmt_bytes(rec->reserved_after, b, sizeof b);

@@ -5,8 +5,10 @@
  * record. Frames are named only when a report is written (symbolize.c).
  * Records are never freed: a site stays valid for the life of the process. */
 #include "site.h"
+#include "stage.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define SITE_BUCKETS 4096
@@ -163,4 +165,58 @@ bool tally__site_any_frame(const tally_site_t *site, bool (*fn)(const char *func
             return true;
     }
     return false;
+}
+
+/* ---- reports grouped by site --------------------------------------------- */
+
+static int by_site(const void *x, const void *y)
+{
+    uint32_t a = tally__site_id(((const tally_site_row_t *)x)->site);
+    uint32_t b = tally__site_id(((const tally_site_row_t *)y)->site);
+    return a < b ? -1 : a > b;
+}
+
+static int by_site_bytes(const void *x, const void *y)
+{
+    const tally_site_row_t *a = x, *b = y;
+    if (a->site_bytes != b->site_bytes)
+        return a->site_bytes < b->site_bytes ? 1 : -1;
+    if (a->site != b->site)
+        return by_site(x, y);
+    if (a->bytes != b->bytes)
+        return a->bytes < b->bytes ? 1 : -1;
+    return 0;
+}
+
+void tally__write_by_site(tally_out_t *o, tally_site_row_t *rows, size_t n, const char *what,
+                          void (*line)(tally_out_t *o, const void *item, void *arg), void *arg)
+{
+    if (!n)
+        return;
+    qsort(rows, n, sizeof *rows, by_site);
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        uint64_t bytes = 0, blocks = 0;
+        for (; j < n && rows[j].site == rows[i].site; j++) {
+            bytes += rows[j].bytes;
+            blocks += rows[j].blocks;
+        }
+        for (; i < j; i++) {
+            rows[i].site_bytes = bytes;
+            rows[i].site_blocks = blocks;
+        }
+    }
+    qsort(rows, n, sizeof *rows, by_site_bytes);
+    for (size_t i = 0; i < n; i++) {
+        const tally_site_row_t *r = &rows[i];
+        if (r->site && (i == 0 || rows[i - 1].site != r->site)) {
+            char h[32];
+            tally__fmt_bytes(r->site_bytes, h, sizeof h);
+            tally__out_printf(o, "tally: %s%llu bytes (%s) in %llu block%s allocated from:\n", what,
+                              (unsigned long long)r->site_bytes, h, (unsigned long long)r->site_blocks,
+                              r->site_blocks == 1 ? "" : "s");
+            tally__site_write(r->site, o, "tally:     ");
+        }
+        line(o, r->item, arg);
+    }
 }

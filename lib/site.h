@@ -72,4 +72,17 @@ void tally__site_json(const tally_site_t *site, tally_out_t *o);
 bool tally__site_any_frame(const tally_site_t *site, bool (*fn)(const char *func, const char *file, void *arg),
                            void *arg);
 
+/* Report lines grouped by site: sites with the most bytes first, each site's
+ * "tally: WHAT N bytes (H) in K blocks allocated from:" line and frames once,
+ * then line(o, item, arg) for each of its rows, largest first. Rows without a
+ * site come without a heading. Sorts rows. */
+typedef struct tally_site_row {
+    const tally_site_t *site;
+    uint64_t bytes, blocks;
+    const void *item;
+    uint64_t site_bytes, site_blocks; /* filled in */
+} tally_site_row_t;
+void tally__write_by_site(tally_out_t *o, tally_site_row_t *rows, size_t n, const char *what,
+                          void (*line)(tally_out_t *o, const void *item, void *arg), void *arg);
+
 #endif

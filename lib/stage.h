@@ -6,10 +6,11 @@
 
 #define TALLY_STAGE_HISTORY 256
 
-/* Live bytes of one (tag, device) that outlived a stage. */
+/* Live bytes of one (tag, device, allocation site) that outlived a stage. */
 typedef struct tally_survivor {
     uint32_t tag;
     int device;
+    const tally_site_t *site; /* NULL without backtrace_depth / python_stack */
     uint64_t bytes;
     uint64_t blocks;
 } tally_survivor_t;

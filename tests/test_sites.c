@@ -54,6 +54,18 @@ static int child_two_sites(void)
     return 0;
 }
 
+/* The two-sites allocations made inside stage "load", then freed after it. */
+static int child_stage(void)
+{
+    LU_REQUIRE(tally_stage_begin("load") == 0);
+    child_two_sites();
+    LU_REQUIRE(tally_stage_end("load") == 0);
+    LU_REQUIRE(tally_write_report(NULL) == 0);
+    for (int i = 0; i < nkeep; i++)
+        tally_free(keep[i]);
+    return 0;
+}
+
 /* A caller whose frame-pointer register holds garbage (code built without
  * frame pointers may use it for anything): unwinder:fp must stop, not fault. */
 __attribute__((noinline, optimize("omit-frame-pointer"))) static void *garbage_fp_malloc(size_t size)
@@ -199,6 +211,41 @@ static void test_json_report_has_whole_sites(void **state)
     lu_child_free(&c);
 }
 
+static void test_stage_survivors_grouped_by_site(void **state)
+{
+    (void)state;
+    char path[512], conf[700];
+    snprintf(path, sizeof path, "%s/stage.json", lu_tmpdir());
+    snprintf(conf, sizeof conf, SITES ",report_path:%s", path);
+    lu_child_t c;
+    lu_child_run(&c, "stage", conf, NULL);
+    LU_CHILD_EXIT(&c, 0);
+    const char *model = "tally: 8388608 bytes (8.0 MiB) in 2 blocks allocated from:\ntally:     #0 0x";
+    const char *line = "tally: stage load ended with 8.0 MiB still live under tag weights on device 0 (2 blocks)\n";
+    const char *cache = "tally: 1048576 bytes (1.0 MiB) in 1 block allocated from:\ntally:     #0 0x";
+    LU_HAS(c.err, model);
+    LU_HAS(c.err, line);
+    LU_HAS(c.err, cache);
+    assert_true(lu_pos(c.err, model) < lu_pos(c.err, line) && lu_pos(c.err, line) < lu_pos(c.err, cache));
+    expect_frame(c.err, "make_cache", cache_line);
+    LU_LACKS(c.err, "SUMMARY"); /* freed after the stage */
+    /* The JSON survivors name their sites, which the report lists. */
+    tally_json_t *root = lu_json_file(path);
+    const tally_json_t *stage = &lu_jarr(root, "stages")->items[0];
+    const tally_json_t *surv = lu_jarr(stage, "survivors");
+    LU_EQ(surv->len, 2);
+    const tally_json_t *sites = lu_jarr(root, "sites");
+    for (size_t i = 0; i < surv->len; i++) {
+        int64_t id = lu_jint(&surv->items[i], "site_id");
+        bool found = false;
+        for (size_t k = 0; k < sites->len; k++)
+            found |= lu_jint(&sites->items[k], "id") == id;
+        assert_true(found);
+    }
+    tally__json_free(root);
+    lu_child_free(&c);
+}
+
 /* ---- suppressions ------------------------------------------------------------- */
 
 static const char *write_supp(const char *name, const char *text)
@@ -333,6 +380,7 @@ static const lu_role_t roles[] = {
     {"two-sites", child_two_sites},
     {"ignored", child_ignored},
     {"garbage-fp", child_garbage_fp},
+    {"stage", child_stage},
     {NULL, NULL},
 };
 
@@ -347,6 +395,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_frame_pointer_walk_survives_garbage),
         cmocka_unit_test(test_sites_grouped_biggest_first_frames_once),
         cmocka_unit_test(test_json_report_has_whole_sites),
+        cmocka_unit_test(test_stage_survivors_grouped_by_site),
         cmocka_unit_test(test_suppression_silences_one_site_not_the_other),
         cmocka_unit_test(test_suppressed_leaks_never_set_the_exit_code),
         cmocka_unit_test(test_ignored_block_is_counted_apart),
