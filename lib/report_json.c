@@ -151,14 +151,8 @@ static void write_leaks(tally_out_t *o, site_list_t *sites)
         tally__out_printf(o, ",\"site_id\":%u,\"suppressed\":%s}", tally__site_id(g->site),
                           g->suppressed == -1 ? "false" : "true");
     }
-    tally__out_puts(o, "],\n\"sites\":[");
     for (size_t i = 0; i < s.n; i++)
         site_note(sites, s.items[i].site);
-    for (size_t i = 0; i < sites->n; i++) {
-        tally__out_printf(o, "%s\n {\"id\":%u,\"frames\":", i ? "," : "", tally__site_id(sites->items[i]));
-        tally__site_json(sites->items[i], o);
-        tally__out_puts(o, "}");
-    }
     tally__out_puts(o, "],\n");
     tally__meta_free(s.items);
     if (sup) {
@@ -169,7 +163,7 @@ static void write_leaks(tally_out_t *o, site_list_t *sites)
 
 static const char *const state_names[] = {"inactive", "active_allocated", "active_pending_free"};
 
-static void write_segments(tally_out_t *o, tally_device_t *d, bool *first)
+static void write_segments(tally_out_t *o, tally_device_t *d, bool *first, site_list_t *sites)
 {
     for (tally_segment_t *s = d->segments; s; s = s->next) {
         tally__out_printf(o,
@@ -188,6 +182,7 @@ static void write_segments(tally_out_t *o, tally_device_t *d, bool *first)
                 tally__out_puts(o, ",\"stage\":");
                 tally__out_json_str(o, tally__stage_name(b->stage));
                 write_site_id(o, b->site);
+                site_note(sites, b->site);
             }
             tally__out_puts(o, "}");
         }
@@ -198,7 +193,7 @@ static void write_segments(tally_out_t *o, tally_device_t *d, bool *first)
 static const char *const action_names[] = {"alloc", "free_requested", "segment_alloc", "segment_free", "oom",
                                            "stage_begin", "stage_end"};
 
-static void write_timeline(tally_out_t *o, tally_device_t *d, bool *first)
+static void write_timeline(tally_out_t *o, tally_device_t *d, bool *first, site_list_t *sites)
 {
     size_t cap = (size_t)tally__opt.timeline_events;
     tally_event_rec_t *ev = tally__meta_alloc(cap * sizeof *ev);
@@ -218,6 +213,8 @@ static void write_timeline(tally_out_t *o, tally_device_t *d, bool *first)
         tally__out_json_str(o, tally__tag_name(ev[i].tag));
         tally__out_puts(o, ",\"stage\":");
         tally__out_json_str(o, tally__stage_name(ev[i].stage));
+        write_site_id(o, ev[i].site);
+        site_note(sites, ev[i].site);
         tally__out_puts(o, "}");
     }
     tally__meta_free(ev);
@@ -253,12 +250,11 @@ int tally__report_json(tally_out_t *o)
     tally__stage_history(write_stage, &c, &total);
     tally__out_printf(o, "],\n\"stages_total\":%llu,\n", (unsigned long long)total);
     write_leaks(o, &sites);
-    tally__meta_free(sites.items);
     bool first = true;
     tally__out_puts(o, "\"segments\":[");
     for (int i = 0; i < tally__g.ndev; i++) {
         tally__mutex_lock(&tally__g.dev[i]->lock);
-        write_segments(o, tally__g.dev[i], &first);
+        write_segments(o, tally__g.dev[i], &first, &sites);
         tally__mutex_unlock(&tally__g.dev[i]->lock);
     }
     tally__out_puts(o, "],\n\"timeline\":[");
@@ -266,9 +262,17 @@ int tally__report_json(tally_out_t *o)
     /* Whatever was recorded, even if timeline has since been turned off. */
     for (int i = 0; i < tally__g.ndev; i++) {
         tally__mutex_lock(&tally__g.dev[i]->lock);
-        write_timeline(o, tally__g.dev[i], &first);
+        write_timeline(o, tally__g.dev[i], &first, &sites);
         tally__mutex_unlock(&tally__g.dev[i]->lock);
     }
+    /* Every site named above (symbolised here, with no lock held). */
+    tally__out_puts(o, "],\n\"sites\":[");
+    for (size_t i = 0; i < sites.n; i++) {
+        tally__out_printf(o, "%s\n {\"id\":%u,\"frames\":", i ? "," : "", tally__site_id(sites.items[i]));
+        tally__site_json(sites.items[i], o);
+        tally__out_puts(o, "}");
+    }
+    tally__meta_free(sites.items);
     tally__out_puts(o, "]}\n");
     tally__out_flush(o);
     return o->failed ? -TALLY_ENOMEM : 0;

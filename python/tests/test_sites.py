@@ -10,7 +10,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from tally import _lib
+from tally import _lib, viz
 
 from .support import run_python
 
@@ -50,6 +50,21 @@ class PythonFramesTest(unittest.TestCase):
             self.assertEqual(frames[0], {"name": "make_model", "filename": str(SCRIPT),
                                          "line": line_of("make_model"), "python": True})
             self.assertEqual(frames[1]["line"], line_of("main_once"))
+
+    def test_snapshot_export_has_the_frames(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            report = os.path.join(tmp, "r.json")
+            r = self.run_script("once", BASE + ",python_stack:8,timeline:true,report_path:" + report)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            snap = viz.to_snapshot(viz.load_report(report))
+        want = {"filename": str(SCRIPT), "line": line_of("make_model"), "name": "make_model"}
+        blocks = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+        self.assertEqual(len(blocks), 1)
+        self.assertEqual(blocks[0]["frames"][0], want)
+        self.assertEqual(blocks[0]["frames"][1]["line"], line_of("main_once"))
+        self.assertEqual(blocks[0]["frames"][-1]["name"], "tag untagged, stage (none)")
+        (alloc,) = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
+        self.assertEqual(alloc["frames"][0], want)
 
     def test_model_built_twice_names_the_second_line_and_the_foreign_block(self):
         r = self.run_script("twice", BASE + ",python_stack:8,leak_exitcode:3")
