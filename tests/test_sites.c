@@ -348,10 +348,28 @@ static void test_bad_suppressions_file_is_one_line(void **state)
     p = write_supp("empty.supp", "leak:   \n");
     snprintf(want, sizeof want, "%s:1: empty pattern", p);
     expect_bad_file(p, want);
-    /* A good file is taken, and "" turns them off. */
+    char longline[1100];
+    memset(longline, 'x', sizeof longline - 2);
+    longline[sizeof longline - 2] = '\n';
+    longline[sizeof longline - 1] = 0;
+    p = write_supp("long.supp", longline);
+    snprintf(want, sizeof want, "%s:1: line longer than 1024 characters", p);
+    expect_bad_file(p, want);
+    /* A good file is taken; made bad later, the report says so in one line
+     * and suppresses nothing; "" turns them off. */
     p = write_supp("good.supp", "leak:x\n");
     snprintf(want, sizeof want, "leak_suppressions:%s", p);
     LU_OK(tally_configure(want));
+    write_supp("good.supp", "bad line\n");
+    void *b = lu_malloc(MB, 0);
+    lu_buf_t buf = {0};
+    LU_OK(tally_write_leaks(0, lu_buf_write, &buf));
+    snprintf(want, sizeof want, "tally: leak_suppressions: %s:1: 'bad line' is not leak:PATTERN; no leak is suppressed\n",
+             p);
+    LU_HAS(lu_buf_str(&buf), want);
+    LU_HAS(lu_buf_str(&buf), "tally: SUMMARY: 1048576 bytes leaked in 1 block\n");
+    lu_buf_free(&buf);
+    tally_free(b);
     LU_OK(tally_configure("leak_suppressions:"));
 }
 
