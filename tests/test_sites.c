@@ -160,6 +160,24 @@ static void test_frame_pointer_walk_survives_garbage(void **state)
     lu_child_free(&c);
 }
 
+static void test_python_stack_without_an_interpreter_records_nothing(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    /* No Python in this process: no site at all with python_stack alone ... */
+    lu_child_run(&c, "one-leak", BASE ",leak_report:full,python_stack:8", NULL);
+    LU_CHILD_EXIT(&c, 0);
+    LU_LACKS(c.err, "allocated from:");
+    LU_HAS(c.err, "tally: 4194304 bytes (4.0 MiB) in 1 block: tag weights, stage (none), device 0\n");
+    lu_child_free(&c);
+    /* ... and native frames only with both. */
+    lu_child_run(&c, "one-leak", SITES ",python_stack:8", NULL);
+    LU_CHILD_EXIT(&c, 0);
+    expect_frame(c.err, "make_model", model_line);
+    LU_LACKS(c.err, "(python)");
+    lu_child_free(&c);
+}
+
 static void test_sites_grouped_biggest_first_frames_once(void **state)
 {
     (void)state;
@@ -411,6 +429,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_leak_report_names_function_file_and_line),
         cmocka_unit_test(test_each_unwinder_names_the_caller),
         cmocka_unit_test(test_frame_pointer_walk_survives_garbage),
+        cmocka_unit_test(test_python_stack_without_an_interpreter_records_nothing),
         cmocka_unit_test(test_sites_grouped_biggest_first_frames_once),
         cmocka_unit_test(test_json_report_has_whole_sites),
         cmocka_unit_test(test_stage_survivors_grouped_by_site),
