@@ -79,92 +79,135 @@ static int py_depth(const tally_site_t *site)
     return site->py ? site->py->depth : 0;
 }
 
-static void py_format(const tally_pyframe_t *f, char *buf, size_t len)
+/* One frame of a site as the reports see it: Python frames first, then
+ * the native ones, each native return address giving one frame per
+ * function inlined there. */
+typedef struct frame_view {
+    const char *func, *file; /* file: the module for a native frame without line information */
+    int line;
+    const tally_frame_sym_t *sym; /* NULL for a Python frame */
+} frame_view_t;
+
+/* Visit the frames of site until fn returns true; returns whether it did. */
+static bool each_frame(const tally_site_t *site, bool (*fn)(const frame_view_t *v, void *arg), void *arg)
 {
-    snprintf(buf, len, "in %s %s:%d (python)", f->func, f->file, f->line);
+    if (!site)
+        return false;
+    for (int i = 0; i < py_depth(site); i++) {
+        const tally_pyframe_t *p = &site->py->frames[i];
+        frame_view_t v = {p->func, p->file, p->line, NULL};
+        if (fn(&v, arg))
+            return true;
+    }
+    tally_frame_sym_t f[TALLY_INLINE_MAX];
+    for (int i = 0; i < site->depth; i++) {
+        int n = tally__symbolize((uintptr_t)site->frames[i], f, TALLY_INLINE_MAX);
+        for (int j = 0; j < n; j++) {
+            frame_view_t v = {f[j].func[0] ? f[j].func : "??", f[j].line > 0 ? f[j].file : f[j].module, f[j].line,
+                              &f[j]};
+            if (fn(&v, arg))
+                return true;
+        }
+    }
+    return false;
+}
+
+static void view_format(const frame_view_t *v, char *buf, size_t len)
+{
+    if (v->sym)
+        tally__frame_format(v->sym, buf, len);
+    else
+        snprintf(buf, len, "in %s %s:%d (python)", v->func, v->file, v->line);
+}
+
+typedef struct write_ctx {
+    tally_out_t *o;
+    const char *indent;
+    int k;
+} write_ctx_t;
+
+static bool write_one(const frame_view_t *v, void *arg)
+{
+    write_ctx_t *c = arg;
+    char line[1400];
+    view_format(v, line, sizeof line);
+    tally__out_printf(c->o, "%s#%d %s\n", c->indent, c->k++, line);
+    return false;
 }
 
 void tally__site_write(const tally_site_t *site, tally_out_t *o, const char *indent)
 {
-    if (!site)
-        return;
-    char line[1400];
-    int k = 0;
-    for (int i = 0; i < py_depth(site); i++) {
-        py_format(&site->py->frames[i], line, sizeof line);
-        tally__out_printf(o, "%s#%d %s\n", indent, k++, line);
-    }
-    for (int i = 0; i < site->depth; i++) {
-        tally_frame_sym_t f;
-        tally__symbolize((uintptr_t)site->frames[i], &f);
-        tally__frame_format(&f, line, sizeof line);
-        tally__out_printf(o, "%s#%d %s\n", indent, k++, line);
-    }
+    write_ctx_t c = {o, indent, 0};
+    each_frame(site, write_one, &c);
+}
+
+typedef struct label_ctx {
+    char *buf;
+    size_t len;
+} label_ctx_t;
+
+static bool label_one(const frame_view_t *v, void *arg)
+{
+    label_ctx_t *c = arg;
+    if (v->line > 0)
+        snprintf(c->buf, c->len, "%s %s:%d", v->func, v->file, v->line);
+    else
+        view_format(v, c->buf, c->len);
+    return true;
 }
 
 void tally__site_label(const tally_site_t *site, char *buf, size_t len)
 {
-    if (site && py_depth(site)) {
-        const tally_pyframe_t *f = &site->py->frames[0];
-        snprintf(buf, len, "%s %s:%d", f->func, f->file, f->line);
-        return;
-    }
-    if (!site || !site->depth) {
+    label_ctx_t c = {buf, len};
+    if (!each_frame(site, label_one, &c))
         snprintf(buf, len, "-");
-        return;
-    }
-    tally_frame_sym_t f;
-    tally__symbolize((uintptr_t)site->frames[0], &f);
-    if (f.line > 0)
-        snprintf(buf, len, "%s %s:%d", f.func[0] ? f.func : "??", f.file, f.line);
-    else
-        tally__frame_format(&f, buf, len);
 }
 
-static void json_frame(tally_out_t *o, bool first, const char *func, const char *file, int line, uintptr_t pc,
-                       bool python)
+typedef struct json_ctx {
+    tally_out_t *o;
+    bool first;
+} json_ctx_t;
+
+static bool json_one(const frame_view_t *v, void *arg)
 {
-    tally__out_puts(o, first ? "{\"name\":" : ",{\"name\":");
-    tally__out_json_str(o, func[0] ? func : "??");
+    json_ctx_t *c = arg;
+    tally_out_t *o = c->o;
+    tally__out_puts(o, c->first ? "{\"name\":" : ",{\"name\":");
+    c->first = false;
+    tally__out_json_str(o, v->func);
     tally__out_puts(o, ",\"filename\":");
-    tally__out_json_str(o, file);
-    tally__out_printf(o, ",\"line\":%d,\"python\":%s", line, python ? "true" : "false");
-    if (!python)
-        tally__out_printf(o, ",\"pc\":%llu", (unsigned long long)pc);
+    tally__out_json_str(o, v->file);
+    tally__out_printf(o, ",\"line\":%d,\"python\":%s", v->line, v->sym ? "false" : "true");
+    if (v->sym)
+        tally__out_printf(o, ",\"pc\":%llu", (unsigned long long)v->sym->pc);
     tally__out_puts(o, "}");
+    return false;
 }
 
 void tally__site_json(const tally_site_t *site, tally_out_t *o)
 {
+    json_ctx_t c = {o, true};
     tally__out_puts(o, "[");
-    bool first = true;
-    for (int i = 0; site && i < py_depth(site); i++, first = false) {
-        const tally_pyframe_t *f = &site->py->frames[i];
-        json_frame(o, first, f->func, f->file, f->line, 0, true);
-    }
-    for (int i = 0; site && i < site->depth; i++, first = false) {
-        tally_frame_sym_t f;
-        tally__symbolize((uintptr_t)site->frames[i], &f);
-        json_frame(o, first, f.func, f.line > 0 ? f.file : f.module, f.line, f.pc, false);
-    }
+    each_frame(site, json_one, &c);
     tally__out_puts(o, "]");
+}
+
+typedef struct match_ctx {
+    bool (*fn)(const char *func, const char *file, void *arg);
+    void *arg;
+} match_ctx_t;
+
+static bool match_one(const frame_view_t *v, void *arg)
+{
+    match_ctx_t *c = arg;
+    return c->fn(v->func, v->file, c->arg);
 }
 
 bool tally__site_any_frame(const tally_site_t *site, bool (*fn)(const char *func, const char *file, void *arg),
                            void *arg)
 {
-    if (!site)
-        return false;
-    for (int i = 0; i < py_depth(site); i++)
-        if (fn(site->py->frames[i].func, site->py->frames[i].file, arg))
-            return true;
-    for (int i = 0; i < site->depth; i++) {
-        tally_frame_sym_t f;
-        tally__symbolize((uintptr_t)site->frames[i], &f);
-        if (fn(f.func, f.line > 0 ? f.file : f.module, arg))
-            return true;
-    }
-    return false;
+    match_ctx_t c = {fn, arg};
+    return each_frame(site, match_one, &c);
 }
 
 /* ---- reports grouped by site --------------------------------------------- */

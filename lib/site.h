@@ -15,9 +15,16 @@ typedef struct tally_frame_sym {
     int line;               /* 0 without line information */
     char module[512];       /* the executable or library, "" when unknown */
     uintptr_t module_offset;
+    int call_line;          /* an inlined function: where it was inlined (symbolize.c) */
+    uint64_t call_file;
 } tally_frame_sym_t;
-/* Name a return address: libdw when it loads, else dladdr. */
-void tally__symbolize(uintptr_t pc, tally_frame_sym_t *f);
+/* Name a return address: libdw when it loads, else dladdr. Code inlined
+ * there gives several frames, innermost first (LeakSanitizer shows them
+ * the same way): f[0] the inlined function, then each function it was
+ * inlined into at the line of the inlined call. Fills f[0..max-1]; returns
+ * how many (at least 1). */
+#define TALLY_INLINE_MAX 8
+int tally__symbolize(uintptr_t pc, tally_frame_sym_t *f, int max);
 /* Whether libdw could be loaded (file and line information available). */
 bool tally__symbolizer_has_dwarf(void);
 /* "0x... in func file.c:LINE", or "0x... in func+0xOFF (module+0xOFF)". */

@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -23,6 +24,18 @@ typedef struct Dwfl Dwfl;
 typedef struct Dwfl_Module Dwfl_Module;
 typedef struct Dwfl_Line Dwfl_Line;
 typedef int (*dw_cb_fn)(void);
+/* libdw's public Dwarf_Die and Dwarf_Attribute (libdw.h), by layout. */
+typedef struct {
+    void *addr, *cu, *abbrev;
+    long padding;
+} dw_die_t;
+typedef struct {
+    unsigned int code, form;
+    unsigned char *valp;
+    void *cu;
+} dw_attr_t;
+enum { DW_TAG_INLINED = 0x1d, DW_TAG_SUBPROGRAM = 0x2e, DW_AT_NAME = 0x03, DW_AT_CALL_FILE = 0x58,
+       DW_AT_CALL_LINE = 0x59 };
 typedef struct {
     dw_cb_fn find_elf, find_debuginfo, section_address;
     char **debuginfo_path;
@@ -39,6 +52,16 @@ static struct {
     const char *(*lineinfo)(Dwfl_Line *, uint64_t *, int *, int *, uint64_t *, uint64_t *);
     const char *(*module_info)(Dwfl_Module *, void ***, uint64_t *, uint64_t *, uint64_t *, uint64_t *,
                                const char **, const char **);
+    /* Optional: the innermost (perhaps inlined) function's name. */
+    dw_die_t *(*addrdie)(Dwfl_Module *, uint64_t, uint64_t *);
+    int (*getscopes)(dw_die_t *, uint64_t, dw_die_t **);
+    int (*getscopes_die)(dw_die_t *, dw_die_t **);
+    int (*tag)(dw_die_t *);
+    dw_attr_t *(*attr_integrate)(dw_die_t *, unsigned int, dw_attr_t *);
+    const char *(*formstring)(dw_attr_t *);
+    int (*formudata)(dw_attr_t *, uint64_t *);
+    int (*getsrcfiles)(dw_die_t *, void **, size_t *);
+    const char *(*filesrc)(void *, size_t, uint64_t *, uint64_t *);
     dw_callbacks_t cb;
     char *debug_path;
     Dwfl *dwfl;
@@ -57,6 +80,15 @@ static tally_mutex_t sym_lock = TALLY_MUTEX_INIT;
 
 static int dw_refresh(void);
 
+/* An entry point that may be missing: 0 when found. */
+static int opt_sym(void *h, const char *name, void *field)
+{
+    void *p = dlsym(h, name);
+    if (p)
+        memcpy(field, &p, sizeof p);
+    return p ? 0 : -1;
+}
+
 static int dw_load(void)
 {
     void *h = dlopen("libdw.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -73,6 +105,12 @@ static int dw_load(void)
     DW_SYM(module_info, "dwfl_module_info");
     DW_SYM(cb.find_elf, "dwfl_linux_proc_find_elf");
     DW_SYM(cb.find_debuginfo, "dwfl_standard_find_debuginfo");
+    if (opt_sym(h, "dwfl_module_addrdie", &dw.addrdie) || opt_sym(h, "dwarf_getscopes", &dw.getscopes) ||
+        opt_sym(h, "dwarf_getscopes_die", &dw.getscopes_die) ||
+        opt_sym(h, "dwarf_tag", &dw.tag) || opt_sym(h, "dwarf_attr_integrate", &dw.attr_integrate) ||
+        opt_sym(h, "dwarf_formstring", &dw.formstring) || opt_sym(h, "dwarf_formudata", &dw.formudata) ||
+        opt_sym(h, "dwarf_getsrcfiles", &dw.getsrcfiles) || opt_sym(h, "dwarf_filesrc", &dw.filesrc))
+        dw.addrdie = NULL; /* no inlined names: the symbol table's */
     dw.cb.debuginfo_path = &dw.debug_path; /* NULL: libdw's default search path */
     dw.dwfl = dw.begin(&dw.cb);
     if (!dw.dwfl)
@@ -95,14 +133,83 @@ static const char *base_name(const char *path)
     return s ? s + 1 : path;
 }
 
-/* Fill f from libdw; 0 when the address lies in a known module. */
-static int dw_lookup(uintptr_t pc, tally_frame_sym_t *f)
+static const char *die_string(dw_die_t *die, unsigned int at)
+{
+    dw_attr_t attr;
+    return dw.attr_integrate(die, at, &attr) ? dw.formstring(&attr) : NULL;
+}
+
+static uint64_t die_number(dw_die_t *die, unsigned int at)
+{
+    dw_attr_t attr;
+    uint64_t v = 0;
+    if (!dw.attr_integrate(die, at, &attr) || dw.formudata(&attr, &v) != 0)
+        return 0;
+    return v;
+}
+
+/* Functions inlined at a: f[0] (filled from the symbol and line tables)
+ * becomes the innermost inlined function, and f[1..] the functions it was
+ * inlined into, each at the line of its inlined call, out to the real
+ * function. Returns the number of frames (1 when nothing was inlined). */
+static int dw_inlined(Dwfl_Module *m, uint64_t a, tally_frame_sym_t *f, int max)
+{
+    uint64_t bias = 0;
+    dw_die_t *cu = dw.addrdie ? dw.addrdie(m, a, &bias) : NULL;
+    dw_die_t *inner = NULL, *scopes = NULL;
+    /* The scopes at a end at the first inlined instance's abstract
+     * definition; the scopes around that innermost DIE itself give the
+     * concrete chain of functions it was inlined into. */
+    int nscopes = cu ? dw.getscopes(cu, a - bias, &inner) : 0;
+    nscopes = nscopes > 0 ? dw.getscopes_die(&inner[0], &scopes) : 0;
+    void *files = NULL;
+    size_t nfiles = 0;
+    if (nscopes > 0 && dw.getsrcfiles(cu, &files, &nfiles) != 0)
+        files = NULL;
+    int n = 0;
+    for (int i = 0; i < nscopes && n < max; i++) {
+        int tag = dw.tag(&scopes[i]);
+        if (tag != DW_TAG_INLINED && tag != DW_TAG_SUBPROGRAM)
+            continue;
+        if (n > 0) { /* the caller of the previous one: same pc and module */
+            f[n] = f[0];
+            f[n].file[0] = 0;
+            f[n].line = 0;
+        }
+        const char *name = die_string(&scopes[i], DW_AT_NAME);
+        if (name && *name) {
+            snprintf(f[n].func, sizeof f[n].func, "%s", name);
+            f[n].func_offset = 0;
+        }
+        if (n > 0) {
+            /* The line of the call that inlined frame n-1. */
+            f[n].line = f[n - 1].call_line;
+            uint64_t fi = f[n - 1].call_file;
+            const char *file = files && fi < nfiles ? dw.filesrc(files, fi, NULL, NULL) : NULL;
+            snprintf(f[n].file, sizeof f[n].file, "%s", file && f[n].line ? file : "");
+            if (!f[n].file[0])
+                f[n].line = 0;
+        }
+        f[n].call_line = tag == DW_TAG_INLINED ? (int)die_number(&scopes[i], DW_AT_CALL_LINE) : 0;
+        f[n].call_file = tag == DW_TAG_INLINED ? die_number(&scopes[i], DW_AT_CALL_FILE) : 0;
+        n++;
+        if (tag == DW_TAG_SUBPROGRAM)
+            break;
+    }
+    free(inner);
+    free(scopes);
+    return n ? n : 1;
+}
+
+/* Fill f[0..] from libdw; the number of frames, 0 when the address lies in
+ * no known module. */
+static int dw_lookup(uintptr_t pc, tally_frame_sym_t *f, int max)
 {
     uint64_t a = pc - 1; /* a return address: look up the call itself */
     Dwfl_Module *m = dw.addrmodule(dw.dwfl, a);
     if (!m) {
         if (dw_refresh() != 0 || !(m = dw.addrmodule(dw.dwfl, a)))
-            return -1;
+            return 0;
     }
     uint64_t start = 0;
     const char *mod = dw.module_info(m, NULL, &start, NULL, NULL, NULL, NULL, NULL);
@@ -121,11 +228,12 @@ static int dw_lookup(uintptr_t pc, tally_frame_sym_t *f)
     Dwfl_Line *line = dw.getsrc(m, a);
     int lineno = 0;
     const char *file = line ? dw.lineinfo(line, NULL, &lineno, NULL, NULL, NULL) : NULL;
-    if (file && lineno > 0) {
-        snprintf(f->file, sizeof f->file, "%s", file);
-        f->line = lineno;
-    }
-    return 0;
+    if (!file || lineno <= 0)
+        return 1;
+    snprintf(f->file, sizeof f->file, "%s", file);
+    f->line = lineno;
+    /* The line may be in inlined code: one frame per inlined function. */
+    return dw_inlined(m, a, f, max);
 }
 
 static void dladdr_lookup(uintptr_t pc, tally_frame_sym_t *f)
@@ -143,17 +251,18 @@ static void dladdr_lookup(uintptr_t pc, tally_frame_sym_t *f)
     }
 }
 
-void tally__symbolize(uintptr_t pc, tally_frame_sym_t *f)
+int tally__symbolize(uintptr_t pc, tally_frame_sym_t *f, int max)
 {
     memset(f, 0, sizeof *f);
     f->pc = pc;
     tally__mutex_lock(&sym_lock);
     if (dw.state == 0)
         dw.state = dw_load() == 0 ? 1 : -1;
-    int found = dw.state == 1 && dw_lookup(pc, f) == 0;
+    int n = dw.state == 1 ? dw_lookup(pc, f, max) : 0;
     tally__mutex_unlock(&sym_lock);
-    if (!found || !f->func[0])
+    if (!n || !f->func[0])
         dladdr_lookup(pc, f);
+    return n ? n : 1;
 }
 
 bool tally__symbolizer_has_dwarf(void)

@@ -33,6 +33,27 @@ __attribute__((noinline)) static void make_cache(void)
     LU_REQUIRE(keep[nkeep - 1] != NULL);
 }
 
+/* An allocation in a function inlined into make_inlined: the report shows
+ * both, as LeakSanitizer does, the inlined one first. */
+static const int inlined_line = __LINE__ + 3;
+static inline __attribute__((always_inline)) void *alloc_inlined(void)
+{
+    return tally_malloc(2 * MB, 0, NULL);
+}
+
+static const int inlined_call_line = __LINE__ + 3;
+__attribute__((noinline)) static void make_inlined(void)
+{
+    keep[nkeep++] = alloc_inlined();
+    LU_REQUIRE(keep[nkeep - 1] != NULL);
+}
+
+static int child_inlined(void)
+{
+    make_inlined();
+    return 0;
+}
+
 static int child_one_leak(void)
 {
     LU_REQUIRE(tally_tag_push("weights") == 0);
@@ -127,6 +148,22 @@ static void test_leak_report_names_function_file_and_line(void **state)
     LU_HAS(c.err, " in child_one_leak ");
     assert_true(lu_pos(c.err, " in child_one_leak ") > lu_pos(c.err, " in make_model "));
     LU_HAS(c.err, "tally: 4194304 bytes (4.0 MiB) in 1 block: tag weights, stage (none), device 0\n");
+    lu_child_free(&c);
+}
+
+static void test_inlined_functions_get_their_own_frames(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    lu_child_run(&c, "inlined", SITES, NULL);
+    LU_CHILD_EXIT(&c, 0);
+    expect_frame(c.err, "alloc_inlined", inlined_line);
+    expect_frame(c.err, "make_inlined", inlined_call_line);
+    /* Same return address, two functions: #0 the inlined one, #1 its caller. */
+    assert_true(lu_pos(c.err, "#0 0x") < lu_pos(c.err, " in alloc_inlined "));
+    assert_true(lu_pos(c.err, " in alloc_inlined ") < lu_pos(c.err, "#1 0x"));
+    assert_true(lu_pos(c.err, "#1 0x") < lu_pos(c.err, " in make_inlined "));
+    assert_true(lu_pos(c.err, " in make_inlined ") < lu_pos(c.err, "#2 0x"));
     lu_child_free(&c);
 }
 
@@ -415,6 +452,7 @@ static const lu_role_t roles[] = {
     {"one-leak", child_one_leak},
     {"two-sites", child_two_sites},
     {"ignored", child_ignored},
+    {"inlined", child_inlined},
     {"garbage-fp", child_garbage_fp},
     {"stage", child_stage},
     {NULL, NULL},
@@ -427,6 +465,7 @@ int main(int argc, char **argv)
     setenv("TALLY_CONF", BASE ",leak_report:off", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_leak_report_names_function_file_and_line),
+        cmocka_unit_test(test_inlined_functions_get_their_own_frames),
         cmocka_unit_test(test_each_unwinder_names_the_caller),
         cmocka_unit_test(test_frame_pointer_walk_survives_garbage),
         cmocka_unit_test(test_python_stack_without_an_interpreter_records_nothing),
