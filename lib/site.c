@@ -7,6 +7,8 @@
 #include "site.h"
 #include "stage.h"
 
+#include <link.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,15 +18,52 @@ static tally_mutex_t site_lock = TALLY_MUTEX_INIT;
 static tally_site_t *site_buckets[SITE_BUCKETS];
 static uint32_t site_count;
 
-/* The first frames to drop: those inside tally, up to the return into
- * tally_malloc (normally frame 0; later when a sanitizer's interceptor adds
- * frames). hook is that return address. */
+/* Executable code of libtally.so, [text_lo, text_hi); empty when tally is
+ * linked into the program itself (then only the frames up to tally_malloc
+ * are tally's). */
+static uintptr_t text_lo, text_hi;
+static pthread_once_t text_once = PTHREAD_ONCE_INIT;
+
+static int find_text(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    (void)size;
+    uintptr_t me = (uintptr_t)arg;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X) || me < lo || me >= lo + ph->p_memsz)
+            continue;
+        if (info->dlpi_name && info->dlpi_name[0]) { /* a shared library, not the program */
+            text_lo = lo;
+            text_hi = lo + ph->p_memsz;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+static void text_init(void)
+{
+    dl_iterate_phdr(find_text, (void *)(uintptr_t)&tally__site_capture);
+}
+
+/* The first frame to keep: after the return into tally_malloc (hook;
+ * normally frame 0, later when a sanitizer's interceptor adds frames), and
+ * after any further frames in libtally.so (tally_torch_alloc, PyTorch's
+ * entry point, calls tally_malloc). */
 static int first_outside(void *const *frames, int n, void *hook)
 {
-    for (int i = 0; i < n && i < 8; i++)
-        if (frames[i] == hook)
-            return i + 1;
-    return n > 1 ? 1 : 0;
+    int first = n > 1 ? 1 : 0;
+    for (int i = 0; i < n && i < 8; i++) {
+        if (frames[i] == hook) {
+            first = i + 1;
+            break;
+        }
+    }
+    pthread_once(&text_once, text_init);
+    while (first < n - 1 && (uintptr_t)frames[first] >= text_lo && (uintptr_t)frames[first] < text_hi)
+        first++;
+    return first;
 }
 
 __attribute__((noinline)) tally_site_t *tally__site_capture(int depth, int pydepth)

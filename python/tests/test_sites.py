@@ -127,3 +127,23 @@ class IgnoreTest(unittest.TestCase):
         self.assertIn("ignored (tally_ignore): 12288 bytes (12.0 KiB) in 2 blocks", r.stderr)
         self.assertIn("refused: tally_ignore: ", r.stdout)
         self.assertIn("not the start of a live block", r.stdout)
+
+
+TORCH_SCRIPT = """
+import ctypes, os
+lib = ctypes.CDLL(os.environ["TALLY_LIB"])
+lib.tally_torch_alloc.restype = ctypes.c_void_p
+lib.tally_torch_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+assert lib.tally_torch_alloc(4096, 0, None)
+"""
+
+
+class NativeFramesTest(unittest.TestCase):
+    def test_frames_inside_libtally_are_left_out(self):
+        # PyTorch's entry point calls tally_malloc inside libtally.so: the
+        # first native frame kept is its caller's (here ctypes' libffi).
+        r = run_python(["-c", TORCH_SCRIPT], conf=BASE + ",backtrace_depth:4", TALLY_LIB=_lib.library_path())
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("#0 0x", r.stderr)
+        self.assertNotIn("tally_torch_alloc", r.stderr)
+        self.assertNotIn("libtally.so", r.stderr)
