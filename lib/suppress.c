@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define SUP_LINE 1024
 
@@ -74,6 +75,16 @@ static char *trim(char *s)
 /* Parse path into sup (which may be NULL: check only). 0, or -1 with why. */
 static int parse(const char *path, tally_suppressions_t *sup, char *why, size_t len)
 {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        snprintf(why, len, "cannot open '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    /* A FIFO or a terminal could block the caller for ever. */
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(why, len, "'%s' is not a regular file", path);
+        return -1;
+    }
     FILE *f = fopen(path, "r");
     if (!f) {
         snprintf(why, len, "cannot open '%s': %s", path, strerror(errno));

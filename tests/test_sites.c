@@ -397,6 +397,9 @@ static void test_bad_suppressions_file_is_one_line(void **state)
     char want[700];
     snprintf(want, sizeof want, "cannot open '%s': No such file or directory", dir);
     expect_bad_file(dir, want);
+    snprintf(want, sizeof want, "'%s' is not a regular file", lu_tmpdir());
+    expect_bad_file(lu_tmpdir(), want);
+    expect_bad_file("/dev/null", "'/dev/null' is not a regular file");
     const char *p = write_supp("bad.supp", "# ok\nleak:x\nfun:malloc\n");
     snprintf(want, sizeof want, "%s:3: 'fun:malloc' is not leak:PATTERN", p);
     expect_bad_file(p, want);
