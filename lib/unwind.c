@@ -16,7 +16,8 @@
  *   tally's own frames on the way (tally_malloc, the site capture) keep
  *   frame pointers (Makefile), so the caller's frame is always right.
  *
- * auto (the default) is libunwind when it loads, else glibc. */
+ * auto (the default) is libunwind when it loads, else glibc (and always
+ * glibc in a ThreadSanitizer build, below). */
 #include "site.h"
 
 #include <dlfcn.h>
@@ -25,12 +26,26 @@
 #include <stdatomic.h>
 #include <string.h>
 
+/* Under ThreadSanitizer libunwind is left alone: its per-thread cache is
+ * freed by a thread-specific-data destructor that locks a mutex after
+ * TSan has torn down the exiting thread's state, which crashes the thread. */
+#if defined(__SANITIZE_THREAD__)
+#define TALLY_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TALLY_UNDER_TSAN 1
+#endif
+#endif
+
 typedef int (*bt_fn)(void **, int);
 static bt_fn unw_backtrace_fn;
 static pthread_once_t unw_once = PTHREAD_ONCE_INIT;
 
 static void unw_load(void)
 {
+#ifdef TALLY_UNDER_TSAN
+    return;
+#endif
     void *h = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
     void *p = h ? dlsym(h, "unw_backtrace") : NULL;
     if (p)

@@ -7,6 +7,9 @@
  * ROLE), so the exit path and leak_exitcode run for real. */
 #include "ledgerutil.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
+
 bool tally__sup_pattern_match(const char *pattern, const char *text);
 
 #define MB LU_MiB
@@ -301,6 +304,64 @@ static void test_stage_survivors_grouped_by_site(void **state)
     lu_child_free(&c);
 }
 
+/* ---- threads ------------------------------------------------------------------ */
+
+#define THREADS 4
+#define PER_THREAD 500
+
+static void *thread_blocks[THREADS][PER_THREAD];
+
+static _Atomic int threads_done;
+
+static void *alloc_thread(void *arg)
+{
+    void **out = arg;
+    for (int i = 0; i < PER_THREAD; i++)
+        out[i] = tally_malloc(4096, 0, NULL);
+    atomic_fetch_add(&threads_done, 1);
+    return NULL;
+}
+
+static void count_write(void *arg, const char *text, size_t len)
+{
+    (void)text;
+    *(size_t *)arg += len;
+}
+
+static void test_sites_from_many_threads_while_reports_are_written(void **state)
+{
+    (void)state;
+    LU_OK(tally_configure("backtrace_depth:6"));
+    void *mine = lu_malloc(MB, 1); /* so that every report has a site to name */
+    pthread_t th[THREADS];
+    for (int t = 0; t < THREADS; t++)
+        assert_int_equal(pthread_create(&th[t], NULL, alloc_thread, thread_blocks[t]), 0);
+    /* Reports symbolise while the threads capture and intern sites. */
+    size_t written = 0;
+    int reports = 0;
+    do {
+        LU_OK(tally_write_leaks(1, count_write, &written));
+        reports++;
+    } while (atomic_load(&threads_done) < THREADS);
+    for (int t = 0; t < THREADS; t++)
+        pthread_join(th[t], NULL);
+    LU_OK(tally_configure("backtrace_depth:0"));
+    assert_true(written > (size_t)reports * 100);
+    tally_free(mine);
+    /* One site for all: the same return addresses in every thread. */
+    lu_buf_t buf = {0};
+    LU_OK(tally_write_leaks(1, lu_buf_write, &buf));
+    char want[128];
+    snprintf(want, sizeof want, "tally: Direct leak of %d bytes", THREADS * PER_THREAD * 4096);
+    LU_HAS(lu_buf_str(&buf), want);
+    LU_EQ(lu_count(lu_buf_str(&buf), " in alloc_thread "), 1);
+    lu_buf_free(&buf);
+    for (int t = 0; t < THREADS; t++)
+        for (int i = 0; i < PER_THREAD; i++)
+            tally_free(thread_blocks[t][i]);
+    LU_CHECK_OK();
+}
+
 /* ---- suppressions ------------------------------------------------------------- */
 
 static const char *write_supp(const char *name, const char *text)
@@ -479,6 +540,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_suppressed_leaks_never_set_the_exit_code),
         cmocka_unit_test(test_ignored_block_is_counted_apart),
         cmocka_unit_test(test_bad_suppressions_file_is_one_line),
+        cmocka_unit_test(test_sites_from_many_threads_while_reports_are_written),
         cmocka_unit_test(test_pattern_matching),
     };
     int failed = cmocka_run_group_tests_name("sites", tests, NULL, NULL);
