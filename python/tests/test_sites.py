@@ -103,6 +103,28 @@ if __name__ == "__main__":
     unittest.main()
 
 
+LEAKS_SCRIPT = """
+import tally
+lib = tally.library()
+
+def allocate_here():
+    return lib.tally_malloc(4096, 0, None)  # line:allocate_here
+
+p = allocate_here()
+(group,) = tally.leaks()
+print(group["frames"][0]["name"], group["frames"][0]["line"], group["frames"][0]["python"])
+lib.tally_free(p)
+"""
+
+
+class LeaksApiTest(unittest.TestCase):
+    def test_leaks_carry_their_frames(self):
+        r = run_python(["-c", LEAKS_SCRIPT], conf=BASE + ",python_stack:4")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        line = next(n for n, t in enumerate(LEAKS_SCRIPT.splitlines(), 1) if t.endswith("# line:allocate_here"))
+        self.assertEqual(r.stdout, "allocate_here %d True\n" % line)
+
+
 IGNORE_SCRIPT = """
 import tally
 lib = tally.library()
