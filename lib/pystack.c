@@ -103,22 +103,31 @@ static size_t ptr_slot(const void *p, size_t mask)
     return (size_t)(((uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull) >> 32) & mask;
 }
 
-/* Under the GIL and py_lock. NULL without memory. */
-static const code_name_t *code_lookup(PyObject *code)
+/* The names of code, when known. Under py_lock. */
+static bool code_find_locked(const PyObject *code, const char **file, const char **func)
 {
-    if (codes) {
-        for (size_t i = ptr_slot(code, codes_mask);; i = (i + 1) & codes_mask) {
-            if (codes[i].code == code)
-                return &codes[i];
-            if (!codes[i].code)
-                break;
+    if (!codes)
+        return false;
+    for (size_t i = ptr_slot(code, codes_mask);; i = (i + 1) & codes_mask) {
+        if (codes[i].code == code) {
+            *file = codes[i].file;
+            *func = codes[i].func;
+            return true;
         }
+        if (!codes[i].code)
+            return false;
     }
+}
+
+/* Remember code's names; false without memory. Under py_lock (and the GIL:
+ * Py_IncRef runs no Python code). */
+static bool code_add_locked(PyObject *code, const char *file, const char *func)
+{
     if (!codes || (ncodes + 1) * 2 > codes_mask + 1) {
         size_t cap = codes ? (codes_mask + 1) * 2 : 256;
         code_name_t *grown = tally__meta_calloc(cap * sizeof *grown);
         if (!grown)
-            return NULL;
+            return false;
         for (size_t i = 0; codes && i <= codes_mask; i++) {
             if (!codes[i].code)
                 continue;
@@ -135,9 +144,30 @@ static const code_name_t *code_lookup(PyObject *code)
     while (codes[i].code)
         i = (i + 1) & codes_mask;
     py.incref(code); /* kept for ever: its address names it */
-    codes[i] = (code_name_t){code, attr_utf8(code, "co_filename"), attr_utf8(code, "co_name")};
+    codes[i] = (code_name_t){code, file, func};
     ncodes++;
-    return &codes[i];
+    return true;
+}
+
+/* The file and function of a code object: a look-up after the first time.
+ * The first time its attributes are read with no tally lock held (reading
+ * them runs no Python code today, but a lock held across a call into
+ * Python could deadlock with another thread waiting for the GIL). */
+static void code_names(PyObject *code, const char **file, const char **func)
+{
+    tally__mutex_lock(&py_lock);
+    bool found = code_find_locked(code, file, func);
+    tally__mutex_unlock(&py_lock);
+    if (found)
+        return;
+    const char *fi = attr_utf8(code, "co_filename"), *fn = attr_utf8(code, "co_name");
+    tally__mutex_lock(&py_lock);
+    if (!code_find_locked(code, file, func)) {
+        code_add_locked(code, fi, fn);
+        *file = fi;
+        *func = fn;
+    }
+    tally__mutex_unlock(&py_lock);
 }
 
 /* ---- sites, stored once ------------------------------------------------------ */
@@ -182,16 +212,17 @@ const tally_pysite_t *tally__py_capture(int depth)
         depth = 64;
     int n = 0;
     int gil = py.gil_ensure();
+    /* No tally lock is held while Python is called. */
     PyObject *f = py.get_frame(); /* borrowed */
     bool owned = false;
-    tally__mutex_lock(&py_lock);
     while (f && n < depth) {
         PyObject *code = py.frame_code(f);
-        const code_name_t *c = code ? code_lookup(code) : NULL;
-        if (c)
-            frames[n++] = (tally_pyframe_t){c->file, c->func, py.frame_line(f)};
-        if (code)
+        if (code) {
+            tally_pyframe_t *fr = &frames[n++];
+            code_names(code, &fr->file, &fr->func);
+            fr->line = py.frame_line(f);
             py.decref(code);
+        }
         PyObject *back = py.frame_back(f);
         if (owned)
             py.decref(f);
@@ -200,8 +231,9 @@ const tally_pysite_t *tally__py_capture(int depth)
     }
     if (f && owned)
         py.decref(f);
+    py.gil_release(gil);
+    tally__mutex_lock(&py_lock);
     const tally_pysite_t *s = n ? pysite_intern(frames, n) : NULL;
     tally__mutex_unlock(&py_lock);
-    py.gil_release(gil);
     return s;
 }
