@@ -56,6 +56,9 @@ $(BUILD)/obj/%.o: lib/%.cc include/tally.h
 
 # tally_torch_alloc may unwind a C++ exception (torch_oom.cc) through its frame.
 $(BUILD)/obj/torch_abi.o: CFLAGS += -fexceptions
+# unwinder:fp walks frame pointers from the site capture through tally_malloc
+# to its caller (lib/unwind.c): these frames keep theirs.
+$(BUILD)/obj/api.o $(BUILD)/obj/site.o $(BUILD)/obj/unwind.o $(BUILD)/obj/torch_abi.o: CFLAGS += -fno-omit-frame-pointer
 
 $(BUILD)/lib/libtally.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)

@@ -22,7 +22,7 @@ fi
 TRACES=$(cd "$TRACES" && pwd)
 BIN=$BUILD/bench
 for f in "$BIN/hotpath-glibc" "$BIN/hotpath-jemalloc" "$BIN/hotpath-mimalloc" "$BUILD/bin/tally-replay" \
-  "$BIN/torchpath-mimalloc" "$BIN/pt-expand-model"; do
+  "$BIN/torchpath-mimalloc" "$BIN/pt-expand-model" "$BIN/unwind"; do
   if [ ! -x "$f" ]; then
     echo "run.sh: $f is missing; run: make -C bench BUILD=$BUILD" >&2
     exit 1
@@ -53,6 +53,9 @@ for i in 1 2 3; do
 done
 step "hot path, tally with backtrace_depth:16"
 "$BIN/hotpath-glibc" --only tally --rounds 1 --label bt16 --conf backtrace_depth:16 >"$OUT/backtrace.txt"
+step "allocation sites: unwinders at depth 16, python_stack:8 from a Python loop"
+"$BIN/unwind" >"$OUT/unwind.txt"
+python3 "$HERE/pystack.py" "$BUILD/lib/libtally.so" >"$OUT/pystack.txt"
 # 3. Replay of the recorded and the synthetic traces.
 step "replay"
 replay_args=("$TRACES")
@@ -171,6 +174,14 @@ END {
     print ""
   }
 }'
+echo
+echo "## Allocation sites: unwinding at depth 16 (bench/unwind.c, 1 thread, 4 KiB pairs 16 frames below main)"
+echo
+cat "$OUT/unwind.txt"
+echo
+echo "## Allocation sites: python_stack:8 from a Python loop (bench/pystack.py, ctypes, 8 frames deep)"
+echo
+cat "$OUT/pystack.txt"
 echo
 echo "## Hot path: instructions per pair (callgrind, 1 thread, sizes <= 256 KiB)"
 echo

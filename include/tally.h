@@ -253,8 +253,15 @@ TALLY_API int tally_write_summary(int device, int abbreviated, tally_write_fn wr
 TALLY_API int tally_write_ledger(tally_write_fn write, void *arg);
 
 /* The leak report of every live block, grouped by (tag, stage, device,
- * site), largest first (full != 0), or only its SUMMARY line. */
+ * site), sites with the most bytes first, each site's frames printed once
+ * (full != 0), or only its SUMMARY line. Leaks matched by leak_suppressions
+ * and blocks passed to tally_ignore are counted apart, not as leaked. */
 TALLY_API int tally_write_leaks(int full, tally_write_fn write, void *arg);
+
+/* Mark the live block at ptr as kept on purpose: it stays live but the leak
+ * report counts it apart ("ignored") and it never sets leak_exitcode.
+ * Returns 0, or -TALLY_EINVAL when ptr is not a live block of tally. */
+TALLY_API int tally_ignore(void *ptr);
 
 /* Write the JSON report (docs/reports.md) to path; NULL uses report_path.
  * %p in the path becomes the pid, %r the rank (RANK, else 0). The file is

@@ -2,7 +2,7 @@
  * argument checks, and the lock around each call into the cache. Bad input
  * is rejected here with one line naming the problem; the cache below only
  * ever sees valid devices, sizes and blocks. */
-#include "ledger.h"
+#include "site.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -216,6 +216,8 @@ static void publish_runtime(const tally_options_t *n)
 {
 #define STORE(f) __atomic_store_n(&tally__opt.f, n->f, __ATOMIC_RELAXED)
     STORE(backtrace_depth);
+    STORE(python_stack);
+    STORE(unwinder);
     STORE(release_at_stage_end);
     STORE(stage_report);
     STORE(leak_report);
@@ -228,6 +230,7 @@ static void publish_runtime(const tally_options_t *n)
     __atomic_store(&tally__opt.memory_fraction, &n->memory_fraction, __ATOMIC_RELAXED);
     memcpy(tally__opt.persistent_tags, n->persistent_tags, sizeof tally__opt.persistent_tags);
     memcpy(tally__opt.report_path, n->report_path, sizeof tally__opt.report_path);
+    memcpy(tally__opt.leak_suppressions, n->leak_suppressions, sizeof tally__opt.leak_suppressions);
 }
 
 int tally_configure(const char *conf)
@@ -326,9 +329,9 @@ void *tally_malloc(size_t size, int device, void *stream)
         return NULL;
     /* The allocation site is unwound before the lock: it is slow. */
     void *site = NULL;
-    int depth = TALLY_OPT(backtrace_depth);
-    if (TALLY_UNLIKELY(depth > 0) && tally__opt.ledger)
-        site = tally__site_capture(depth);
+    int depth = TALLY_OPT(backtrace_depth), pydepth = TALLY_OPT(python_stack);
+    if (TALLY_UNLIKELY(depth > 0 || pydepth > 0) && tally__opt.ledger)
+        site = tally__site_capture(depth, pydepth);
     tally__mutex_lock(&d->lock);
     tally_block_t *b = tally__cache_malloc_locked(d, size, stream, site);
     void *p = b ? (void *)b->addr : NULL;
@@ -426,6 +429,20 @@ void tally_free(void *ptr)
     }
     tally__cache_free_locked(d, b);
     tally__mutex_unlock(&d->lock);
+}
+
+int tally_ignore(void *ptr)
+{
+    int rc = tally__ensure_init();
+    if (rc)
+        return rc;
+    tally_device_t *d;
+    tally_block_t *b = ptr ? find_live((uintptr_t)ptr, false, &d) : NULL;
+    if (!b)
+        return ptr ? bad_pointer("tally_ignore", (uintptr_t)ptr) : tally__fail(TALLY_EINVAL, "tally_ignore: ptr is NULL");
+    b->ignored = 1;
+    tally__mutex_unlock(&d->lock);
+    return 0;
 }
 
 int tally_free_checked(void *ptr, size_t size, int device)

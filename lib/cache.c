@@ -707,6 +707,7 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
     if (b->size >= tally__opt.max_split_size)
         tally__stat_inc(&d->stats.oversize_allocations, 1);
     b->site = site;
+    b->ignored = 0;
     tally__ledger_on_alloc_locked(d, b);
     tally__timeline_block_locked(d, TALLY_EV_ALLOC, b);
     return b;

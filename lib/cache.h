@@ -36,6 +36,7 @@ struct tally_block {
     uint8_t state;               /* BLOCK_* */
     uint8_t paged;               /* counted on its expandable segment's pages */
     uint8_t deferred;            /* pending: events wait for a capture to end */
+    uint8_t ignored;             /* tally_ignore: kept on purpose, not a leak */
     uint16_t event_count;        /* outstanding stream events */
     uint16_t nuses, cap_uses;    /* streams recorded by record_stream */
     tally_use_t *uses;

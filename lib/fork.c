@@ -2,8 +2,8 @@
  * were inside tally starts with every lock free and a consistent state.
  *
  * prepare takes every lock of the library in the documented lock order
- * (lib/internal.h: stage, config, each device in turn, names, site, host
- * backend, sink, heap). No other thread ever holds two device locks, so
+ * (lib/internal.h: stage, config, each device in turn, names, site, Python
+ * frames, host backend, sink, heap). No other thread ever holds two device locks, so
  * holding all of them here cannot deadlock; once prepare returns, no other
  * thread is half-way through changing tally's state. The parent then
  * releases them in reverse order; the child, whose only thread is the one
@@ -39,6 +39,7 @@ static void prepare(void)
         tally__mutex_lock(&tally__g.dev[i]->lock);
     tally__mutex_lock(tally__names_lock());
     tally__mutex_lock(tally__site_lock());
+    tally__mutex_lock(tally__pystack_lock());
     tally__mutex_lock(tally__host_lock());
     tally__mutex_lock(tally__sink_lock());
     tally__mutex_lock(tally__heap_lock());
@@ -49,6 +50,7 @@ static void parent(void)
     tally__mutex_unlock(tally__heap_lock());
     tally__mutex_unlock(tally__sink_lock());
     tally__mutex_unlock(tally__host_lock());
+    tally__mutex_unlock(tally__pystack_lock());
     tally__mutex_unlock(tally__site_lock());
     tally__mutex_unlock(tally__names_lock());
     for (int i = locked_devices - 1; i >= 0; i--)
@@ -72,6 +74,7 @@ static void child(void)
     reset(tally__heap_lock());
     reset(tally__sink_lock());
     reset(tally__host_lock());
+    reset(tally__pystack_lock());
     reset(tally__site_lock());
     reset(tally__names_lock());
     reset(tally__config_lock());

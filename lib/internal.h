@@ -5,7 +5,8 @@
  * the ledger's name lock or the sink lock; never the other way round, and
  * never two device locks at once (except the fork handlers, which hold
  * them all, in device order, while no other thread holds two). The whole
- * order is stage, config, devices, names, site, host backend, sink, heap. */
+ * order is stage, config, devices, names, site, python frames, host backend,
+ * sink, heap. */
 #ifndef TALLY_INTERNAL_H
 #define TALLY_INTERNAL_H
 
@@ -52,6 +53,7 @@ tally_mutex_t *tally__stage_lock(void);
 tally_mutex_t *tally__config_lock(void);
 tally_mutex_t *tally__names_lock(void);
 tally_mutex_t *tally__site_lock(void);
+tally_mutex_t *tally__pystack_lock(void);
 tally_mutex_t *tally__host_lock(void);
 tally_mutex_t *tally__sink_lock(void);
 tally_mutex_t *tally__heap_lock(void);
@@ -102,6 +104,7 @@ void tally__sink_writer(void *arg, const char *text, size_t len);
 enum { TALLY_BACKEND_AUTO, TALLY_BACKEND_HOST, TALLY_BACKEND_CUDA, TALLY_BACKEND_ASYNC };
 enum { TALLY_HOST_BACKED, TALLY_HOST_VIRTUAL };
 enum { TALLY_LEAK_OFF, TALLY_LEAK_SUMMARY, TALLY_LEAK_FULL };
+enum { TALLY_UNWIND_AUTO, TALLY_UNWIND_GLIBC, TALLY_UNWIND_FP };
 #define TALLY_ROUNDUP_INTERVALS 16
 #define TALLY_MAX_DEVICES 64
 
@@ -117,6 +120,8 @@ typedef struct tally_options {
     double memory_fraction;             /* 0: none; applies to every device */
     int ledger;                         /* record tags / stages per block */
     int backtrace_depth;
+    int python_stack;                   /* Python frames per allocation site */
+    int unwinder;                       /* TALLY_UNWIND_* (unwind.c) */
     int release_at_stage_end;
     int stage_report;
     int leak_report;
@@ -130,6 +135,7 @@ typedef struct tally_options {
     uint64_t async_release_threshold;   /* bytes the async pool keeps cached */
     char persistent_tags[512];
     char report_path[512];
+    char leak_suppressions[512];        /* LeakSanitizer-style suppressions file */
 } tally_options_t;
 
 extern tally_options_t tally__opt;

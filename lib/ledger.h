@@ -52,14 +52,8 @@ int tally__intern_tag(const char *name, uint32_t *id);
 int tally__intern_stage(const char *name, uint32_t *id);
 bool tally__tag_is_persistent(uint32_t id);
 
-/* Allocation sites (backtraces), interned; NULL when off. */
+/* Allocation sites, interned; NULL when off (site.h). */
 typedef struct tally_site tally_site_t;
-tally_site_t *tally__site_capture(int depth);
-/* Symbolised frames of a site, one per line, through out. */
-void tally__site_write(const tally_site_t *site, tally_out_t *o, const char *indent);
-/* A short one-line label of the site (first frame outside tally). */
-void tally__site_label(const tally_site_t *site, char *buf, size_t len);
-uint32_t tally__site_id(const tally_site_t *site);
 
 /* Timeline (timeline.c): a bounded ring of events per device. */
 enum {
@@ -77,23 +71,25 @@ typedef struct tally_event_rec {
     uint64_t size;
     void *stream;
     uint32_t tag, stage;
+    const tally_site_t *site; /* alloc and free events: the block's site */
     uint8_t action;
     int64_t allocated, reserved; /* device totals after the event */
 } tally_event_rec_t;
 void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream,
-                                   uint32_t tag, uint32_t stage);
+                                   uint32_t tag, uint32_t stage, const tally_site_t *site);
 /* An event of the device (segments, OOM, stage boundaries): the current
  * thread's tag and the current stage. */
 static inline void tally__timeline_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream)
 {
     if (TALLY_UNLIKELY(TALLY_OPT(timeline)))
-        tally__timeline_record_locked(d, action, addr, size, stream, tally__current_tag(), tally__stage_now());
+        tally__timeline_record_locked(d, action, addr, size, stream, tally__current_tag(), tally__stage_now(), NULL);
 }
 /* An event of a block (alloc, free): the block's own tag and stage. */
 static inline void tally__timeline_block_locked(tally_device_t *d, int action, const tally_block_t *b)
 {
     if (TALLY_UNLIKELY(TALLY_OPT(timeline)))
-        tally__timeline_record_locked(d, action, b->addr, b->size, b->stream, b->tag, b->stage);
+        tally__timeline_record_locked(d, action, b->addr, b->size, b->stream, b->tag, b->stage,
+                                      (const tally_site_t *)b->site);
 }
 /* Copy out up to max events, oldest first; returns the count. */
 size_t tally__timeline_copy_locked(tally_device_t *d, tally_event_rec_t *out, size_t max);

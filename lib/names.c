@@ -1,11 +1,9 @@
-/* Interned names and allocation sites. A tag or stage name is hashed once,
- * when pushed or begun, and becomes a small integer; blocks and counters
- * carry only the integer. Sites are native backtraces deduplicated by their
- * frames and symbolised only when a report is written. Tables only grow; an
- * id or site stays valid for the life of the process. */
+/* Interned names. A tag or stage name is hashed once, when pushed or begun,
+ * and becomes a small integer; blocks and counters carry only the integer.
+ * Tables only grow; an id stays valid for the life of the process.
+ * (Allocation sites are interned in site.c.) */
 #include "ledger.h"
 
-#include <execinfo.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,100 +195,6 @@ bool tally__tag_is_persistent(uint32_t id)
         p = end + 1;
     }
     return false;
-}
-
-/* ---- allocation sites ---------------------------------------------------- */
-
-struct tally_site {
-    struct tally_site *next; /* hash chain */
-    uint64_t hash;
-    uint32_t id;
-    int depth;
-    void *frames[];
-};
-
-#define SITE_BUCKETS 4096
-static tally_mutex_t site_lock = TALLY_MUTEX_INIT;
-tally_mutex_t *tally__site_lock(void) { return &site_lock; }
-static tally_site_t *site_buckets[SITE_BUCKETS];
-static uint32_t site_count;
-
-tally_site_t *tally__site_capture(int depth)
-{
-    /* Called from tally_malloc before it takes the device lock (unwinding
-     * is slow: other threads must not wait for it). Frame 0 is the return
-     * into tally_malloc; its caller comes next. */
-    enum { SKIP = 1 };
-    void *frames[64 + SKIP + 4];
-    if (depth <= 0)
-        return NULL;
-    int want = depth + SKIP + 4;
-    if (want > (int)(sizeof frames / sizeof frames[0]))
-        want = (int)(sizeof frames / sizeof frames[0]);
-    int n = backtrace(frames, want);
-    /* Drop the frames inside tally, so the first frame kept, which the site
-     * label shows, is tally_malloc's caller. They end at our return into
-     * tally_malloc: normally frame 0, later when a sanitizer's backtrace
-     * interceptor adds frames of its own. */
-    void *hook = __builtin_return_address(0);
-    int first = n > SKIP ? SKIP : 0;
-    for (int i = 0; i < n && i < 8; i++) {
-        if (frames[i] == hook) {
-            first = i + 1 <= n ? i + 1 : n;
-            break;
-        }
-    }
-    int keep = n - first;
-    if (keep > depth)
-        keep = depth;
-    uint64_t h = 1469598103934665603ull;
-    for (int i = 0; i < keep; i++)
-        h = (h ^ (uint64_t)(uintptr_t)frames[first + i]) * 1099511628211ull;
-    tally__mutex_lock(&site_lock);
-    tally_site_t **slot = &site_buckets[h % SITE_BUCKETS];
-    for (tally_site_t *s = *slot; s; s = s->next) {
-        if (s->hash == h && s->depth == keep && memcmp(s->frames, frames + first, (size_t)keep * sizeof(void *)) == 0) {
-            tally__mutex_unlock(&site_lock);
-            return s;
-        }
-    }
-    tally_site_t *s = tally__meta_alloc(sizeof *s + (size_t)keep * sizeof(void *));
-    if (s) {
-        s->hash = h;
-        s->depth = keep;
-        s->id = ++site_count;
-        memcpy(s->frames, frames + first, (size_t)keep * sizeof(void *));
-        s->next = *slot;
-        *slot = s;
-    }
-    tally__mutex_unlock(&site_lock);
-    return s;
-}
-
-uint32_t tally__site_id(const tally_site_t *site)
-{
-    return site ? site->id : 0;
-}
-
-void tally__site_write(const tally_site_t *site, tally_out_t *o, const char *indent)
-{
-    if (!site)
-        return;
-    char **syms = backtrace_symbols(site->frames, site->depth);
-    for (int i = 0; i < site->depth; i++)
-        tally__out_printf(o, "%s#%d %s\n", indent, i, syms ? syms[i] : "?");
-    free(syms);
-}
-
-void tally__site_label(const tally_site_t *site, char *buf, size_t len)
-{
-    if (!site || !site->depth) {
-        snprintf(buf, len, "-");
-        return;
-    }
-    char **syms = backtrace_symbols(site->frames, 1);
-    snprintf(buf, len, "%s", syms ? syms[0] : "?");
-    free(syms);
 }
 
 const char *tally_tag_name(uint32_t id)

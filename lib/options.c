@@ -2,7 +2,7 @@
  * ("key:value,key:value", PyTorch's PYTORCH_CUDA_ALLOC_CONF style) and from
  * tally_configure(). Every key and value is validated; a bad one fails the
  * whole string with a message naming it, and nothing changes. */
-#include "internal.h"
+#include "suppress.h"
 
 #include <errno.h>
 #include <math.h>
@@ -30,6 +30,7 @@ static const char *const backend_names[] = {"auto", "host", "cuda", "async", NUL
 static const char *const host_mode_names[] = {"backed", "virtual", NULL};
 static const char *const leak_names[] = {"off", "summary", "full", NULL};
 static const char *const pool_names[] = {"default", "private", NULL};
+static const char *const unwinder_names[] = {"auto", "glibc", "fp", NULL};
 
 #define OFF(f) offsetof(tally_options_t, f)
 static const option_row_t rows[] = {
@@ -64,6 +65,10 @@ static const option_row_t rows[] = {
      "record tag, stage and device of every block"},
     {"backtrace_depth", T_INT, OFF(backtrace_depth), 0, 64, NULL, true,
      "frames of native backtrace recorded per allocation (0: off)"},
+    {"unwinder", T_ENUM, OFF(unwinder), 0, 0, unwinder_names, true,
+     "native unwinder for backtrace_depth: auto (libunwind if installed, else glibc), glibc, fp (frame pointers)"},
+    {"python_stack", T_INT, OFF(python_stack), 0, 64, NULL, true,
+     "frames of the Python stack recorded per allocation (0: off)"},
     {"persistent_tags", T_STRING, OFF(persistent_tags), 0, 0, NULL, true,
      "tags left out of stage survivor reports, separated by |"},
     {"release_at_stage_end", T_BOOL, OFF(release_at_stage_end), 0, 0, NULL, true,
@@ -76,6 +81,8 @@ static const option_row_t rows[] = {
      "exit status when blocks are live at exit (0: keep the program's)"},
     {"report_path", T_STRING, OFF(report_path), 0, 0, NULL, true,
      "JSON report written at exit; %p becomes the pid, %r the rank"},
+    {"leak_suppressions", T_STRING, OFF(leak_suppressions), 0, 0, NULL, true,
+     "file of leak:PATTERN lines; matching leaks are counted apart and never set leak_exitcode"},
     {"home_device", T_HOME, OFF(home_device), 0, 0, NULL, true,
      "this process's device: auto (LOCAL_RANK, else none), none, or a number"},
     {"timeline", T_BOOL, OFF(timeline), 0, 0, NULL, true,
@@ -320,6 +327,8 @@ static int set_one(tally_options_t *o, const char *key, const char *val, bool ru
             if ((unsigned char)*c < 0x20 || *c == '[' || *c == ']')
                 return tally__fail(TALLY_ECONF, "config: %s: value may not contain control characters or brackets",
                                    key);
+        if (strcmp(key, "leak_suppressions") == 0 && tally__sup_check(val))
+            return -TALLY_ECONF;
         strcpy(field, val);
         return 0;
     case T_SPLIT_MB:

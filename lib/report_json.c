@@ -3,7 +3,7 @@
  * history, the live blocks grouped as leaks, the segments and blocks (for
  * snapshot export) and, when recorded, the timeline. docs/reports.md gives
  * the schema. Written at exit when report_path is set, or on demand. */
-#include "stage.h"
+#include "suppress.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +58,41 @@ static void write_ledger(tally_out_t *o)
 typedef struct stage_ctx {
     tally_out_t *o;
     bool first;
+    struct site_list *sites;
 } stage_ctx_t;
+
+/* The sites the report names (stage survivors, leaks), each once. */
+typedef struct site_list {
+    const tally_site_t **items;
+    size_t n, cap;
+} site_list_t;
+
+static void site_note(site_list_t *l, const tally_site_t *site)
+{
+    if (!site)
+        return;
+    for (size_t i = 0; i < l->n; i++)
+        if (l->items[i] == site)
+            return;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        const tally_site_t **grown = tally__meta_alloc(cap * sizeof *grown);
+        if (!grown)
+            return;
+        if (l->n)
+            memcpy(grown, l->items, l->n * sizeof *grown);
+        tally__meta_free(l->items);
+        l->items = grown;
+        l->cap = cap;
+    }
+    l->items[l->n++] = site;
+}
+
+static void write_site_id(tally_out_t *o, const tally_site_t *site)
+{
+    if (site)
+        tally__out_printf(o, ",\"site_id\":%u", tally__site_id(site));
+}
 
 static void write_stage(const tally_stage_rec_t *rec, void *arg)
 {
@@ -79,20 +113,32 @@ static void write_stage(const tally_stage_rec_t *rec, void *arg)
         const tally_survivor_t *s = &rec->surv[i];
         tally__out_puts(o, i ? ",{\"tag\":" : "{\"tag\":");
         tally__out_json_str(o, tally__tag_name(s->tag));
-        tally__out_printf(o, ",\"device\":%d,\"foreign\":%s,\"bytes\":%llu,\"blocks\":%llu}", s->device,
+        tally__out_printf(o, ",\"device\":%d,\"foreign\":%s,\"bytes\":%llu,\"blocks\":%llu", s->device,
                           is_foreign(s->device) ? "true" : "false", (unsigned long long)s->bytes,
                           (unsigned long long)s->blocks);
+        write_site_id(o, s->site);
+        site_note(c->sites, s->site);
+        tally__out_puts(o, "}");
     }
     tally__out_puts(o, "]}");
 }
 
-static void write_leaks(tally_out_t *o)
+/* The live blocks grouped as the leak report groups them, each with its
+ * site's id and whether a suppression (or tally_ignore) covers it; then
+ * every site those groups name, with its whole frames. */
+static void write_leaks(tally_out_t *o, site_list_t *sites)
 {
+    tally_suppressions_t *sup = tally__meta_calloc(sizeof *sup);
+    char why[700];
+    if (sup && tally__sup_load(sup, why, sizeof why))
+        sup->n = 0;
     leak_set_t s = tally__collect_leaks();
+    if (sup)
+        tally__leaks_classify(&s, sup);
     tally__out_puts(o, "\"leaks\":[");
     for (size_t i = 0; i < s.n; i++) {
         const leak_group_t *g = &s.items[i];
-        char label[256];
+        char label[1400];
         tally__out_puts(o, i ? ",\n {\"tag\":" : "\n {\"tag\":");
         tally__out_json_str(o, tally__tag_name(g->tag));
         tally__out_puts(o, ",\"stage\":");
@@ -102,15 +148,22 @@ static void write_leaks(tally_out_t *o)
                           (unsigned long long)g->blocks);
         tally__site_label(g->site, label, sizeof label);
         tally__out_json_str(o, label);
-        tally__out_puts(o, "}");
+        tally__out_printf(o, ",\"site_id\":%u,\"suppressed\":%s}", tally__site_id(g->site),
+                          g->suppressed == -1 ? "false" : "true");
     }
+    for (size_t i = 0; i < s.n; i++)
+        site_note(sites, s.items[i].site);
     tally__out_puts(o, "],\n");
     tally__meta_free(s.items);
+    if (sup) {
+        tally__sup_free(sup);
+        tally__meta_free(sup);
+    }
 }
 
 static const char *const state_names[] = {"inactive", "active_allocated", "active_pending_free"};
 
-static void write_segments(tally_out_t *o, tally_device_t *d, bool *first)
+static void write_segments(tally_out_t *o, tally_device_t *d, bool *first, site_list_t *sites)
 {
     for (tally_segment_t *s = d->segments; s; s = s->next) {
         tally__out_printf(o,
@@ -128,6 +181,8 @@ static void write_segments(tally_out_t *o, tally_device_t *d, bool *first)
                 tally__out_json_str(o, tally__tag_name(b->tag));
                 tally__out_puts(o, ",\"stage\":");
                 tally__out_json_str(o, tally__stage_name(b->stage));
+                write_site_id(o, b->site);
+                site_note(sites, b->site);
             }
             tally__out_puts(o, "}");
         }
@@ -138,7 +193,7 @@ static void write_segments(tally_out_t *o, tally_device_t *d, bool *first)
 static const char *const action_names[] = {"alloc", "free_requested", "segment_alloc", "segment_free", "oom",
                                            "stage_begin", "stage_end"};
 
-static void write_timeline(tally_out_t *o, tally_device_t *d, bool *first)
+static void write_timeline(tally_out_t *o, tally_device_t *d, bool *first, site_list_t *sites)
 {
     size_t cap = (size_t)tally__opt.timeline_events;
     tally_event_rec_t *ev = tally__meta_alloc(cap * sizeof *ev);
@@ -158,6 +213,8 @@ static void write_timeline(tally_out_t *o, tally_device_t *d, bool *first)
         tally__out_json_str(o, tally__tag_name(ev[i].tag));
         tally__out_puts(o, ",\"stage\":");
         tally__out_json_str(o, tally__stage_name(ev[i].stage));
+        write_site_id(o, ev[i].site);
+        site_note(sites, ev[i].site);
         tally__out_puts(o, "}");
     }
     tally__meta_free(ev);
@@ -189,17 +246,18 @@ int tally__report_json(tally_out_t *o)
     }
     tally__out_puts(o, "],\n");
     write_ledger(o);
-    stage_ctx_t c = {o, true};
+    site_list_t sites = {0};
+    stage_ctx_t c = {o, true, &sites};
     uint64_t total = 0;
     tally__out_puts(o, "\"stages\":[");
     tally__stage_history(write_stage, &c, &total);
     tally__out_printf(o, "],\n\"stages_total\":%llu,\n", (unsigned long long)total);
-    write_leaks(o);
+    write_leaks(o, &sites);
     bool first = true;
     tally__out_puts(o, "\"segments\":[");
     for (int i = 0; i < tally__g.ndev; i++) {
         tally__mutex_lock(&tally__g.dev[i]->lock);
-        write_segments(o, tally__g.dev[i], &first);
+        write_segments(o, tally__g.dev[i], &first, &sites);
         tally__mutex_unlock(&tally__g.dev[i]->lock);
     }
     tally__out_puts(o, "],\n\"timeline\":[");
@@ -207,9 +265,17 @@ int tally__report_json(tally_out_t *o)
     /* Whatever was recorded, even if timeline has since been turned off. */
     for (int i = 0; i < tally__g.ndev; i++) {
         tally__mutex_lock(&tally__g.dev[i]->lock);
-        write_timeline(o, tally__g.dev[i], &first);
+        write_timeline(o, tally__g.dev[i], &first, &sites);
         tally__mutex_unlock(&tally__g.dev[i]->lock);
     }
+    /* Every site named above (symbolised here, with no lock held). */
+    tally__out_puts(o, "],\n\"sites\":[");
+    for (size_t i = 0; i < sites.n; i++) {
+        tally__out_printf(o, "%s\n {\"id\":%u,\"frames\":", i ? "," : "", tally__site_id(sites.items[i]));
+        tally__site_json(sites.items[i], o);
+        tally__out_puts(o, "}");
+    }
+    tally__meta_free(sites.items);
     tally__out_puts(o, "]}\n");
     tally__out_flush(o);
     return o->failed ? -TALLY_ENOMEM : 0;

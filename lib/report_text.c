@@ -1,6 +1,7 @@
 /* Text reports built from the ledger: the stage-end survivor report, the
  * leak report at exit, the OOM report, and the ledger table. Each line that
  * goes to the diagnostics sink starts with "tally: ". */
+#include "site.h"
 #include "stage.h"
 
 #include <stdio.h>
@@ -23,18 +24,29 @@ void tally__fmt_bytes(uint64_t bytes, char *buf, size_t len)
     snprintf(buf, len, "%.1f %s", v, units[u]);
 }
 
-static const char *plural(uint64_t n)
+const char *tally__plural(uint64_t n)
 {
     return n == 1 ? "" : "s";
 }
 
-static void foreign_note(int device, char *buf, size_t len)
+void tally__foreign_note(int device, char *buf, size_t len)
 {
     int home = TALLY_OPT(home_device);
     if (home >= 0 && device != home)
         snprintf(buf, len, " (foreign: home device is %d)", home);
     else
         buf[0] = 0;
+}
+
+static void survivor_line(tally_out_t *o, const void *item, void *stage)
+{
+    const tally_survivor_t *s = item;
+    char a[32], f[64];
+    tally__fmt_bytes(s->bytes, a, sizeof a);
+    tally__foreign_note(s->device, f, sizeof f);
+    tally__out_printf(o, "tally: stage %s ended with %s still live under tag %s on device %d (%llu block%s)%s\n",
+                      (const char *)stage, a, tally__tag_name(s->tag), s->device, (unsigned long long)s->blocks,
+                      tally__plural(s->blocks), f);
 }
 
 void tally__report_stage(const tally_stage_rec_t *rec, tally_out_t *o)
@@ -48,112 +60,23 @@ void tally__report_stage(const tally_stage_rec_t *rec, tally_out_t *o)
         tally__out_printf(o, "tally: stage %s ended after %.3f s: peak allocated %s, peak reserved %s; %s in %llu "
                              "block%s outlive%s it\n",
                           name, (double)rec->wall_us / 1e6, a, b, c, (unsigned long long)rec->survivor_blocks,
-                          plural(rec->survivor_blocks), rec->survivor_blocks == 1 ? "s" : "");
+                          tally__plural(rec->survivor_blocks), rec->survivor_blocks == 1 ? "s" : "");
     else
         tally__out_printf(o, "tally: stage %s ended after %.3f s: peak allocated %s, peak reserved %s; nothing "
                              "outlives it\n",
                           name, (double)rec->wall_us / 1e6, a, b);
-    for (uint32_t i = 0; i < rec->nsurv; i++) {
+    tally_site_row_t *rows = rec->nsurv ? tally__meta_alloc(rec->nsurv * sizeof *rows) : NULL;
+    for (uint32_t i = 0; rows && i < rec->nsurv; i++) {
         const tally_survivor_t *s = &rec->surv[i];
-        char f[64];
-        tally__fmt_bytes(s->bytes, a, sizeof a);
-        foreign_note(s->device, f, sizeof f);
-        tally__out_printf(o, "tally: stage %s ended with %s still live under tag %s on device %d (%llu block%s)%s\n",
-                          name, a, tally__tag_name(s->tag), s->device, (unsigned long long)s->blocks,
-                          plural(s->blocks), f);
+        rows[i] = (tally_site_row_t){s->site, s->bytes, s->blocks, s, 0, 0};
     }
+    tally__write_by_site(o, rows, rows ? rec->nsurv : 0, "", survivor_line, (void *)name);
+    tally__meta_free(rows);
     if (TALLY_OPT(release_at_stage_end)) {
         tally__fmt_bytes(rec->released, a, sizeof a);
         tally__fmt_bytes(rec->reserved_after, b, sizeof b);
         tally__out_printf(o, "tally: stage %s released %s of cached segments; %s stays reserved\n", name, a, b);
     }
-}
-
-/* ---- leaks --------------------------------------------------------------- */
-
-static void leak_add(leak_set_t *s, const tally_block_t *b, int device)
-{
-    for (size_t i = 0; i < s->n; i++) {
-        leak_group_t *g = &s->items[i];
-        if (g->tag == b->tag && g->stage == b->stage && g->device == device && g->site == b->site) {
-            g->bytes += b->size;
-            g->blocks++;
-            return;
-        }
-    }
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 32;
-        leak_group_t *grown = tally__meta_alloc(cap * sizeof *grown);
-        if (!grown)
-            return;
-        if (s->n)
-            memcpy(grown, s->items, s->n * sizeof *grown);
-        tally__meta_free(s->items);
-        s->items = grown;
-        s->cap = cap;
-    }
-    s->items[s->n++] = (leak_group_t){b->tag, b->stage, device, b->site, b->size, 1};
-}
-
-static int leak_cmp(const void *x, const void *y)
-{
-    const leak_group_t *a = x, *b = y;
-    if (a->bytes != b->bytes)
-        return a->bytes < b->bytes ? 1 : -1;
-    if (a->device != b->device)
-        return a->device < b->device ? -1 : 1;
-    if (a->tag != b->tag)
-        return a->tag < b->tag ? -1 : 1;
-    return a->stage < b->stage ? -1 : a->stage > b->stage;
-}
-
-/* Live blocks of every device, grouped, less those a forked child inherited
- * from its parent (fork.c); the caller frees items. */
-leak_set_t tally__collect_leaks(void)
-{
-    leak_set_t s = {0};
-    for (int i = 0; i < tally__g.ndev; i++) {
-        tally_device_t *d = tally__g.dev[i];
-        tally__mutex_lock(&d->lock);
-        for (size_t k = 0; k <= d->map.mask; k++)
-            if (d->map.keys[k] && !tally__fork_inherited(i, d->map.vals[k]->seq))
-                leak_add(&s, d->map.vals[k], i);
-        tally__mutex_unlock(&d->lock);
-    }
-    if (s.n)
-        qsort(s.items, s.n, sizeof *s.items, leak_cmp);
-    return s;
-}
-
-uint64_t tally__report_leaks(tally_out_t *o, bool full, uint64_t *blocks_out)
-{
-    leak_set_t s = tally__collect_leaks();
-    uint64_t bytes = 0, blocks = 0;
-    for (size_t i = 0; i < s.n; i++) {
-        bytes += s.items[i].bytes;
-        blocks += s.items[i].blocks;
-    }
-    if (full && s.n) {
-        tally__out_printf(o, "tally: leak report: %llu block%s still live at exit, in %zu group%s\n",
-                          (unsigned long long)blocks, plural(blocks), s.n, plural(s.n));
-        for (size_t i = 0; i < s.n; i++) {
-            const leak_group_t *g = &s.items[i];
-            char h[32], f[64];
-            tally__fmt_bytes(g->bytes, h, sizeof h);
-            foreign_note(g->device, f, sizeof f);
-            tally__out_printf(o, "tally: %llu bytes (%s) in %llu block%s: tag %s, stage %s, device %d%s\n",
-                              (unsigned long long)g->bytes, h, (unsigned long long)g->blocks, plural(g->blocks),
-                              tally__tag_name(g->tag), tally__stage_name(g->stage), g->device, f);
-            tally__site_write(g->site, o, "tally:     ");
-        }
-    }
-    if (blocks)
-        tally__out_printf(o, "tally: SUMMARY: %llu bytes leaked in %llu block%s\n", (unsigned long long)bytes,
-                          (unsigned long long)blocks, plural(blocks));
-    tally__meta_free(s.items);
-    if (blocks_out)
-        *blocks_out = blocks;
-    return bytes;
 }
 
 /* ---- OOM ----------------------------------------------------------------- */
@@ -196,7 +119,7 @@ void tally__report_oom_locked(tally_device_t *d, size_t asked, size_t rounded, s
             for (uint32_t i = 0; i < ld->count && i < 10 && rows[i].bytes.current > 0; i++) {
                 tally__fmt_bytes((uint64_t)rows[i].bytes.current, a, sizeof a);
                 tally__out_printf(&o, "tally:     %s in %lld block%s: tag %s, stage %s\n", a,
-                                  (long long)rows[i].blocks.current, plural((uint64_t)rows[i].blocks.current),
+                                  (long long)rows[i].blocks.current, tally__plural((uint64_t)rows[i].blocks.current),
                                   tally__tag_name(rows[i].tag), tally__stage_name(rows[i].stage));
             }
             tally__meta_free(rows);
@@ -269,20 +192,6 @@ int tally_write_ledger(tally_write_fn write, void *arg)
     tally_out_t o;
     tally__out_init(&o, write, arg);
     tally__report_ledger(&o);
-    tally__out_flush(&o);
-    return o.failed ? -TALLY_ENOMEM : 0;
-}
-
-int tally_write_leaks(int full, tally_write_fn write, void *arg)
-{
-    if (!write)
-        return tally__fail(TALLY_EINVAL, "tally_write_leaks: write is NULL");
-    int rc = tally__ensure_init();
-    if (rc)
-        return rc;
-    tally_out_t o;
-    tally__out_init(&o, write, arg);
-    tally__report_leaks(&o, full != 0, NULL);
     tally__out_flush(&o);
     return o.failed ? -TALLY_ENOMEM : 0;
 }

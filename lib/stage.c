@@ -76,10 +76,10 @@ typedef struct groups {
     bool failed;
 } groups_t;
 
-static void group_add(groups_t *g, uint32_t tag, int device, uint64_t bytes)
+static void group_add(groups_t *g, uint32_t tag, int device, const tally_site_t *site, uint64_t bytes)
 {
     for (uint32_t i = 0; i < g->n; i++) {
-        if (g->items[i].tag == tag && g->items[i].device == device) {
+        if (g->items[i].tag == tag && g->items[i].device == device && g->items[i].site == site) {
             g->items[i].bytes += bytes;
             g->items[i].blocks++;
             return;
@@ -98,7 +98,7 @@ static void group_add(groups_t *g, uint32_t tag, int device, uint64_t bytes)
         g->items = grown;
         g->cap = cap;
     }
-    g->items[g->n++] = (tally_survivor_t){tag, device, bytes, 1};
+    g->items[g->n++] = (tally_survivor_t){tag, device, site, bytes, 1};
 }
 
 static int by_bytes_desc(const void *a, const void *b)
@@ -150,7 +150,7 @@ int tally_stage_end(const char *name)
         for (size_t k = 0; k <= d->map.mask; k++) {
             tally_block_t *b = d->map.keys[k] ? d->map.vals[k] : NULL;
             if (b && b->epoch >= f->epoch)
-                group_add(&g, b->tag, i, b->size);
+                group_add(&g, b->tag, i, b->site, b->size);
         }
         tally__timeline_locked(d, TALLY_EV_STAGE_END, 0, 0, NULL);
         tally__mutex_unlock(&d->lock);

@@ -6,10 +6,11 @@
 
 #define TALLY_STAGE_HISTORY 256
 
-/* Live bytes of one (tag, device) that outlived a stage. */
+/* Live bytes of one (tag, device, allocation site) that outlived a stage. */
 typedef struct tally_survivor {
     uint32_t tag;
     int device;
+    const tally_site_t *site; /* NULL without backtrace_depth / python_stack */
     uint64_t bytes;
     uint64_t blocks;
 } tally_survivor_t;
@@ -39,6 +40,8 @@ typedef struct leak_group {
     int device;
     const tally_site_t *site;
     uint64_t bytes, blocks;
+    bool ignored;   /* blocks passed to tally_ignore (a grouping key) */
+    int suppressed; /* suppress.h: rule index, TALLY_SUP_IGNORED, or -1 */
 } leak_group_t;
 typedef struct leak_set {
     leak_group_t *items; /* free with tally__meta_free */
@@ -48,6 +51,10 @@ leak_set_t tally__collect_leaks(void);
 
 /* report_text.c */
 void tally__fmt_bytes(uint64_t bytes, char *buf, size_t len);
+/* "" for 1, "s" otherwise. */
+const char *tally__plural(uint64_t n);
+/* " (foreign: home device is H)" for a device other than the home device, else "". */
+void tally__foreign_note(int device, char *buf, size_t len);
 void tally__report_stage(const tally_stage_rec_t *rec, tally_out_t *o);
 /* The leak report: live blocks grouped by (tag, stage, device, site). full
  * lists the groups; otherwise only the summary line. Returns live bytes. */

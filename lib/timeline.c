@@ -22,7 +22,7 @@ uint64_t tally__now_us(void)
 }
 
 void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream,
-                                   uint32_t tag, uint32_t stage)
+                                   uint32_t tag, uint32_t stage, const tally_site_t *site)
 {
     timeline_t *t = &timelines[d->id];
     if (!t->ring) {
@@ -43,6 +43,7 @@ void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr
     e->stream = stream;
     e->tag = tag;
     e->stage = stage;
+    e->site = site;
     e->allocated = d->stats.allocated_bytes[TALLY_POOL_ALL].current;
     e->reserved = d->stats.reserved_bytes[TALLY_POOL_ALL].current;
 }

@@ -3,7 +3,7 @@
 # Runs apt-get when root and something is missing; otherwise prints the exact
 # command and fails. Called by make through a stamp file, so it runs once.
 set -u
-pkgs="build-essential libcmocka-dev libjemalloc-dev libmimalloc-dev python3 clang"
+pkgs="build-essential libcmocka-dev libjemalloc-dev libmimalloc-dev python3 clang libdw1 libunwind8"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

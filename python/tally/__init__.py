@@ -16,7 +16,7 @@ docs/pytorch.md is the guide.
 
 from __future__ import annotations
 
-from ._ledger import stage, tag
+from ._ledger import ignore, stage, tag
 from ._lib import TallyError, library, library_path
 from ._lib import last_error as _last_error
 from ._options import configure, options, options_text
@@ -58,6 +58,7 @@ __all__ = [
     "device_index",
     "dump_snapshot",
     "empty_cache",
+    "ignore",
     "install",
     "installed",
     "leaks",

@@ -30,7 +30,7 @@ from typing import Callable, Optional, TypeVar
 
 from ._lib import TallyError, call, encode
 
-__all__ = ["stage", "tag"]
+__all__ = ["ignore", "stage", "tag"]
 
 F = TypeVar("F", bound=Callable)
 
@@ -53,6 +53,15 @@ class stage(contextlib.ContextDecorator):
 
     def __repr__(self) -> str:
         return f"tally.stage({self.name!r})"
+
+
+def ignore(block) -> None:
+    """Mark a live block as kept on purpose (tally_ignore): the leak report
+    counts it apart as ignored and it never sets leak_exitcode. ``block`` is
+    a tensor (its ``data_ptr()``, which must be the start of the block tally
+    handed out) or an address."""
+    ptr = block.data_ptr() if hasattr(block, "data_ptr") else int(block)
+    call("tally_ignore", ptr)
 
 
 def _end(exc_type, name: str, *args) -> None:

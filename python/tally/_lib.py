@@ -79,6 +79,7 @@ _SIGNATURES = {
     "tally_device_count": (_c.c_int, []),
     "tally_malloc": (_c.c_void_p, [_c.c_size_t, _c.c_int, _c.c_void_p]),
     "tally_free": (None, [_c.c_void_p]),
+    "tally_ignore": (_c.c_int, [_c.c_void_p]),
     "tally_free_checked": (_c.c_int, [_c.c_void_p, _c.c_size_t, _c.c_int]),
     "tally_record_stream": (_c.c_int, [_c.c_void_p, _c.c_void_p]),
     "tally_empty_cache": (_c.c_size_t, [_c.c_int]),

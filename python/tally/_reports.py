@@ -61,8 +61,14 @@ def ledger() -> List[Dict[str, Any]]:
 
 def leaks() -> List[Dict[str, Any]]:
     """Every live block, grouped by (tag, stage, device, site), largest
-    first: what the exit report would call leaks if the process ended now."""
-    return report()["leaks"]
+    first: what the exit report would call leaks if the process ended now.
+    Each group's ``frames`` is its allocation site's frames (Python frames
+    first, then native; empty without python_stack / backtrace_depth)."""
+    doc = report()
+    sites = {s["id"]: s["frames"] for s in doc.get("sites", [])}
+    for group in doc["leaks"]:
+        group["frames"] = sites.get(group.get("site_id"), [])
+    return doc["leaks"]
 
 
 def ledger_text() -> str:

@@ -26,10 +26,13 @@ What comes from where (docs/reports.md, "Snapshot export"):
   carry device_free (0: tally does not record it) in place of addr.
   Stage begin / end events have no PyTorch action; they go to
   snapshot["tally"]["stages"] instead.
-- ``frames``: tally records no Python stacks, so each allocated block and each
-  alloc / free entry gets one frame naming its owner,
-  {"filename": "tally", "line": 0, "name": "tag weights, stage load"}, which
-  the viewers show where they would show a stack.
+- ``frames``: each allocated block and each alloc / free entry gets its
+  allocation site's frames from the report's "sites" (recorded with
+  python_stack and backtrace_depth: Python frames first, innermost first,
+  then native frames), each {"filename", "line", "name"} as PyTorch writes
+  them, then one frame naming its owner,
+  {"filename": "tally", "line": 0, "name": "tag weights, stage load"}. Without
+  recorded sites the owner frame is the whole stack.
 - ``allocator_settings``: the few PyTorch settings a report implies.
 - ``tally``: what the report says about the process (rank, pid, home device,
   backend, tally version) and its stage boundaries.
@@ -76,13 +79,26 @@ def load_report(path):
     return report
 
 
-def _owner_frames(tag, stage):
+def _site_frames(report):
+    """site id -> PyTorch frames, from the report's "sites"."""
+    sites = {}
+    for i, s in enumerate(report.get("sites", [])):
+        try:
+            sites[int(s["id"])] = [{"filename": f["filename"], "line": int(f["line"]), "name": f["name"]}
+                                   for f in s["frames"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportError(f"sites[{i}]: missing or bad field: {e}") from None
+    return sites
+
+
+def _owner_frames(tag, stage, site=None, sites=None):
     if tag is None:
         return []
-    return [{"filename": "tally", "line": 0, "name": f"tag {tag}, stage {stage}"}]
+    frames = list(sites.get(site, [])) if sites and site is not None else []
+    return frames + [{"filename": "tally", "line": 0, "name": f"tag {tag}, stage {stage}"}]
 
 
-def _segment(seg, where):
+def _segment(seg, where, sites):
     try:
         blocks = []
         allocated = active = requested = 0
@@ -101,7 +117,8 @@ def _segment(seg, where):
                 "size": size,
                 "requested_size": req,
                 "state": state,
-                "frames": _owner_frames(b.get("tag"), b.get("stage")) if state != "inactive" else [],
+                "frames": (_owner_frames(b.get("tag"), b.get("stage"), b.get("site_id"), sites)
+                           if state != "inactive" else []),
             }
             if state != "inactive":
                 # Plain keys as well, for scripts (the visualiser ignores them).
@@ -126,11 +143,11 @@ def _segment(seg, where):
         raise ReportError(f"{where}: missing or bad field: {e}") from None
 
 
-def _traces(report, ndev, pending):
+def _traces(report, ndev, pending, sites):
     """device_traces and the stage events, from the report's timeline."""
     traces = [[] for _ in range(ndev)]
     stages = []
-    owner = {}  # (device, addr) -> (tag, stage) of the live block there
+    owner = {}  # (device, addr) -> (tag, stage, site id) of the live block there
     for i, e in enumerate(report.get("timeline", [])):
         try:
             dev, action = int(e["device"]), e["action"]
@@ -148,13 +165,13 @@ def _traces(report, ndev, pending):
             raise ReportError(f"timeline[{i}]: device {dev} is not in the report")
         key = (dev, entry["addr"])
         if action == "alloc":
-            owner[key] = (e.get("tag"), e.get("stage"))
-            entry["frames"] = _owner_frames(*owner[key])
+            owner[key] = (e.get("tag"), e.get("stage"), e.get("site_id"))
+            entry["frames"] = _owner_frames(*owner[key], sites)
             traces[dev].append(entry)
         elif action == "free_requested":
             # The block's owner comes from its allocation (older reports put
             # the freeing thread's tag on free events).
-            entry["frames"] = _owner_frames(*owner.pop(key, (None, None)))
+            entry["frames"] = _owner_frames(*owner.pop(key, (None, None, None)), sites)
             traces[dev].append(entry)
             traces[dev].append(dict(entry, action="free_completed"))
         elif action in ("segment_alloc", "segment_free"):
@@ -182,14 +199,15 @@ def to_snapshot(report):
     """The torch.cuda.memory._snapshot() dict for a loaded tally report."""
     devices = [int(d["device"]) for d in report["devices"]]
     ndev = max(devices) + 1 if devices else 0
-    segments = [_segment(s, f"segments[{i}]") for i, s in enumerate(report["segments"])]
+    sites = _site_frames(report)
+    segments = [_segment(s, f"segments[{i}]", sites) for i, s in enumerate(report["segments"])]
     for s in segments:
         if s["device"] >= ndev:
             ndev = s["device"] + 1
     segments.sort(key=lambda s: (s["device"], s["address"]))
     pending = {(s["device"], b["address"]) for s in segments for b in s["blocks"]
                if b["state"] == "active_pending_free"}
-    traces, stages = _traces(report, ndev, pending)
+    traces, stages = _traces(report, ndev, pending, sites)
     max_split = -1
     for d in report["devices"]:
         max_split = d.get("stats", {}).get("max_split_size", max_split)
