@@ -79,6 +79,17 @@ $(BUILD)/tests/%: tests/%.cc $(wildcard tests/*.h) $(BUILD)/lib/libtally.so | $(
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< -L$(BUILD)/lib -ltally -Wl,-rpath,$(CURDIR)/$(BUILD)/lib -lcmocka $(LDLIBS)
 
+# driver.h against CUDA's cuda.h, where a toolkit is installed (only this
+# test looks at CUDA_HOME; the library never does).
+CUDA_HOME ?= /usr/local/cuda
+CUDA_H_DIR := $(if $(wildcard $(CUDA_HOME)/include/cuda.h),$(CUDA_HOME)/include)
+$(BUILD)/tests/test_driver_h: tests/test_driver_h.c tests/driver_h_names.sh lib/cuda/driver.h | $(SETUP)
+	@mkdir -p $(dir $@)
+	CC="$(CC)" bash tests/driver_h_names.sh --cuda-side lib/cuda/driver.h > $(BUILD)/tests/driver_h_cuda.h
+	CC="$(CC)" bash tests/driver_h_names.sh lib/cuda/driver.h > $(BUILD)/tests/driver_h_names.h
+	$(CC) $(CFLAGS) -Wno-pedantic $(if $(CUDA_H_DIR),-DTALLY_CUDA_H_CHECK -I$(BUILD)/tests -isystem $(CUDA_H_DIR)) \
+		-o $@ $< -lcmocka $(LDLIBS)
+
 demo: $(BUILD)/bin/demo
 	$(BUILD)/bin/demo
 

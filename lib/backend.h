@@ -49,6 +49,9 @@ typedef struct tally_backend {
     int (*event_destroy)(int device, void *event);
     /* Make stream wait for event (pass-through backends; may be NULL). */
     int (*stream_wait)(int device, void *stream, void *event);
+    /* A stream of device on which frees of blocks used on several streams
+     * are queued (pass-through backends; may be NULL, or return NULL). */
+    void *(*free_stream)(int device);
     /* Wait for all work on device. */
     int (*synchronize)(int device);
     /* Pool backends (may be NULL): give cached memory back down to keep

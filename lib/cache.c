@@ -339,11 +339,12 @@ static void process_events(tally_device_t *d, bool wait)
             link = &e->next;
             continue;
         }
-        if (done < 0)
-            tally__g.backend->synchronize(e->device);
         *link = e->next;
         tally_block_t *b = e->block;
-        event_put_back(d, e->device, e->event);
+        if (done < 0)
+            tally__g.backend->synchronize(e->device); /* the event is dropped, not reused */
+        else
+            event_put_back(d, e->device, e->event);
         e->next = d->spare_entries;
         d->spare_entries = e;
         if (--b->event_count == 0)
@@ -456,19 +457,35 @@ static void free_block(tally_device_t *d, tally_block_t *b)
 
 /* Pass-through free: the pool orders the free after the block's last use on
  * every stream it was recorded on, so the memory returns at once. */
+/* Make stream (of device d) wait for the work queued so far on u's stream:
+ * an event made and recorded on u's device (a wait may cross devices). */
+static void wait_for_use(tally_device_t *d, void *stream, const tally_use_t *u)
+{
+    const tally_backend_t *be = tally__g.backend;
+    void *ev = event_get(d, u->device);
+    if (!ev || be->event_record(u->device, ev, u->stream) || be->stream_wait(d->id, stream, ev))
+        sync_use(u); /* no event: wait for that stream instead */
+    if (ev)
+        event_put_back(d, u->device, ev);
+}
+
+/* Pass-through free of a block used on other streams: the device's free
+ * stream (when the backend has one) waits for the block's stream and every
+ * use, and the free is queued there, so the block's own (compute) stream
+ * never waits for side streams (PyTorch's async allocator does the same);
+ * else the block's stream waits for the uses. */
 static void passthrough_free(tally_device_t *d, tally_block_t *b)
 {
     const tally_backend_t *be = tally__g.backend;
-    for (uint16_t i = 0; i < b->nuses; i++) {
-        /* The event is made and recorded on the use's device; the block's
-         * stream waits on it (a wait may cross devices). */
-        const tally_use_t *u = &b->uses[i];
-        void *ev = event_get(d, u->device);
-        if (!ev || be->event_record(u->device, ev, u->stream) || be->stream_wait(d->id, b->stream, ev))
-            sync_use(u); /* no event: wait for that stream instead */
-        if (ev)
-            event_put_back(d, u->device, ev);
+    void *fs = b->nuses && be->free_stream ? be->free_stream(d->id) : NULL;
+    if (fs) {
+        tally_use_t own = {b->stream, d->id};
+        wait_for_use(d, fs, &own);
     }
+    for (uint16_t i = 0; i < b->nuses; i++)
+        wait_for_use(d, fs ? fs : b->stream, &b->uses[i]);
+    if (fs)
+        b->stream = fs; /* the free is queued on the free stream */
     b->nuses = 0;
     tally__stat_pool_dec(d->stats.active, b->pool, 1);
     tally__stat_pool_dec(d->stats.active_bytes, b->pool, (int64_t)b->size);

@@ -172,6 +172,9 @@ int tally__report_json(tally_out_t *o)
                       TALLY_OPT(home_device));
     tally__out_puts(o, "\"backend\":");
     tally__out_json_str(o, tally__g.backend->name);
+    if (tally__g.backend->passthrough) /* whose memory reserved_bytes counts */
+        tally__out_printf(o, ",\"reserved_from\":\"%s\"",
+                          tally__opt.async_private_pool ? "private pool" : "default pool, shared");
     tally__out_printf(o, ",\"time_us\":%llu,\n\"devices\":[", (unsigned long long)tally__now_us());
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_stats_t s;

@@ -224,7 +224,12 @@ void tally__report_ledger(tally_out_t *o)
     char homebuf[16] = "none";
     if (home >= 0)
         snprintf(homebuf, sizeof homebuf, "%d", home);
-    tally__out_printf(o, "tally ledger (backend %s, home device %s)\n", tally__g.backend->name, homebuf);
+    /* Under async, reserved figures are the driver pool's: the default pool
+     * is shared with every other user of it in the process. */
+    const char *from = !tally__g.backend->passthrough ? ""
+                       : tally__opt.async_private_pool ? ", reserved: tally's private pool"
+                                                       : ", reserved: the device's default pool, shared with other users";
+    tally__out_printf(o, "tally ledger (backend %s%s, home device %s)\n", tally__g.backend->name, from, homebuf);
     tally__out_printf(o, "%-6s %-20s %-20s %12s %12s %10s %s\n", "device", "tag", "stage", "current", "peak",
                       "blocks", "");
     for (int i = 0; i < tally__g.ndev; i++) {

@@ -12,10 +12,12 @@
  *   caller's context changed           test_cuda_caller_context_kept
  *   cross-device record_stream         test_cuda_cross_device_record_stream,
  *                                      test_async_cross_device_record_stream
+ *   async free not waiting on uses     test_async_free_waits_on_uses (through a free stream)
  *   error state / error names          test_*_oom_and_release (names),
  *                                      test_no_cuda_runtime_in_process,
  *                                      test_init_failure_names_call
- *   capture                            test_cuda_capture_*
+ *   capture                            test_cuda_capture_graph_pool,
+ *                                      test_cuda_capture_without_pool_refused
  *   lazy start                         test_cuda_lazy_start
  *   failed sync                        test_cuda_failed_event_frees_block */
 #include <setjmp.h>
@@ -321,6 +323,87 @@ static void body_cross_device(void)
     EXPECT(cu_ctx_active(2) == 0);
 }
 
+/* async: the free waits on the streams the block was used on (here one of
+ * another device, held) through the device's free stream: the block's own
+ * stream does not wait for side streams, and the pool hands the memory to
+ * another stream only behind the held work (another address, or the same
+ * one with that stream made to wait). */
+static void body_async_free_waits(void)
+{
+    driver_up();
+    CUstream s0 = make_stream(0), s2 = make_stream(0), s1 = make_stream(1);
+    void *p = tally_malloc(1 << 20, 0, s0);
+    EXPECT(p != NULL);
+    struct cu_hold *h = cu_hold(s1);
+    EXPECT(h != NULL);
+    EXPECT(tally_record_stream(p, s1) == 0);
+    tally_free(p);
+    /* The compute stream is not held back by s1. */
+    for (int i = 0; i < 100 && cu.cuStreamQuery(s0) == CUDA_ERROR_NOT_READY; i++)
+        usleep(2000);
+    EXPECT(cu.cuStreamQuery(s0) == CUDA_SUCCESS);
+    usleep(20000); /* a free that did not wait for s1 would have run by now */
+    void *q = tally_malloc(1 << 20, 0, s2);
+    EXPECT(q != NULL);
+    if (q == p)
+        EXPECT(cu.cuStreamQuery(s2) == CUDA_ERROR_NOT_READY); /* s2 waits for s1 */
+    cu_release(h);
+    CU_EXPECT(cu.cuStreamSynchronize(s1));
+    CU_EXPECT(cu.cuStreamSynchronize(s2));
+    tally_free(q);
+    EXPECT(tally_check() == 0);
+}
+
+static char got[4096];
+static size_t got_len;
+
+static void collect(void *arg, const char *t, size_t len)
+{
+    (void)arg;
+    if (got_len + len < sizeof got) {
+        memcpy(got + got_len, t, len);
+        got_len += len;
+        got[got_len] = 0;
+    }
+}
+
+/* async: reserved figures come from the driver's pool; reports say whose. */
+static void body_async_reports_pool(void)
+{
+    driver_up();
+    void *p = tally_malloc(1 << 20, 0, NULL);
+    EXPECT(p != NULL);
+    EXPECT(tally_write_ledger(collect, NULL) == 0);
+    const char *want = getenv("WANT_POOL");
+    EXPECT(strstr(got, want) != NULL);
+    char path[] = "/tmp/tally-cuda-report-XXXXXX";
+    int fd = mkstemp(path);
+    EXPECT(fd >= 0);
+    close(fd);
+    EXPECT(tally_write_report(path) == 0);
+    FILE *f = fopen(path, "r");
+    EXPECT(f != NULL);
+    got_len = fread(got, 1, sizeof got - 1, f);
+    got[got_len] = 0;
+    fclose(f);
+    unlink(path);
+    EXPECT(strstr(got, strcmp(want, "default pool, shared") == 0 ? "\"reserved_from\":\"default pool, shared\""
+                                                                  : "\"reserved_from\":\"private pool\"") != NULL);
+    tally_free(p);
+}
+
+static void body_async_default_pool_report(void)
+{
+    setenv("WANT_POOL", "default pool, shared", 1);
+    body_async_reports_pool();
+}
+
+static void body_async_private_pool_report(void)
+{
+    setenv("WANT_POOL", "private pool", 1);
+    body_async_reports_pool();
+}
+
 /* ---- errors --------------------------------------------------------------- */
 
 static void body_no_runtime(void)
@@ -520,6 +603,10 @@ CUDA_TEST(test_async_contexts_only_on_used_devices,
 CUDA_TEST(test_cuda_caller_context_kept, "backend:cuda,leak_report:off", body_caller_context, 3)
 CUDA_TEST(test_cuda_cross_device_record_stream, "backend:cuda,leak_report:off", body_cross_device, 3)
 CUDA_TEST(test_async_cross_device_record_stream, "backend:async,leak_report:off", body_cross_device, 3)
+CUDA_TEST(test_async_free_waits_on_uses, "backend:async,leak_report:off", body_async_free_waits, 2)
+CUDA_TEST(test_async_default_pool_labelled_shared, "backend:async,leak_report:off", body_async_default_pool_report, 1)
+CUDA_TEST(test_async_private_pool_labelled, "backend:async,async_pool:private,leak_report:off",
+          body_async_private_pool_report, 1)
 CUDA_TEST(test_no_cuda_runtime_in_process, "backend:cuda,leak_report:off", body_no_runtime, 1)
 CUDA_TEST(test_init_failure_names_call, "backend:cuda,leak_report:off", body_init_failure, 1)
 CUDA_TEST(test_cuda_lazy_start, "backend:cuda,leak_report:off", body_lazy_start, 2)
@@ -542,6 +629,9 @@ int main(void)
         cmocka_unit_test(test_cuda_caller_context_kept),
         cmocka_unit_test(test_cuda_cross_device_record_stream),
         cmocka_unit_test(test_async_cross_device_record_stream),
+        cmocka_unit_test(test_async_free_waits_on_uses),
+        cmocka_unit_test(test_async_default_pool_labelled_shared),
+        cmocka_unit_test(test_async_private_pool_labelled),
         cmocka_unit_test(test_no_cuda_runtime_in_process),
         cmocka_unit_test(test_init_failure_names_call),
         cmocka_unit_test(test_cuda_lazy_start),

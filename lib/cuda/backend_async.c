@@ -3,8 +3,10 @@
  * device (no context-creating call at initialisation): the device's default
  * pool, or a private one with async_pool:private, with the release threshold
  * async_release_threshold. cuMemAllocFromPoolAsync on the caller's stream;
- * cuMemFreeAsync on the block's stream after that stream waited on an event
- * recorded on every stream the block was used on (cache.c); cuMemPoolTrimTo
+ * cuMemFreeAsync on the block's stream, or, for a block used on other
+ * streams, on the device's free stream after it waited on an event recorded
+ * on the block's stream and on every stream the block was used on (cache.c:
+ * the compute stream never waits on side streams); cuMemPoolTrimTo
  * for empty_cache and stage-end release, only on devices with a pool. The
  * driver does the caching, so the cache layer runs in pass-through mode and
  * keeps the ledger and statistics; reserved memory is read from the pool. */
@@ -14,6 +16,7 @@
 #include <stdio.h>
 
 static CUmemoryPool pools[TALLY_MAX_DEVICES];
+static CUstream free_streams[TALLY_MAX_DEVICES]; /* per-device unifying stream for frees */
 static _Atomic int ready[TALLY_MAX_DEVICES];
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
 static int private_pool;
@@ -71,6 +74,10 @@ static int pool_setup(int device, char *why, size_t whylen)
             } else {
                 cuuint64_t threshold = release_threshold;
                 tally__cu.cuMemPoolSetAttribute(pools[device], CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+                /* Where the driver cannot make it, frees stay on the block's stream. */
+                if (!tally__cu.cuStreamCreate ||
+                    tally__cu.cuStreamCreate(&free_streams[device], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+                    free_streams[device] = NULL;
                 atomic_store(&ready[device], 1);
             }
         }
@@ -126,6 +133,11 @@ static int async_stream_wait(int device, void *stream, void *event)
     return r == CUDA_SUCCESS ? 0 : TALLY_EBACKEND;
 }
 
+static void *async_free_stream(int device)
+{
+    return atomic_load(&ready[device]) ? free_streams[device] : NULL;
+}
+
 static int async_trim(int device, size_t keep)
 {
     if (!atomic_load(&ready[device]))
@@ -171,6 +183,7 @@ const tally_backend_t tally__backend_async = {
     .free = async_free,
     TALLY_CU_BACKEND_COMMON,
     .stream_wait = async_stream_wait,
+    .free_stream = async_free_stream,
     .trim = async_trim,
     .pool_usage = async_pool_usage,
     .pool_reset_peak = async_pool_reset_peak,
