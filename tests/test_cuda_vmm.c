@@ -5,6 +5,7 @@
  * after a map, are compared exactly only on the stand-in).
  *
  *   map, unmap (a sub-range of one map call), refusals   test_vmm_backend_*
+ *   a device without virtual memory management            test_vmm_unsupported_device_refused
  *   idle pages moving, release by empty_cache             test_vmm_idle_pages_and_release
  *   out of memory inside a range                          test_vmm_oom_inside_range
  *   every trace of ../shared/traces (TALLY_TRACES to      test_vmm_replay_*
@@ -196,6 +197,70 @@ static void test_vmm_backend_accepted_by_cuda_only(void **state)
     const char *const cuda[] = {"TALLY_CONF", "backend:cuda,expandable_segments:true,leak_report:off", NULL};
     expect_child_ok(async, body_async_refused);
     expect_child_ok(cuda, body_cuda_accepted);
+}
+
+/* A device without virtual memory management, or with a granularity that
+ * does not divide the 2 MiB page: the driver's answer is replaced in the
+ * library's own table of entry points (linked statically here). The first
+ * large allocation fails with one line saying why; small ones still work. */
+static tally_pfn_cuDeviceGetAttribute real_get_attribute;
+static tally_pfn_cuMemGetAllocationGranularity real_granularity;
+
+static CUresult no_vmm_attribute(int *value, CUdevice_attribute attrib, CUdevice dev)
+{
+    CUresult r = real_get_attribute(value, attrib, dev);
+    if (r == CUDA_SUCCESS && attrib == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
+        *value = 0;
+    return r;
+}
+
+static CUresult odd_granularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                CUmemAllocationGranularity_flags option)
+{
+    CUresult r = real_granularity(granularity, prop, option);
+    if (r == CUDA_SUCCESS)
+        *granularity = 3 * MiB;
+    return r;
+}
+
+static void refused_then_small_works(const char *reason)
+{
+    NEED(tally_malloc(40 * MiB, 0, NULL) == NULL);
+    NEED(strstr(tally_last_error(), reason) != NULL);
+    NEED(strstr(tally_last_error(), "expandable_segments cannot be used on device 0") != NULL);
+    void *small = tally_malloc(1 * MiB, 0, NULL);
+    NEED(small != NULL);
+    tally_free(small);
+    NEED(tally__cu_vmm_mapped_bytes(0) == 0);
+    NEED(tally_check() == 0);
+}
+
+static void body_no_vmm(int fd)
+{
+    (void)fd;
+    NEED(tally_init() == 0);
+    real_get_attribute = tally__cu.cuDeviceGetAttribute;
+    tally__cu.cuDeviceGetAttribute = no_vmm_attribute;
+    refused_then_small_works("no virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED "
+                             "is 0)");
+}
+
+static void body_odd_granularity(int fd)
+{
+    (void)fd;
+    NEED(tally_init() == 0);
+    real_granularity = tally__cu.cuMemGetAllocationGranularity;
+    tally__cu.cuMemGetAllocationGranularity = odd_granularity;
+    refused_then_small_works("allocation granularity 3145728 bytes does not divide the 2 MiB page");
+}
+
+static void test_vmm_unsupported_device_refused(void **state)
+{
+    (void)state;
+    const char *const env[] = {"CUDA_STANDIN_DEVICES", "1", "TALLY_CONF",
+                               "backend:cuda,expandable_segments:true,leak_report:off", NULL};
+    expect_child_ok(env, body_no_vmm);
+    expect_child_ok(env, body_odd_granularity);
 }
 
 /* ---- through the cache ------------------------------------------------------------ */
@@ -450,6 +515,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vmm_backend_map_unmap),
         cmocka_unit_test(test_vmm_backend_accepted_by_cuda_only),
+        cmocka_unit_test(test_vmm_unsupported_device_refused),
         cmocka_unit_test(test_vmm_idle_pages_and_release),
         cmocka_unit_test(test_vmm_oom_inside_range),
         cmocka_unit_test(test_vmm_replay_expandable_same_as_host),

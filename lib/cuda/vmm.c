@@ -103,12 +103,12 @@ static int check_device(int device, char *why, size_t whylen)
     if (usable[device] == 0) {
         char *msg = refusal[device];
         size_t len = sizeof refusal[device];
-        const char *fmt = "device %d: %s: expandable_segments cannot be used there";
+        const char *fmt = "%s: expandable_segments cannot be used on device %d";
         int ok = 0;
         if (!tally__cu.cuMemAddressReserve || !tally__cu.cuMemAddressFree || !tally__cu.cuMemCreate ||
             !tally__cu.cuMemRelease || !tally__cu.cuMemMap || !tally__cu.cuMemUnmap || !tally__cu.cuMemSetAccess ||
             !tally__cu.cuMemGetAllocationGranularity) {
-            snprintf(msg, len, fmt, device, "the driver lacks CUDA's virtual memory management (cuMemCreate)");
+            snprintf(msg, len, fmt, "the driver lacks CUDA's virtual memory management (cuMemCreate)", device);
         } else {
             CUdevice dev = 0;
             int vmm = 0;
@@ -120,19 +120,20 @@ static int check_device(int device, char *why, size_t whylen)
             if (r != CUDA_SUCCESS) {
                 char cu_why[160];
                 tally__cu_why(r, "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)", cu_why, sizeof cu_why);
-                snprintf(msg, len, fmt, device, cu_why);
+                snprintf(msg, len, fmt, cu_why, device);
             } else if (!vmm) {
-                snprintf(msg, len, fmt, device,
-                         "no virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)");
+                snprintf(msg, len, fmt,
+                         "no virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)",
+                         device);
             } else if ((r = tally__cu.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) !=
                        CUDA_SUCCESS) {
                 char cu_why[160];
                 tally__cu_why(r, "cuMemGetAllocationGranularity", cu_why, sizeof cu_why);
-                snprintf(msg, len, fmt, device, cu_why);
+                snprintf(msg, len, fmt, cu_why, device);
             } else if (gran == 0 || VMM_PAGE % gran) {
                 char what[96];
                 snprintf(what, sizeof what, "allocation granularity %zu bytes does not divide the 2 MiB page", gran);
-                snprintf(msg, len, fmt, device, what);
+                snprintf(msg, len, fmt, what, device);
             } else {
                 ok = 1;
             }
