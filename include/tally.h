@@ -103,6 +103,16 @@ TALLY_API int tally_free_checked(void *ptr, size_t size, int device);
  * none is current. */
 TALLY_API int tally_record_stream(void *ptr, void *stream);
 
+/* Under the async backend, let device peer read and write the memory of
+ * device's pool (cuMemPoolSetAccess), now or when the pool is set up at the
+ * device's first allocation. Pool memory ignores the program's
+ * cudaDeviceEnablePeerAccess, so call this where the program enables peer
+ * access between the two devices and uses tally's memory across them. With
+ * the other backends it does nothing (their memory follows the program's
+ * peer access). 0, -TALLY_EINVAL (bad device, peer == device) or
+ * -TALLY_EBACKEND naming the CUDA call and error. */
+TALLY_API int tally_pool_peer_access(int device, int peer);
+
 /* CUDA graph pools (PyTorch's begin_allocate_to_pool / end_allocate_to_pool
  * / release_pool; its MempoolId_t is the pair id_hi, id_lo, not both 0).
  * Between begin and end, allocations on device for which filter(arg,

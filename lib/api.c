@@ -489,6 +489,25 @@ int tally_set_memory_fraction(double fraction, int device)
     return rc;
 }
 
+int tally_pool_peer_access(int device, int peer)
+{
+    tally_device_t *d = tally__device(device, "tally_pool_peer_access");
+    if (!d)
+        return -TALLY_EINVAL;
+    if (!tally__device(peer, "tally_pool_peer_access"))
+        return -TALLY_EINVAL;
+    if (peer == device)
+        return tally__fail(TALLY_EINVAL, "tally_pool_peer_access: peer %d is the device itself", peer);
+    const tally_backend_t *be = tally__g.backend;
+    if (!be->pool_peer_access)
+        return 0; /* memory follows the program's own peer access */
+    char why[256] = "";
+    tally__mutex_lock(&d->lock);
+    int rc = be->pool_peer_access(device, peer, why, sizeof why);
+    tally__mutex_unlock(&d->lock);
+    return rc ? tally__fail(TALLY_EBACKEND, "tally_pool_peer_access: device %d, peer %d: %s", device, peer, why) : 0;
+}
+
 int tally_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes)
 {
     if (!free_bytes || !total_bytes)

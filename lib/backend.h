@@ -52,6 +52,9 @@ typedef struct tally_backend {
     /* A stream of device on which frees of blocks used on several streams
      * are queued (pass-through backends; may be NULL, or return NULL). */
     void *(*free_stream)(int device);
+    /* Let device peer read and write device's pool memory (pool backends;
+     * may be NULL: memory follows the program's peer access). */
+    int (*pool_peer_access)(int device, int peer, char *why, size_t whylen);
     /* Wait for all work on device. */
     int (*synchronize)(int device);
     /* Pool backends (may be NULL): give cached memory back down to keep

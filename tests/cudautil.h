@@ -15,6 +15,8 @@
  * - cu_ctx_active(dev): whether the device's primary context is active.
  * - cu_is_standin(): the loaded driver is the stand-in (it exports
  *   cuda_standin_version): for the few checks that only make sense there.
+ * - Test fixtures: cu_test_init(), cu_ctx_setup / cu_ctx_teardown,
+ *   CU_NEED_DRIVER() / CU_NEED_TWO() / CU_NEED_STANDIN() (skip unless).
  *
  * Bodies are static: this header is included by test programs only. */
 #ifndef TALLY_TESTS_CUDAUTIL_H
@@ -78,7 +80,7 @@ static inline int cu_load(void)
     memcpy(&cu.cuDriverGetVersion, &pfn, sizeof pfn);
     if (cu.cuDriverGetVersion(&cu_driver_version) != CUDA_SUCCESS)
         cu_driver_version = 0;
-#define CU_API_GET(name, version, required, params)                                                               \
+#define CU_API_GET(name, version, required, params)                                                                \
     do {                                                                                                           \
         void *p_ = NULL;                                                                                           \
         CUdriverProcAddressQueryResult st_ = CU_GET_PROC_ADDRESS_SUCCESS;                                          \
@@ -189,6 +191,74 @@ static inline int cu_ctx_active(CUdevice dev)
 static inline int cu_is_standin(void)
 {
     return cu_lib && dlsym(cu_lib, "cuda_standin_version") != NULL;
+}
+
+/* ---- test fixtures -------------------------------------------------------------------------------- */
+/* cu_test_init() in main: load the driver, cuInit, count devices (cu_ndev
+ * stays 0 when any step fails, and CU_NEED_DRIVER() then skips).
+ * cu_ctx_setup / cu_ctx_teardown (cmocka fixtures) retain and release the
+ * primary contexts of devices 0 and 1 (cu_ctx[1] == cu_ctx[0] with one
+ * device) and leave no context current. */
+static int cu_ndev __attribute__((unused));         /* devices; 0 when the driver did not load */
+static CUcontext cu_ctx[2] __attribute__((unused)); /* primary contexts of devices 0 and 1 */
+
+static inline int cu_need_driver(void)
+{
+    if (cu_ndev == 0) {
+        print_message("no CUDA driver: %s\n", cu_load_error[0] ? cu_load_error : "cuInit failed");
+        return 0;
+    }
+    return 1;
+}
+
+/* Retain the primary contexts of devices 0 and 1 (1 = 0 with one device). */
+static inline int cu_ctx_setup(void **state)
+{
+    if (cu_ndev == 0)
+        return 0;
+    if (cu.cuDevicePrimaryCtxRetain(&cu_ctx[0], 0) != CUDA_SUCCESS)
+        return -1;
+    cu_ctx[1] = cu_ctx[0];
+    if (cu_ndev > 1 && cu.cuDevicePrimaryCtxRetain(&cu_ctx[1], 1) != CUDA_SUCCESS)
+        return -1;
+    return 0;
+}
+
+static inline int cu_ctx_teardown(void **state)
+{
+    if (cu_ndev == 0)
+        return 0;
+    CUcontext c = NULL;
+    while (cu.cuCtxGetCurrent(&c) == CUDA_SUCCESS && c)
+        cu.cuCtxPopCurrent(&c);
+    cu.cuDevicePrimaryCtxRelease(0);
+    if (cu_ndev > 1)
+        cu.cuDevicePrimaryCtxRelease(1);
+    return 0;
+}
+
+#define CU_NEED_DRIVER()                                                                                           \
+    do {                                                                                                           \
+        if (!cu_need_driver())                                                                                     \
+            skip();                                                                                                \
+    } while (0)
+#define CU_NEED_TWO()                                                                                              \
+    do {                                                                                                           \
+        CU_NEED_DRIVER();                                                                                          \
+        if (cu_ndev < 2)                                                                                           \
+            skip();                                                                                                \
+    } while (0)
+#define CU_NEED_STANDIN()                                                                                          \
+    do {                                                                                                           \
+        CU_NEED_DRIVER();                                                                                          \
+        if (!cu_is_standin())                                                                                      \
+            skip();                                                                                                \
+    } while (0)
+
+static inline void cu_test_init(void)
+{
+    if (cu_load() == 0 && cu.cuInit(0) == CUDA_SUCCESS && cu.cuDeviceGetCount(&cu_ndev) != CUDA_SUCCESS)
+        cu_ndev = 0;
 }
 
 #endif /* TALLY_TESTS_CUDAUTIL_H */

@@ -404,6 +404,37 @@ static void body_async_private_pool_report(void)
     body_async_reports_pool();
 }
 
+/* async: a peer reaches pool memory only once tally grants it, asked before
+ * the pool exists (applied at its set-up) or after. */
+static void body_async_peer_access(void)
+{
+    driver_up();
+    EXPECT(tally_pool_peer_access(0, 0) == -TALLY_EINVAL);
+    EXPECT(strstr(tally_last_error(), "is the device itself") != NULL);
+    EXPECT(tally_pool_peer_access(0, 7) == -TALLY_EINVAL);
+    EXPECT(tally_pool_peer_access(0, 1) == 0); /* before the pool exists */
+    void *p = tally_malloc(1 << 20, 0, NULL);
+    void *q = tally_malloc(1 << 20, 2, NULL);
+    EXPECT(p != NULL && q != NULL);
+    CUmemoryPool pool0, pool2;
+    CUdevice d0, d2;
+    CU_EXPECT(cu.cuDeviceGet(&d0, 0));
+    CU_EXPECT(cu.cuDeviceGet(&d2, 2));
+    CU_EXPECT(cu.cuDeviceGetDefaultMemPool(&pool0, d0));
+    CU_EXPECT(cu.cuDeviceGetDefaultMemPool(&pool2, d2));
+    CUmemLocation peer1 = {CU_MEM_LOCATION_TYPE_DEVICE, 1};
+    CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    CU_EXPECT(cu.cuMemPoolGetAccess(&flags, pool0, &peer1));
+    EXPECT(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CU_EXPECT(cu.cuMemPoolGetAccess(&flags, pool2, &peer1));
+    EXPECT(flags == CU_MEM_ACCESS_FLAGS_PROT_NONE); /* not asked for */
+    EXPECT(tally_pool_peer_access(2, 1) == 0);   /* after */
+    CU_EXPECT(cu.cuMemPoolGetAccess(&flags, pool2, &peer1));
+    EXPECT(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    tally_free(p);
+    tally_free(q);
+}
+
 /* ---- errors --------------------------------------------------------------- */
 
 static void body_no_runtime(void)
@@ -607,6 +638,7 @@ CUDA_TEST(test_async_free_waits_on_uses, "backend:async,leak_report:off", body_a
 CUDA_TEST(test_async_default_pool_labelled_shared, "backend:async,leak_report:off", body_async_default_pool_report, 1)
 CUDA_TEST(test_async_private_pool_labelled, "backend:async,async_pool:private,leak_report:off",
           body_async_private_pool_report, 1)
+CUDA_TEST(test_async_pool_peer_access, "backend:async,leak_report:off", body_async_peer_access, 3)
 CUDA_TEST(test_no_cuda_runtime_in_process, "backend:cuda,leak_report:off", body_no_runtime, 1)
 CUDA_TEST(test_init_failure_names_call, "backend:cuda,leak_report:off", body_init_failure, 1)
 CUDA_TEST(test_cuda_lazy_start, "backend:cuda,leak_report:off", body_lazy_start, 2)
@@ -632,6 +664,7 @@ int main(void)
         cmocka_unit_test(test_async_free_waits_on_uses),
         cmocka_unit_test(test_async_default_pool_labelled_shared),
         cmocka_unit_test(test_async_private_pool_labelled),
+        cmocka_unit_test(test_async_pool_peer_access),
         cmocka_unit_test(test_no_cuda_runtime_in_process),
         cmocka_unit_test(test_init_failure_names_call),
         cmocka_unit_test(test_cuda_lazy_start),

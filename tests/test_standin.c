@@ -2,7 +2,11 @@
  * through the driver API, as tally's backends use it: loaded with dlopen,
  * entry points taken through cuGetProcAddress (tests/cudautil.h).
  *
- * Each test checks one documented rule the stand-in models (docs/standin.md).
+ * Each test checks one documented rule the stand-in models (docs/standin.md):
+ * here initialisation, configuration, cuGetProcAddress, error names,
+ * contexts, device memory and fork; streams, events, capture, virtual
+ * memory and pools are in test_standin_streams.c.
+ *
  * With TALLY_REAL_CUDA=1 on a GPU machine the same tests run against the real
  * driver: the checks of exact stand-in figures (capacity, context charge,
  * configuration variables, error codes the documentation leaves open) run
@@ -27,63 +31,6 @@
 #include "cudautil.h"
 
 #define MiB ((size_t)1 << 20)
-
-static int ndev;             /* devices, 0 when the driver did not load */
-static CUcontext ctx[2];     /* primary contexts of devices 0 and 1 (fixture) */
-
-/* ---- fixtures ------------------------------------------------------------- */
-static int need_driver(void)
-{
-    if (ndev == 0) {
-        print_message("no CUDA driver: %s\n", cu_load_error[0] ? cu_load_error : "cuInit failed");
-        return 0;
-    }
-    return 1;
-}
-
-/* Retain the primary contexts of devices 0 and 1 (1 = 0 with one device). */
-static int ctx_setup(void **state)
-{
-    if (ndev == 0)
-        return 0;
-    if (cu.cuDevicePrimaryCtxRetain(&ctx[0], 0) != CUDA_SUCCESS)
-        return -1;
-    ctx[1] = ctx[0];
-    if (ndev > 1 && cu.cuDevicePrimaryCtxRetain(&ctx[1], 1) != CUDA_SUCCESS)
-        return -1;
-    return 0;
-}
-
-static int ctx_teardown(void **state)
-{
-    if (ndev == 0)
-        return 0;
-    CUcontext c = NULL;
-    while (cu.cuCtxGetCurrent(&c) == CUDA_SUCCESS && c)
-        cu.cuCtxPopCurrent(&c);
-    cu.cuDevicePrimaryCtxRelease(0);
-    if (ndev > 1)
-        cu.cuDevicePrimaryCtxRelease(1);
-    return 0;
-}
-
-#define NEED_DRIVER()                                                                                              \
-    do {                                                                                                           \
-        if (!need_driver())                                                                                        \
-            skip();                                                                                                \
-    } while (0)
-#define NEED_TWO()                                                                                                 \
-    do {                                                                                                           \
-        NEED_DRIVER();                                                                                             \
-        if (ndev < 2)                                                                                              \
-            skip();                                                                                                \
-    } while (0)
-#define NEED_STANDIN()                                                                                             \
-    do {                                                                                                           \
-        NEED_DRIVER();                                                                                             \
-        if (!cu_is_standin())                                                                                      \
-            skip();                                                                                                \
-    } while (0)
 
 /* ---- children: other configurations ---------------------------------------- */
 /* In a child, a failed expectation exits with its line number. */
@@ -229,7 +176,7 @@ static int child_main(const char *name)
 
 static void test_configuration_from_environment(void **state)
 {
-    NEED_STANDIN();
+    CU_NEED_STANDIN();
     const char *base[] = {"CUDA_STANDIN_DEVICES", "CUDA_STANDIN_MEMORY", "CUDA_STANDIN_DRIVER_VERSION", NULL};
     assert_int_equal(run_child("before_init", base), 0);
     const char *vis[] = {"CUDA_STANDIN_DEVICES=4", "CUDA_VISIBLE_DEVICES=2,0", NULL};
@@ -253,7 +200,7 @@ static void test_configuration_from_environment(void **state)
 /* ---- cuGetProcAddress ---------------------------------------------------------- */
 static void test_proc_address_versions(void **state)
 {
-    NEED_DRIVER();
+    CU_NEED_DRIVER();
     tally_pfn_cuGetProcAddress_v2 gpa2 = NULL;
     tally_pfn_cuGetProcAddress gpa = NULL;
     cu_proc_address_fns(cu_lib, &gpa2, &gpa);
@@ -270,7 +217,12 @@ static void test_proc_address_versions(void **state)
     assert_ptr_equal(pfn, dlsym(cu_lib, "cuStreamBeginCapture_v2"));
     /* Unknown symbol: found nothing. */
     pfn = &st;
-    CU_OK(gpa2("cuNoSuchEntryPoint", &pfn, 3020, 0, &st));
+    CUresult rc = gpa2("cuNoSuchEntryPoint", &pfn, 3020, 0, &st);
+    if (cu_is_standin())
+        CU_OK(rc); /* as documented: CUDA_SUCCESS, a NULL pointer, the status */
+    else if (rc != CUDA_SUCCESS)
+        print_message("note: this driver returns %s for an unknown symbol; the documentation says CUDA_SUCCESS\n",
+                      cu_err_name(rc));
     assert_null(pfn);
     assert_int_equal(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
     /* A version above the driver's. */
@@ -300,12 +252,21 @@ static void test_proc_address_versions(void **state)
 
 static void test_error_names(void **state)
 {
-    NEED_DRIVER();
+    CU_NEED_DRIVER();
+    /* Every CUresult lib/cuda/driver.h declares. */
     const CUresult codes[] = {CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
-                              CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE,
-                              CUDA_ERROR_NOT_READY, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
-                              CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
-                              CUDA_ERROR_CAPTURED_EVENT, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_UNKNOWN};
+                              CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_STUB_LIBRARY,
+                              CUDA_ERROR_NO_DEVICE, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_CONTEXT,
+                              CUDA_ERROR_ALREADY_MAPPED, CUDA_ERROR_NOT_MAPPED, CUDA_ERROR_CONTEXT_ALREADY_IN_USE,
+                              CUDA_ERROR_OPERATING_SYSTEM, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_ILLEGAL_STATE,
+                              CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_READY, CUDA_ERROR_ILLEGAL_ADDRESS,
+                              CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, CUDA_ERROR_PEER_ACCESS_NOT_ENABLED,
+                              CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, CUDA_ERROR_CONTEXT_IS_DESTROYED,
+                              CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_SUPPORTED,
+                              CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                              CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+                              CUDA_ERROR_CAPTURED_EVENT, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+                              CUDA_ERROR_UNKNOWN};
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
         const char *name = NULL, *text = NULL;
         CU_OK(cu.cuGetErrorName(codes[i], &name));
@@ -326,8 +287,8 @@ static void test_error_names(void **state)
 /* No fixture: starts with no context retained by this test program. */
 static void test_primary_context_lifetime(void **state)
 {
-    NEED_DRIVER();
-    CUdevice dev = ndev - 1;
+    CU_NEED_DRIVER();
+    CUdevice dev = cu_ndev - 1;
     CUcontext c = NULL, cur = NULL, again = NULL;
     assert_int_equal(cu_ctx_active(dev), 0);
     CU_OK(cu.cuDevicePrimaryCtxRetain(&c, dev));
@@ -349,7 +310,7 @@ static void test_primary_context_lifetime(void **state)
     CU_OK(cu.cuDevicePrimaryCtxRelease(dev));
     assert_int_equal(cu_ctx_active(dev), 0);
     CU_IS(cu.cuDevicePrimaryCtxRelease(dev), CUDA_ERROR_INVALID_CONTEXT);
-    CU_IS(cu.cuDevicePrimaryCtxRetain(&c, ndev), CUDA_ERROR_INVALID_DEVICE);
+    CU_IS(cu.cuDevicePrimaryCtxRetain(&c, cu_ndev), CUDA_ERROR_INVALID_DEVICE);
 }
 
 struct thread_probe {
@@ -369,8 +330,8 @@ static void *probe_current(void *arg)
 
 static void test_context_stack(void **state)
 {
-    NEED_TWO();
-    CUcontext cur = ctx[0];
+    CU_NEED_TWO();
+    CUcontext cur = cu_ctx[0];
     CUdevice dev = -1;
     CUdeviceptr p = 0;
     size_t f = 0, t = 0;
@@ -388,22 +349,22 @@ static void test_context_stack(void **state)
     CU_IS(cu.cuStreamGetCtx(NULL, &cur), CUDA_ERROR_INVALID_CONTEXT);
     CU_IS(cu.cuCtxPopCurrent(&cur), CUDA_ERROR_INVALID_CONTEXT);
     /* Push, push, pop. */
-    CU_OK(cu.cuCtxPushCurrent(ctx[0]));
-    CU_OK(cu.cuCtxPushCurrent(ctx[1]));
+    CU_OK(cu.cuCtxPushCurrent(cu_ctx[0]));
+    CU_OK(cu.cuCtxPushCurrent(cu_ctx[1]));
     CU_OK(cu.cuCtxGetDevice(&dev));
     assert_int_equal(dev, 1);
     CU_OK(cu.cuCtxPopCurrent(&cur));
-    assert_ptr_equal(cur, ctx[1]);
+    assert_ptr_equal(cur, cu_ctx[1]);
     CU_OK(cu.cuCtxGetDevice(&dev));
     assert_int_equal(dev, 0);
     /* SetCurrent replaces the top. */
-    CU_OK(cu.cuCtxSetCurrent(ctx[1]));
+    CU_OK(cu.cuCtxSetCurrent(cu_ctx[1]));
     CU_OK(cu.cuCtxGetDevice(&dev));
     assert_int_equal(dev, 1);
     CU_OK(cu.cuStreamGetCtx(CU_STREAM_PER_THREAD, &cur));
-    assert_ptr_equal(cur, ctx[1]);
+    assert_ptr_equal(cur, cu_ctx[1]);
     /* The stack is per thread. */
-    struct thread_probe probe = {.seen = ctx[0]};
+    struct thread_probe probe = {.seen = cu_ctx[0]};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, probe_current, &probe), 0);
     pthread_join(th, NULL);
@@ -418,13 +379,13 @@ static void test_context_stack(void **state)
 /* ---- memory --------------------------------------------------------------------------- */
 static void test_memory_alloc_free_oom(void **state)
 {
-    NEED_TWO();
+    CU_NEED_TWO();
     CUdeviceptr a = 0, b = 0, big = 0;
     size_t free0 = 0, free1 = 0, total = 0;
-    CU_OK(cu.cuCtxPushCurrent(ctx[1]));
+    CU_OK(cu.cuCtxPushCurrent(cu_ctx[1]));
     CU_OK(cu.cuMemAlloc(&b, 1 * MiB));
     CU_OK(cu.cuCtxPopCurrent(NULL));
-    CU_OK(cu.cuCtxPushCurrent(ctx[0]));
+    CU_OK(cu.cuCtxPushCurrent(cu_ctx[0]));
     CU_IS(cu.cuMemAlloc(&a, 0), CUDA_ERROR_INVALID_VALUE);
     CU_OK(cu.cuMemGetInfo(&free0, &total));
     CU_OK(cu.cuMemAlloc(&a, 3 * MiB));
@@ -447,405 +408,10 @@ static void test_memory_alloc_free_oom(void **state)
     CU_IS(cu.cuMemFree(b), CUDA_ERROR_INVALID_CONTEXT);
 }
 
-/* ---- streams and events ------------------------------------------------------------------ */
-static void set_flag(void *arg)
-{
-    __atomic_store_n((int *)arg, 1, __ATOMIC_SEQ_CST);
-}
-
-struct delayed {
-    struct cu_hold *hold;
-    useconds_t us;
-};
-
-static void *release_later(void *arg)
-{
-    struct delayed *d = arg;
-    usleep(d->us);
-    cu_release(d->hold);
-    return NULL;
-}
-
-static void test_stream_hold_query_sync(void **state)
-{
-    NEED_DRIVER();
-    CUstream s = NULL;
-    CUevent done = NULL, never = NULL;
-    CUcontext owner = NULL;
-    int flag = 0;
-    CU_OK(cu.cuCtxPushCurrent(ctx[0]));
-    CU_OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    CU_OK(cu.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING));
-    CU_OK(cu.cuEventCreate(&never, CU_EVENT_DISABLE_TIMING));
-    CU_OK(cu.cuStreamGetCtx(s, &owner));
-    assert_ptr_equal(owner, ctx[0]);
-    CU_OK(cu.cuStreamGetCtx(NULL, &owner)); /* legacy: the current context's */
-    assert_ptr_equal(owner, ctx[0]);
-    CU_OK(cu.cuStreamQuery(s));
-    CU_OK(cu.cuEventQuery(never)); /* never recorded: complete */
-    struct cu_hold *h = cu_hold(s);
-    assert_non_null(h);
-    CU_OK(cu.cuLaunchHostFunc(s, set_flag, &flag));
-    CU_OK(cu.cuEventRecord(done, s));
-    CU_IS(cu.cuStreamQuery(s), CUDA_ERROR_NOT_READY);
-    CU_IS(cu.cuEventQuery(done), CUDA_ERROR_NOT_READY);
-    assert_int_equal(__atomic_load_n(&flag, __ATOMIC_SEQ_CST), 0);
-    cu_release(h);
-    CU_OK(cu.cuEventSynchronize(done));
-    assert_int_equal(__atomic_load_n(&flag, __ATOMIC_SEQ_CST), 1);
-    CU_OK(cu.cuStreamSynchronize(s));
-    CU_OK(cu.cuStreamQuery(s));
-    /* cuCtxSynchronize waits for every stream of the context. */
-    struct delayed d = {.hold = cu_hold(s), .us = 50000};
-    assert_non_null(d.hold);
-    CU_OK(cu.cuEventRecord(done, s));
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, release_later, &d), 0);
-    CU_OK(cu.cuCtxSynchronize());
-    CU_OK(cu.cuEventQuery(done));
-    pthread_join(th, NULL);
-    CU_OK(cu.cuEventDestroy(done));
-    CU_OK(cu.cuEventDestroy(never));
-    CU_OK(cu.cuStreamDestroy(s));
-    CU_IS(cu.cuStreamDestroy(NULL), CUDA_ERROR_INVALID_HANDLE);
-    CU_OK(cu.cuCtxPopCurrent(NULL));
-}
-
-static void test_events_cross_context(void **state)
-{
-    NEED_TWO();
-    CUstream s0 = NULL, s1 = NULL;
-    CUevent e0 = NULL, e1 = NULL;
-    CUdevice dev = -1;
-    CU_OK(cu.cuCtxPushCurrent(ctx[1]));
-    CU_OK(cu.cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
-    CU_OK(cu.cuEventCreate(&e1, CU_EVENT_DISABLE_TIMING));
-    CU_OK(cu.cuCtxPopCurrent(NULL));
-    CU_OK(cu.cuCtxPushCurrent(ctx[0]));
-    CU_OK(cu.cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING));
-    CU_OK(cu.cuEventCreate(&e0, CU_EVENT_DISABLE_TIMING));
-    if (cu.cuStreamGetDevice) {
-        CU_OK(cu.cuStreamGetDevice(s1, &dev));
-        assert_int_equal(dev, 1);
-    }
-    /* cuEventRecord: event and stream of different contexts. */
-    CU_IS(cu.cuEventRecord(e1, s0), CUDA_ERROR_INVALID_HANDLE);
-    CU_IS(cu.cuEventRecord(e0, s1), CUDA_ERROR_INVALID_HANDLE);
-    /* cuStreamWaitEvent: an event of another device is fine, and waited for. */
-    struct cu_hold *h = cu_hold(s1);
-    assert_non_null(h);
-    CU_OK(cu.cuEventRecord(e1, s1));
-    CU_OK(cu.cuStreamWaitEvent(s0, e1, 0));
-    CU_OK(cu.cuEventRecord(e0, s0));
-    usleep(20000);
-    CU_IS(cu.cuEventQuery(e0), CUDA_ERROR_NOT_READY);
-    cu_release(h);
-    CU_OK(cu.cuEventSynchronize(e0));
-    CU_OK(cu.cuEventQuery(e1));
-    CU_OK(cu.cuStreamDestroy(s0));
-    CU_OK(cu.cuEventDestroy(e0));
-    CU_OK(cu.cuCtxPopCurrent(NULL));
-    CU_OK(cu.cuStreamDestroy(s1));
-    CU_OK(cu.cuEventDestroy(e1));
-}
-
-/* ---- capture ------------------------------------------------------------------------------ */
-static CUstreamCaptureStatus capture_status(CUstream s)
-{
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    CU_OK(cu.cuStreamIsCapturing(s, &st));
-    return st;
-}
-
-/* End a capture expected to be invalidated. */
-static void end_invalidated(CUstream s)
-{
-    CUgraph g = (CUgraph)&g;
-    assert_int_equal(capture_status(s), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
-    CU_IS(cu.cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-    assert_null(g);
-    assert_int_equal(capture_status(s), CU_STREAM_CAPTURE_STATUS_NONE);
-}
-
-struct alloc_probe {
-    CUcontext ctx;
-    CUstreamCaptureMode mode;
-    CUresult rc;
-};
-
-static void *alloc_in_thread(void *arg)
-{
-    struct alloc_probe *p = arg;
-    CUdeviceptr d = 0;
-    CUstreamCaptureMode m = p->mode;
-    cu.cuCtxPushCurrent(p->ctx);
-    cu.cuThreadExchangeStreamCaptureMode(&m);
-    p->rc = cu.cuMemAlloc(&d, 4096);
-    if (p->rc == CUDA_SUCCESS)
-        cu.cuMemFree(d);
-    cu.cuThreadExchangeStreamCaptureMode(&m);
-    cu.cuCtxPopCurrent(NULL);
-    return NULL;
-}
-
-static CUresult alloc_from_other_thread(CUstreamCaptureMode mode)
-{
-    struct alloc_probe p = {.ctx = ctx[0], .mode = mode, .rc = CUDA_ERROR_UNKNOWN};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, alloc_in_thread, &p), 0);
-    pthread_join(th, NULL);
-    return p.rc;
-}
-
-struct end_probe {
-    CUstream stream;
-    CUresult rc;
-};
-
-static void *end_in_thread(void *arg)
-{
-    struct end_probe *p = arg;
-    CUgraph g = NULL;
-    p->rc = cu.cuStreamEndCapture(p->stream, &g);
-    return NULL;
-}
-
-static void test_capture_rules(void **state)
-{
-    NEED_DRIVER();
-    CUstream s = NULL;
-    CUevent e = NULL;
-    CUgraph g = NULL;
-    CUdeviceptr d = 0;
-    int flag = 0;
-    CU_OK(cu.cuCtxPushCurrent(ctx[0]));
-    CU_OK(cu.cuStreamCreate(&s, CU_STREAM_DEFAULT));
-    CU_OK(cu.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
-    assert_true(cu.cuStreamBeginCapture(CU_STREAM_LEGACY, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS);
-
-    /* 1. cuMemAlloc in the global mode during a capture: refused, capture invalidated. */
-    CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    assert_int_equal(capture_status(s), CU_STREAM_CAPTURE_STATUS_ACTIVE);
-    CU_IS(cu.cuMemAlloc(&d, 4096), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    end_invalidated(s);
-
-    /* 2. Captured work is not executed; a relaxed thread may allocate. */
-    CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    CU_OK(cu.cuLaunchHostFunc(s, set_flag, &flag));
-    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
-    CU_OK(cu.cuThreadExchangeStreamCaptureMode(&m));
-    assert_int_equal(m, CU_STREAM_CAPTURE_MODE_GLOBAL);
-    CU_OK(cu.cuMemAlloc(&d, 4096));
-    CU_OK(cu.cuMemFree(d));
-    CU_OK(cu.cuThreadExchangeStreamCaptureMode(&m));
-    assert_int_equal(m, CU_STREAM_CAPTURE_MODE_RELAXED);
-    /* Another thread in the global mode is refused by a global capture. */
-    CU_IS(alloc_from_other_thread(CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    end_invalidated(s);
-    assert_int_equal(__atomic_load_n(&flag, __ATOMIC_SEQ_CST), 0);
-
-    /* 3. A thread-local capture ignores other threads; ends with a graph. */
-    CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-    CU_OK(alloc_from_other_thread(CU_STREAM_CAPTURE_MODE_GLOBAL));
-    CU_OK(cu.cuLaunchHostFunc(s, set_flag, &flag));
-    CU_OK(cu.cuStreamEndCapture(s, &g));
-    assert_non_null(g);
-    CU_OK(cu.cuGraphDestroy(g));
-    assert_int_equal(__atomic_load_n(&flag, __ATOMIC_SEQ_CST), 0);
-
-    /* 4. Querying an event recorded in the capture is illegal and invalidates it. */
-    CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
-    CU_OK(cu.cuEventRecord(e, s));
-    CUresult rc = cu.cuEventQuery(e);
-    assert_true(rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_READY);
-    if (cu_is_standin())
-        CU_IS(rc, CUDA_ERROR_CAPTURED_EVENT);
-    end_invalidated(s);
-
-    /* 5. Querying or synchronising the capturing stream, likewise. */
-    CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
-    CU_IS(cu.cuStreamQuery(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    end_invalidated(s);
-    CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
-    CU_IS(cu.cuStreamSynchronize(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    end_invalidated(s);
-
-    /* 6. The legacy stream while a blocking stream captures. */
-    CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
-    CUstreamCaptureStatus st;
-    CU_IS(cu.cuStreamIsCapturing(CU_STREAM_LEGACY, &st), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
-    assert_int_equal(capture_status(s), CU_STREAM_CAPTURE_STATUS_ACTIVE);
-    CU_OK(cu.cuStreamEndCapture(s, &g));
-    CU_OK(cu.cuGraphDestroy(g));
-
-    /* 7. No second capture on a capturing stream; a global capture ends on
-     * its own thread. */
-    CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    rc = cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
-    assert_true(rc != CUDA_SUCCESS);
-    if (cu_is_standin())
-        CU_IS(rc, CUDA_ERROR_ILLEGAL_STATE);
-    struct end_probe ep = {.stream = s, .rc = CUDA_SUCCESS};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, end_in_thread, &ep), 0);
-    pthread_join(th, NULL);
-    CU_IS(ep.rc, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
-    assert_int_equal(capture_status(s), CU_STREAM_CAPTURE_STATUS_ACTIVE);
-    CU_OK(cu.cuStreamEndCapture(s, &g));
-    CU_OK(cu.cuGraphDestroy(g));
-    CU_OK(cu.cuStreamSynchronize(s));
-    assert_int_equal(__atomic_load_n(&flag, __ATOMIC_SEQ_CST), 0);
-    CU_OK(cu.cuStreamDestroy(s));
-    CU_OK(cu.cuEventDestroy(e));
-    CU_OK(cu.cuCtxPopCurrent(NULL));
-}
-
-/* ---- virtual memory ------------------------------------------------------------------------ */
-static void test_virtual_memory(void **state)
-{
-    NEED_DRIVER();
-    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
-    size_t gran = 0, free0 = 0, free1 = 0, total = 0;
-    CUdeviceptr va = 0;
-    CUmemGenericAllocationHandle h = 0;
-    CU_OK(cu.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    assert_true(gran >= 4096 && (gran & (gran - 1)) == 0);
-    if (cu_is_standin())
-        assert_int_equal(gran, 2 * MiB);
-    CU_OK(cu.cuCtxPushCurrent(ctx[0]));
-    CU_OK(cu.cuMemGetInfo(&free0, &total));
-    CU_OK(cu.cuMemAddressReserve(&va, 8 * gran, 0, 0, 0));
-    CU_IS(cu.cuMemCreate(&h, gran + gran / 2, &prop, 0), CUDA_ERROR_INVALID_VALUE);
-    CU_OK(cu.cuMemCreate(&h, 2 * gran, &prop, 0));
-    CU_OK(cu.cuMemGetInfo(&free1, &total));
-    if (cu_is_standin())
-        assert_int_equal(free0 - free1, 2 * gran);
-    CU_OK(cu.cuMemMap(va, 2 * gran, 0, h, 0));
-    assert_true(cu.cuMemMap(va + gran, 2 * gran, 0, h, 0) != CUDA_SUCCESS); /* already mapped */
-    assert_true(cu.cuMemMap(va + 7 * gran, 2 * gran, 0, h, 0) != CUDA_SUCCESS); /* past the reservation */
-    CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
-                           .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    CU_OK(cu.cuMemSetAccess(va, 2 * gran, &acc, 1));
-    assert_true(cu.cuMemSetAccess(va, 3 * gran, &acc, 1) != CUDA_SUCCESS); /* not all mapped */
-    /* Released while mapped: the memory stays until unmapped. */
-    CU_OK(cu.cuMemRelease(h));
-    CU_OK(cu.cuMemGetInfo(&free1, &total));
-    if (cu_is_standin()) {
-        assert_int_equal(free0 - free1, 2 * gran);
-        assert_true(cu.cuMemUnmap(va, gran) != CUDA_SUCCESS); /* a sub-range */
-    }
-    CU_OK(cu.cuMemUnmap(va, 2 * gran));
-    CU_OK(cu.cuMemGetInfo(&free1, &total));
-    if (cu_is_standin())
-        assert_int_equal(free1, free0);
-    CU_OK(cu.cuMemAddressFree(va, 8 * gran));
-    CU_OK(cu.cuCtxPopCurrent(NULL));
-}
-
-/* ---- pools ---------------------------------------------------------------------------------- */
-static cuuint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute attr)
-{
-    cuuint64_t v = 0;
-    CU_OK(cu.cuMemPoolGetAttribute(pool, attr, &v));
-    return v;
-}
-
-static void test_pool_stream_order_and_release(void **state)
-{
-    NEED_DRIVER();
-    CUmemoryPool pool = NULL, again = NULL;
-    CUstream a = NULL, b = NULL;
-    CUdeviceptr p = 0, q = 0, r = 0;
-    CU_OK(cu.cuCtxPushCurrent(ctx[0]));
-    CU_OK(cu.cuDeviceGetDefaultMemPool(&pool, 0));
-    CU_OK(cu.cuDeviceGetDefaultMemPool(&again, 0));
-    assert_ptr_equal(pool, again);
-    CU_IS(cu.cuMemPoolDestroy(pool), CUDA_ERROR_INVALID_VALUE);
-    CU_OK(cu.cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
-    CU_OK(cu.cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
-    cuuint64_t keep = UINT64_MAX;
-    CU_OK(cu.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
-    CU_OK(cu.cuMemAllocFromPoolAsync(&p, 4 * MiB, pool, a));
-    assert_true(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) >= 4 * MiB);
-    assert_true(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT) >= 4 * MiB);
-    /* A free not yet executed on `a` is not reused by `b`. */
-    struct cu_hold *h = cu_hold(a);
-    assert_non_null(h);
-    CU_OK(cu.cuMemFreeAsync(p, a));
-    CU_OK(cu.cuMemAllocFromPoolAsync(&q, 4 * MiB, pool, b));
-    assert_true(q != p);
-    cu_release(h);
-    CU_OK(cu.cuStreamSynchronize(a));
-    CU_OK(cu.cuMemAllocFromPoolAsync(&r, 4 * MiB, pool, b));
-    if (cu_is_standin())
-        assert_true(r == p); /* reused once the free executed */
-    CU_OK(cu.cuMemFreeAsync(q, b));
-    CU_OK(cu.cuMemFreeAsync(r, b));
-    CU_OK(cu.cuStreamSynchronize(b));
-    /* Above threshold UINT64_MAX nothing is released; trimming releases. */
-    assert_true(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) >= 8 * MiB);
-    assert_int_equal(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
-    CU_OK(cu.cuMemPoolTrimTo(pool, 0));
-    assert_int_equal(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
-    /* Threshold 0: released at the next synchronisation. */
-    keep = 0;
-    CU_OK(cu.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
-    CU_OK(cu.cuMemAllocFromPoolAsync(&p, 2 * MiB, pool, a));
-    CU_OK(cu.cuMemFreeAsync(p, a));
-    CU_OK(cu.cuStreamSynchronize(a));
-    assert_int_equal(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
-    /* High watermarks: reset with 0, a non-zero value is refused. */
-    assert_true(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH) >= 8 * MiB);
-    cuuint64_t zero = 0, one = 1;
-    CU_OK(cu.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero));
-    assert_int_equal(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH), 0);
-    CU_IS(cu.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &one), CUDA_ERROR_INVALID_VALUE);
-    CU_OK(cu.cuStreamDestroy(a));
-    CU_OK(cu.cuStreamDestroy(b));
-    CU_OK(cu.cuCtxPopCurrent(NULL));
-}
-
-static void test_pool_and_peer_access(void **state)
-{
-    NEED_TWO();
-    CUmemoryPool pool = NULL, mine = NULL;
-    CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    CUmemLocation peer = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1};
-    CUmemLocation own = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0};
-    int can = 0;
-    CU_OK(cu.cuDeviceCanAccessPeer(&can, 0, 1));
-    if (cu_is_standin())
-        assert_int_equal(can, 1);
-    CU_OK(cu.cuDeviceGetDefaultMemPool(&pool, 0));
-    CU_OK(cu.cuMemPoolGetAccess(&flags, pool, &own));
-    assert_int_equal(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
-    CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED, .location = own};
-    CU_OK(cu.cuMemPoolCreate(&mine, &props));
-    CU_OK(cu.cuMemPoolGetAccess(&flags, mine, &peer));
-    assert_int_equal(flags, CU_MEM_ACCESS_FLAGS_PROT_NONE); /* not until granted */
-    if (can) {
-        /* Context peer access does not reach pools. */
-        CU_OK(cu.cuCtxPushCurrent(ctx[1]));
-        CU_OK(cu.cuCtxEnablePeerAccess(ctx[0], 0));
-        CU_IS(cu.cuCtxEnablePeerAccess(ctx[0], 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
-        CU_IS(cu.cuCtxEnablePeerAccess(ctx[1], 0), CUDA_ERROR_INVALID_CONTEXT);
-        CU_IS(cu.cuCtxEnablePeerAccess(ctx[0], 1), CUDA_ERROR_INVALID_VALUE);
-        CU_OK(cu.cuCtxPopCurrent(NULL));
-        CU_OK(cu.cuMemPoolGetAccess(&flags, mine, &peer));
-        assert_int_equal(flags, CU_MEM_ACCESS_FLAGS_PROT_NONE);
-        CUmemAccessDesc grant = {.location = peer, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-        CU_OK(cu.cuMemPoolSetAccess(mine, &grant, 1));
-        CU_OK(cu.cuMemPoolGetAccess(&flags, mine, &peer));
-        assert_int_equal(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
-    }
-    CU_OK(cu.cuMemPoolDestroy(mine));
-}
-
 /* ---- fork ------------------------------------------------------------------------------------ */
 static void test_forked_child_cannot_use_cuda(void **state)
 {
-    NEED_DRIVER();
+    CU_NEED_DRIVER();
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -870,21 +436,14 @@ int main(int argc, char **argv)
     self_path[len > 0 ? len : 0] = '\0';
     if (argc == 3 && strcmp(argv[1], "--child") == 0)
         return child_main(argv[2]);
-    if (cu_load() == 0 && cu.cuInit(0) == CUDA_SUCCESS && cu.cuDeviceGetCount(&ndev) != CUDA_SUCCESS)
-        ndev = 0;
+    cu_test_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_configuration_from_environment),
         cmocka_unit_test(test_proc_address_versions),
         cmocka_unit_test(test_error_names),
         cmocka_unit_test(test_primary_context_lifetime),
-        cmocka_unit_test_setup_teardown(test_context_stack, ctx_setup, ctx_teardown),
-        cmocka_unit_test_setup_teardown(test_memory_alloc_free_oom, ctx_setup, ctx_teardown),
-        cmocka_unit_test_setup_teardown(test_stream_hold_query_sync, ctx_setup, ctx_teardown),
-        cmocka_unit_test_setup_teardown(test_events_cross_context, ctx_setup, ctx_teardown),
-        cmocka_unit_test_setup_teardown(test_capture_rules, ctx_setup, ctx_teardown),
-        cmocka_unit_test_setup_teardown(test_virtual_memory, ctx_setup, ctx_teardown),
-        cmocka_unit_test_setup_teardown(test_pool_stream_order_and_release, ctx_setup, ctx_teardown),
-        cmocka_unit_test_setup_teardown(test_pool_and_peer_access, ctx_setup, ctx_teardown),
+        cmocka_unit_test_setup_teardown(test_context_stack, cu_ctx_setup, cu_ctx_teardown),
+        cmocka_unit_test_setup_teardown(test_memory_alloc_free_oom, cu_ctx_setup, cu_ctx_teardown),
         cmocka_unit_test(test_forked_child_cannot_use_cuda),
     };
     return cmocka_run_group_tests_name("standin", tests, NULL, NULL);

@@ -19,6 +19,7 @@ static CUmemoryPool pools[TALLY_MAX_DEVICES];
 static CUstream free_streams[TALLY_MAX_DEVICES]; /* per-device unifying stream for frees */
 static _Atomic int ready[TALLY_MAX_DEVICES];
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t peers[TALLY_MAX_DEVICES]; /* bit p: peer p is to access the pool */
 static int private_pool;
 static uint64_t release_threshold;
 
@@ -41,6 +42,15 @@ static int async_init(const tally_options_t *opt, char *why, size_t whylen)
 static int async_device_count(void)
 {
     return tally__cu_device_count();
+}
+
+/* Grant peer read-write access to device's pool (pool ready). */
+static int grant(int device, int peer, char *why, size_t whylen)
+{
+    CUmemAccessDesc desc = {{CU_MEM_LOCATION_TYPE_DEVICE, peer}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CUresult r = tally__cu.cuMemPoolSetAccess ? tally__cu.cuMemPoolSetAccess(pools[device], &desc, 1)
+                                              : CUDA_ERROR_NOT_SUPPORTED;
+    return r == CUDA_SUCCESS ? 0 : tally__cu_why(r, "cuMemPoolSetAccess", why, whylen);
 }
 
 /* The device's pool, set up at its first use (context current). */
@@ -74,12 +84,37 @@ static int pool_setup(int device, char *why, size_t whylen)
             } else {
                 cuuint64_t threshold = release_threshold;
                 tally__cu.cuMemPoolSetAttribute(pools[device], CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+                /* Access asked for before the pool existed; a refusal is
+                 * reported and does not stop allocation on the device. */
+                char refused[200];
+                for (int p = 0; p < TALLY_MAX_DEVICES; p++)
+                    if (peers[device] >> p & 1 && grant(device, p, refused, sizeof refused))
+                        tally__diag("device %d: peer %d gets no access to the pool: %s", device, p, refused);
                 /* Where the driver cannot make it, frees stay on the block's stream. */
                 if (!tally__cu.cuStreamCreate ||
                     tally__cu.cuStreamCreate(&free_streams[device], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
                     free_streams[device] = NULL;
                 atomic_store(&ready[device], 1);
             }
+        }
+    }
+    pthread_mutex_unlock(&setup_lock);
+    return rc;
+}
+
+/* Pool memory ignores cuCtxEnablePeerAccess: a peer reaches it only through
+ * cuMemPoolSetAccess. Remembered, and applied when the pool is set up. */
+static int async_pool_peer_access(int device, int peer, char *why, size_t whylen)
+{
+    int rc = 0;
+    pthread_mutex_lock(&setup_lock);
+    peers[device] |= (uint64_t)1 << peer;
+    if (atomic_load(&ready[device])) {
+        tally_cu_guard_t g;
+        rc = tally__cu_enter(&g, device, why, whylen);
+        if (!rc) {
+            rc = grant(device, peer, why, whylen);
+            tally__cu_leave(&g);
         }
     }
     pthread_mutex_unlock(&setup_lock);
@@ -184,6 +219,7 @@ const tally_backend_t tally__backend_async = {
     TALLY_CU_BACKEND_COMMON,
     .stream_wait = async_stream_wait,
     .free_stream = async_free_stream,
+    .pool_peer_access = async_pool_peer_access,
     .trim = async_trim,
     .pool_usage = async_pool_usage,
     .pool_reset_peak = async_pool_reset_peak,

@@ -135,9 +135,11 @@ static int si_device_of(uintptr_t addr)
  * been returned by a previous call to' cuMemAlloc (among others); anything
  * else is CUDA_ERROR_INVALID_VALUE. A current context is needed
  * (CUDA_ERROR_INVALID_CONTEXT is among its results) but not the
- * allocation's: with unified addressing the pointer identifies its device,
- * and cudaFree of device X's memory while device Y is current is valid
- * (../shared/cuda.md, "Contexts and devices"). During a capture a free is
+ * allocation's: cuda.h, Unified Addressing: 'Unified addressing is
+ * automatically enabled in 64-bit processes ... Since pointers are unique,
+ * it is not necessary to specify information about the pointers' (a device
+ * pointer names its device), so freeing device X's memory while device Y's
+ * context is current is valid (../shared/cuda.md, "Contexts and devices"). During a capture a free is
  * 'potentially unsafe' like an allocation (it 'may perform implicit
  * synchronization', cuMemFree, which capture forbids). */
 CUresult cuMemFree(CUdeviceptr dptr)

@@ -10,7 +10,9 @@
  * completed frees when there is no dependency between the free and
  * allocation'); the freeing stream itself may reuse it at once (stream
  * order: cuMemFreeAsync, 'The allocation must not be accessed after stream
- * execution reaches the free'). Free blocks stay reserved until released:
+ * execution reaches the free'); another stream may reuse it before the free
+ * executed only by waiting for the free (internal dependencies, enabled by
+ * default; see si_pool_reuse). Free blocks stay reserved until released:
  * - at synchronisation points (cuStreamSynchronize, cuEventSynchronize,
  *   cuCtxSynchronize) while the pool holds more than its release threshold
  *   (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: 'When more than the release threshold
@@ -27,8 +29,9 @@
  * "Stream-ordered pools").
  *
  * Simplifications: no suballocation (a block is reused only for the same
- * rounded size); no event-dependency reuse across streams before the free
- * executed; an allocation during a capture is served like any other (the
+ * rounded size); no reuse by following event dependencies
+ * (CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES); an allocation during a
+ * capture is served like any other (the
  * documented graph-owned allocation node is not modelled); no retry after
  * trimming on out-of-memory. */
 #include "standin.h"
@@ -40,7 +43,7 @@ struct CUmemPoolHandle_st {
     bool is_default, destroyed;
     cuuint64_t threshold;
     size_t reserved, reserved_high, used, used_high;
-    int reuse[3]; /* the REUSE_* attributes, kept but not acted on */
+    int reuse[3]; /* the REUSE_* attributes (FOLLOW_EVENT_DEPENDENCIES is kept, not acted on) */
     CUmemAccess_flags access[SI_MAX_DEVICES];
     struct si_block *blocks;
     struct CUmemPoolHandle_st *next;
@@ -160,16 +163,19 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
 }
 
 /* cuMemPoolSetAttribute: RELEASE_THRESHOLD (cuuint64_t); RESERVED_MEM_HIGH
- * and USED_MEM_HIGH reset their watermark ('It is illegal to set this
- * attribute to a non-zero value'); the REUSE_* flags (int). The *_CURRENT
- * attributes are read-only. */
+ * and USED_MEM_HIGH (cuuint64_t) reset their watermark ('It is illegal to
+ * set this attribute to a non-zero value'; CUmemPool_attribute: 'High
+ * watermark can only be reset to zero'); the REUSE_* flags (int: only an int
+ * is read). The *_CURRENT attributes are read-only. */
 CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
     SI_ENTER();
     if (!value)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&si_lock);
-    cuuint64_t v64 = *(cuuint64_t *)value;
+    bool is_int = attr >= CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES &&
+                  attr <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+    cuuint64_t v64 = is_int ? 0 : *(cuuint64_t *)value;
     if (!si_pool_valid(pool)) {
         rc = CUDA_ERROR_INVALID_VALUE;
     } else if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) {
@@ -181,8 +187,7 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
             pool->reserved_high = pool->reserved;
         else
             pool->used_high = pool->used;
-    } else if (attr >= CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES &&
-               attr <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES) {
+    } else if (is_int) {
         pool->reuse[attr - 1] = *(int *)value != 0;
     } else {
         rc = CUDA_ERROR_INVALID_VALUE;
@@ -267,14 +272,26 @@ CUresult cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool pool, CUmemLo
     return rc;
 }
 
-/* A block of `size` this stream may have: free, or freed on this stream. */
-static struct si_block *si_pool_reuse(struct CUmemPoolHandle_st *p, size_t size, struct CUstream_st *s)
+/* A free block of `size` that stream s may have: one freed on s itself
+ * (stream order), one whose free has executed (opportunistic reuse, when
+ * enabled), or else one still being freed on another stream, which s must
+ * first wait for (*wait: CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+ * 'Allow cuMemAllocAsync to insert new stream dependencies in order to
+ * establish the stream ordering required to reuse a piece of memory
+ * released by cuMemFreeAsync (default enabled)'). */
+static struct si_block *si_pool_reuse(struct CUmemPoolHandle_st *p, size_t size, struct CUstream_st *s, bool *wait)
 {
-    for (struct si_block *b = p->blocks; b; b = b->next)
-        if (b->size == size &&
-            (b->state == SI_BLOCK_FREE || (b->state == SI_BLOCK_FREEING && b->freed_on == s)))
+    struct si_block *dep = NULL;
+    for (struct si_block *b = p->blocks; b; b = b->next) {
+        if (b->size != size || (b->state != SI_BLOCK_FREE && b->state != SI_BLOCK_FREEING))
+            continue;
+        if (b->freed_on == s || (b->state == SI_BLOCK_FREE && p->reuse[CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC - 1]))
             return b;
-    return NULL;
+        if (!dep && p->reuse[CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES - 1])
+            dep = b;
+    }
+    *wait = dep != NULL;
+    return dep;
 }
 
 /* cuMemAllocFromPoolAsync: 'Inserts an allocation operation into hStream. A
@@ -296,7 +313,19 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
         pthread_mutex_unlock(&si_lock);
         return (CUresult)cap;
     }
-    struct si_block *b = si_pool_reuse(pool, size, s);
+    bool wait = false;
+    struct si_block *b = si_pool_reuse(pool, size, s, &wait);
+    if (b && wait) {
+        /* The allocating stream waits for the free; not in a capture. */
+        struct si_op *op = cap == CUDA_SUCCESS ? si_op_new(SI_OP_WAIT) : NULL;
+        if (op) {
+            op->wait_stream = b->freed_on;
+            op->wait_seq = b->free_seq;
+            si_stream_push(s, op);
+        } else {
+            b = NULL;
+        }
+    }
     if (!b) {
         b = calloc(1, sizeof *b);
         uintptr_t at = 0;
@@ -352,7 +381,7 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
         b->pool->used -= b->size;
         op->block = b;
         op->wait_seq = ++b->frees;
-        si_stream_push(s, op);
+        b->free_seq = si_stream_push(s, op);
         op = NULL;
     }
     rc = cap == SI_CAPTURED ? CUDA_SUCCESS : (CUresult)cap;

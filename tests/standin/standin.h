@@ -242,7 +242,8 @@ struct si_block {
     uintptr_t addr;
     size_t size;
     enum si_block_state state;
-    unsigned long long frees;  /* how many times it was freed */
+    unsigned long long frees;    /* how many times it was freed */
+    unsigned long long free_seq; /* the last free's place on freed_on */
     struct CUstream_st *freed_on;
     struct CUmemPoolHandle_st *pool;
     struct si_block *next;
