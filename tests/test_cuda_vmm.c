@@ -6,6 +6,7 @@
  *
  *   map, unmap (a sub-range of one map call), refusals   test_vmm_backend_*
  *   a device without virtual memory management            test_vmm_unsupported_device_refused
+ *   peers granted access (tally_pool_peer_access)         test_vmm_peer_access
  *   idle pages moving, release by empty_cache             test_vmm_idle_pages_and_release
  *   out of memory inside a range                          test_vmm_oom_inside_range
  *   every trace of ../shared/traces (TALLY_TRACES to      test_vmm_replay_*
@@ -261,6 +262,78 @@ static void test_vmm_unsupported_device_refused(void **state)
                                "backend:cuda,expandable_segments:true,leak_report:off", NULL};
     expect_child_ok(env, body_no_vmm);
     expect_child_ok(env, body_odd_granularity);
+}
+
+/* Peers: tally_pool_peer_access grants a peer the pages mapped so far (one
+ * cuMemSetAccess per run, for the peer alone) and every later map sets
+ * access for the device and its peers in one call; a peer the driver says
+ * cannot reach the device is refused; no peer gets a context from tally.
+ * The stand-in checks access descriptors without enforcing them, so the
+ * calls are watched through the library's entry-point table. */
+static uint64_t access_mask;  /* devices of the last cuMemSetAccess */
+static size_t access_bytes;   /* bytes covered since the count was reset */
+static tally_pfn_cuMemSetAccess real_set_access;
+static tally_pfn_cuDeviceCanAccessPeer real_can_access;
+
+static CUresult watch_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    access_mask = 0;
+    for (size_t i = 0; i < count; i++)
+        access_mask |= (uint64_t)1 << desc[i].location.id;
+    access_bytes += size;
+    return real_set_access(ptr, size, desc, count);
+}
+
+static CUresult never_peer(int *can, CUdevice dev, CUdevice peer)
+{
+    CUresult r = real_can_access(can, dev, peer);
+    if (r == CUDA_SUCCESS)
+        *can = 0;
+    return r;
+}
+
+static void body_peer_access(int fd)
+{
+    (void)fd;
+    start_driver();
+    NEED(tally_init() == 0);
+    if (tally_device_count() < 3)
+        _exit(77);
+    real_set_access = tally__cu.cuMemSetAccess;
+    tally__cu.cuMemSetAccess = watch_access;
+    void *a = tally_malloc(40 * MiB, 0, NULL);
+    NEED(a != NULL && access_mask == 1);
+    access_bytes = 0;
+    NEED(tally_pool_peer_access(0, 1) == 0);
+    NEED(access_mask == 2 && access_bytes == tally__cu_vmm_mapped_bytes(0));
+    void *b = tally_malloc(40 * MiB, 0, NULL);
+    NEED(b != NULL && access_mask == 3);
+    real_can_access = tally__cu.cuDeviceCanAccessPeer;
+    tally__cu.cuDeviceCanAccessPeer = never_peer;
+    NEED(tally_pool_peer_access(0, 2) == -TALLY_EBACKEND);
+    NEED(strstr(tally_last_error(), "device 2 cannot access device 0's memory (cuDeviceCanAccessPeer is 0)") != NULL);
+    tally_free(a);
+    NEED(tally_empty_cache(0) > 0);
+    void *c = tally_malloc(60 * MiB, 0, NULL);
+    NEED(c != NULL && access_mask == 3); /* device 2 was not added */
+    NEED(cu_ctx_active(1) == 0 && cu_ctx_active(2) == 0);
+    tally_free(b);
+    tally_free(c);
+    NEED(tally_check() == 0);
+}
+
+static void test_vmm_peer_access(void **state)
+{
+    (void)state;
+    const char *const env[] = {"CUDA_STANDIN_DEVICES", "3", "TALLY_CONF",
+                               "backend:cuda,expandable_segments:true,leak_report:off", NULL};
+    int st = run_child(env, body_peer_access, NULL, 0);
+    if (st == 77) {
+        fprintf(stderr, "test_cuda_vmm: skipped: peer access needs 3 devices\n");
+        skip();
+    }
+    if (st != 0)
+        fail_msg("child ended with status %d (see its line above)", st);
 }
 
 /* ---- through the cache ------------------------------------------------------------ */
@@ -645,6 +718,7 @@ int main(void)
         cmocka_unit_test(test_vmm_backend_map_unmap),
         cmocka_unit_test(test_vmm_backend_accepted_by_cuda_only),
         cmocka_unit_test(test_vmm_unsupported_device_refused),
+        cmocka_unit_test(test_vmm_peer_access),
         cmocka_unit_test(test_vmm_idle_pages_and_release),
         cmocka_unit_test(test_vmm_oom_inside_range),
         cmocka_unit_test(test_vmm_replay_expandable_same_as_host),

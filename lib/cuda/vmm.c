@@ -44,14 +44,16 @@
  * cuMemCreate is TALLY_ENOMEM (the cache then releases what it holds and
  * retries); the pages this call had mapped are unmapped first.
  *
- * Peers: pages are accessible from their own device only. CUDA's peer
- * access (cuCtxEnablePeerAccess) does not extend to memory from cuMemCreate:
- * a peer needs its own cuMemSetAccess, and no driver call tells which peers
- * the program enabled (PyTorch's pluggable allocator does not pass
- * enablePeerAccess on). Not done.
+ * Peers: CUDA's peer access (cuCtxEnablePeerAccess) does not extend to
+ * memory from cuMemCreate: a peer needs its own cuMemSetAccess, and no
+ * driver call tells which peers the program enabled (PyTorch's pluggable
+ * allocator does not pass enablePeerAccess on). The program says so with
+ * tally_pool_peer_access(device, peer), as for async pools: the pages
+ * already mapped get one cuMemSetAccess per run for the peer, and every
+ * later map sets access for the device and its peers in its one call.
  *
  * Runs with the device's lock held (backend.h), which also guards the
- * device's list of reservations. */
+ * device's list of reservations and peers. */
 #include "cuda/vmm.h"
 
 #include <stdio.h>
@@ -68,6 +70,8 @@ typedef struct vmm_range {
 } vmm_range_t;
 
 static vmm_range_t *ranges[TALLY_MAX_DEVICES];
+/* Bit q: device q may read and write the device's pages. */
+static uint64_t peers[TALLY_MAX_DEVICES];
 /* Per device: 0 not checked yet, 1 usable, -1 refused (refusal says why). */
 static int usable[TALLY_MAX_DEVICES];
 static char refusal[TALLY_MAX_DEVICES][256];
@@ -85,6 +89,22 @@ static void set_bits(vmm_range_t *r, size_t p, size_t n, bool on)
         else
             r->mapped[q >> 6] &= ~(1ull << (q & 63));
     }
+}
+
+/* Read-write access for device, then for each device in mask; the count. */
+static size_t access_list(int device, uint64_t mask, CUmemAccessDesc desc[TALLY_MAX_DEVICES + 1])
+{
+    size_t n = 0;
+    for (int q = -1; q < TALLY_MAX_DEVICES; q++) {
+        if (q >= 0 && !(mask >> q & 1))
+            continue;
+        memset(&desc[n], 0, sizeof desc[n]);
+        desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        desc[n].location.id = q < 0 ? device : q;
+        desc[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        n++;
+    }
+    return n;
 }
 
 static CUmemAllocationProp page_prop(int device)
@@ -307,12 +327,9 @@ int tally__cu_vmm_map(int device, void *ptr, size_t size, char *why, size_t whyl
             rc = tally__cu_why(cr, "cuMemRelease", why, whylen);
     }
     if (!rc) {
-        CUmemAccessDesc access;
-        memset(&access, 0, sizeof access);
-        access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        access.location.id = device;
-        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        CUresult cr = tally__cu.cuMemSetAccess((CUdeviceptr)(r->base + p * VMM_PAGE), n * VMM_PAGE, &access, 1);
+        CUmemAccessDesc access[TALLY_MAX_DEVICES + 1];
+        size_t count = access_list(device, peers[device], access);
+        CUresult cr = tally__cu.cuMemSetAccess((CUdeviceptr)(r->base + p * VMM_PAGE), n * VMM_PAGE, access, count);
         if (cr != CUDA_SUCCESS)
             rc = tally__cu_why(cr, "cuMemSetAccess", why, whylen);
     }
@@ -375,6 +392,57 @@ int tally__cu_vmm_unreserve(int device, void *ptr, size_t size)
     *link = r->next;
     tally__meta_free(r->mapped);
     tally__meta_free(r);
+    return rc;
+}
+
+int tally__cu_vmm_peer_access(int device, int peer, char *why, size_t whylen)
+{
+    if (!tally__opt.expandable_segments)
+        return 0; /* cuMemAlloc memory follows the program's peer access */
+    CUdevice dev = 0, pdev = 0;
+    int can = 1;
+    CUresult r = tally__cu.cuDeviceGet(&dev, device);
+    if (r == CUDA_SUCCESS)
+        r = tally__cu.cuDeviceGet(&pdev, peer);
+    if (r == CUDA_SUCCESS && tally__cu.cuDeviceCanAccessPeer)
+        r = tally__cu.cuDeviceCanAccessPeer(&can, pdev, dev);
+    if (r != CUDA_SUCCESS) {
+        tally__cu_why(r, "cuDeviceCanAccessPeer", why, whylen);
+        return TALLY_EBACKEND;
+    }
+    if (!can) {
+        snprintf(why, whylen, "device %d cannot access device %d's memory (cuDeviceCanAccessPeer is 0)", peer, device);
+        return TALLY_EBACKEND;
+    }
+    peers[device] |= (uint64_t)1 << peer;
+    if (!ranges[device])
+        return 0; /* later maps include the peer */
+    tally_cu_guard_t g;
+    if (tally__cu_enter_used(&g, device)) {
+        snprintf(why, whylen, "no context of device %d to set access in", device);
+        return TALLY_EBACKEND;
+    }
+    CUmemAccessDesc access[TALLY_MAX_DEVICES + 1];
+    access_list(peer, 0, access);
+    int rc = 0;
+    for (vmm_range_t *rg = ranges[device]; rg && !rc; rg = rg->next) {
+        for (size_t q = 0; q < rg->npages && !rc;) {
+            if (!bit(rg, q)) {
+                q++;
+                continue;
+            }
+            size_t k = 1;
+            while (q + k < rg->npages && bit(rg, q + k))
+                k++;
+            r = tally__cu.cuMemSetAccess((CUdeviceptr)(rg->base + q * VMM_PAGE), k * VMM_PAGE, access, 1);
+            if (r != CUDA_SUCCESS) {
+                tally__cu_why(r, "cuMemSetAccess", why, whylen);
+                rc = TALLY_EBACKEND;
+            }
+            q += k;
+        }
+    }
+    tally__cu_leave(&g);
     return rc;
 }
 

@@ -17,11 +17,15 @@ int tally__cu_vmm_map(int device, void *ptr, size_t size, char *why, size_t whyl
 int tally__cu_vmm_unmap(int device, void *ptr, size_t size);
 /* Unmap what is left of a reservation and free its addresses. */
 int tally__cu_vmm_unreserve(int device, void *ptr, size_t size);
+/* Let peer read and write device's pages: those mapped now (one
+ * cuMemSetAccess per run) and every later one. Refused when
+ * cuDeviceCanAccessPeer says the peer cannot. */
+int tally__cu_vmm_peer_access(int device, int peer, char *why, size_t whylen);
 /* Bytes mapped in the device's reservations (tests). */
 size_t tally__cu_vmm_mapped_bytes(int device);
 
 #define TALLY_CU_BACKEND_VMM                                                                                       \
     .reserve = tally__cu_vmm_reserve, .map = tally__cu_vmm_map, .unmap = tally__cu_vmm_unmap,                      \
-    .unreserve = tally__cu_vmm_unreserve
+    .unreserve = tally__cu_vmm_unreserve, .pool_peer_access = tally__cu_vmm_peer_access
 
 #endif
