@@ -227,9 +227,25 @@ size_t tally__gpool_release_freeable_locked(tally_device_t *d);
 tally_pool_t *tally__pool_for(tally_device_t *d, tally_gpool_t *gp, int kind);
 /* A segment of gp goes back to the backend. */
 void tally__gpool_segment_gone_locked(tally_device_t *d, tally_gpool_t *gp);
-/* cache.c, for graph_pool.c */
+/* cache.c, for graph_pool.c and events.c */
 size_t tally__cache_release_pool_locked(tally_device_t *d, tally_pool_t *p);
+/* Put a block whose user is done (and whose events completed) in its pool. */
+void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b);
+
+/* events.c: stream uses and events */
+/* Record one event per use (on each use's stream and device). */
 void tally__cache_insert_events_locked(tally_device_t *d, tally_block_t *b);
+/* Resolve completed events (all, waiting, when wait is set). */
+void tally__events_process_locked(tally_device_t *d, bool wait);
+/* Wait for every pending event (counted as a sync of all streams). */
+void tally__events_wait_all_locked(tally_device_t *d);
+/* Whether a capture is under way (check_stream: look at stream too); when
+ * none is, deferred blocks get their events. */
+bool tally__events_capture_on_locked(tally_device_t *d, void *stream, bool check_stream);
+/* Whether a capture is under way on the device or on a use of b. */
+bool tally__events_uses_captured_locked(tally_device_t *d, tally_block_t *b);
+/* Make stream (of d) wait for the work queued so far on u's stream. */
+void tally__events_wait_for_use_locked(tally_device_t *d, void *stream, const tally_use_t *u);
 
 /* Put a new segment on the device's list. */
 void tally__segment_link_locked(tally_device_t *d, tally_segment_t *s);

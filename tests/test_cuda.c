@@ -19,7 +19,8 @@
  *   capture                            test_cuda_capture_graph_pool,
  *                                      test_cuda_capture_without_pool_refused
  *   lazy start                         test_cuda_lazy_start
- *   failed sync                        test_cuda_failed_event_frees_block */
+ *   failed sync                        test_cuda_failed_event_frees_block
+ *   failed record syncs the device     test_cuda_failed_record_waits_for_stream_only */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -495,6 +496,43 @@ static void body_failed_event(void)
     EXPECT(tally_check() == 0);
 }
 
+struct watchdog {
+    struct cu_hold *hold;
+    volatile int fired;
+};
+
+static void *watchdog_main(void *arg)
+{
+    struct watchdog *w = arg;
+    usleep(2000000);
+    w->fired = 1;
+    cu_release(w->hold);
+    return NULL;
+}
+
+/* An event that cannot be recorded (its stream was destroyed since
+ * record_stream) makes tally wait for that stream only: not for the
+ * block's device, whose other stream is held here (waiting for the device
+ * would last until the watchdog lets it go). */
+static void body_failed_record_waits_for_stream_only(void)
+{
+    driver_up();
+    CUstream s1 = make_stream(1), busy = make_stream(0);
+    void *p = tally_malloc(1 << 20, 0, NULL);
+    EXPECT(p != NULL);
+    EXPECT(tally_record_stream(p, s1) == 0);
+    CU_EXPECT(cu.cuStreamDestroy(s1));
+    struct watchdog w = {cu_hold(busy), 0};
+    EXPECT(w.hold != NULL);
+    pthread_t t;
+    EXPECT(pthread_create(&t, NULL, watchdog_main, &w) == 0);
+    tally_free(p); /* the record on s1 fails */
+    EXPECT(!w.fired);
+    EXPECT(pthread_join(t, NULL) == 0);
+    CU_EXPECT(cu.cuStreamSynchronize(busy));
+    EXPECT(tally_check() == 0);
+}
+
 /* ---- lazy start --------------------------------------------------------------- */
 
 static void discard(void *arg, const char *text, size_t len)
@@ -643,6 +681,8 @@ CUDA_TEST(test_no_cuda_runtime_in_process, "backend:cuda,leak_report:off", body_
 CUDA_TEST(test_init_failure_names_call, "backend:cuda,leak_report:off", body_init_failure, 1)
 CUDA_TEST(test_cuda_lazy_start, "backend:cuda,leak_report:off", body_lazy_start, 2)
 CUDA_TEST(test_cuda_failed_event_frees_block, "backend:cuda,leak_report:off", body_failed_event, 2)
+CUDA_TEST(test_cuda_failed_record_waits_for_stream_only, "backend:cuda,leak_report:off",
+          body_failed_record_waits_for_stream_only, 2)
 CUDA_TEST(test_cuda_capture_graph_pool, "backend:cuda,leak_report:off", body_capture, 1)
 CUDA_TEST(test_cuda_capture_without_pool_refused, "backend:cuda,leak_report:off", body_capture_without_pool, 1)
 CUDA_TEST(test_cuda_graph_pool_bad_calls, "backend:cuda,leak_report:off", body_graph_pool_errors, 1)
@@ -669,6 +709,7 @@ int main(void)
         cmocka_unit_test(test_init_failure_names_call),
         cmocka_unit_test(test_cuda_lazy_start),
         cmocka_unit_test(test_cuda_failed_event_frees_block),
+        cmocka_unit_test(test_cuda_failed_record_waits_for_stream_only),
         cmocka_unit_test(test_cuda_capture_graph_pool),
         cmocka_unit_test(test_cuda_capture_without_pool_refused),
         cmocka_unit_test(test_cuda_graph_pool_bad_calls),
