@@ -75,8 +75,8 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a $(BUIL
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -o $@ $< $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
-# test_cuda_vmm replays the shared traces with bench/trace.c's reader.
-$(BUILD)/tests/test_cuda_vmm: tests/test_cuda_vmm.c bench/trace.c bench/trace.h $(wildcard tests/*.h) $(BUILD)/lib/libtally.a | $(SETUP)
+# test_cuda_vmm_replay replays the shared traces with bench/trace.c's reader.
+$(BUILD)/tests/test_cuda_vmm_replay: tests/test_cuda_vmm_replay.c bench/trace.c bench/trace.h $(wildcard tests/*.h) $(BUILD)/lib/libtally.a | $(SETUP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -Ibench -o $@ $< bench/trace.c $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
