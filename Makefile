@@ -81,6 +81,11 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a $(BUIL
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -o $@ $< $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
+# test_cuda_vmm_replay replays the shared traces with bench/trace.c's reader.
+$(BUILD)/tests/test_cuda_vmm_replay: tests/test_cuda_vmm_replay.c bench/trace.c bench/trace.h $(wildcard tests/*.h) $(BUILD)/lib/libtally.a | $(SETUP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Wno-pedantic -Ibench -o $@ $< bench/trace.c $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
+
 $(BUILD)/tests/%: tests/%.cc $(wildcard tests/*.h) $(BUILD)/lib/libtally.so | $(SETUP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< -L$(BUILD)/lib -ltally -Wl,-rpath,$(CURDIR)/$(BUILD)/lib -lcmocka $(LDLIBS)

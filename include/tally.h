@@ -112,11 +112,13 @@ TALLY_API int tally_record_stream(void *ptr, void *stream);
 
 /* Under the async backend, let device peer read and write the memory of
  * device's pool (cuMemPoolSetAccess), now or when the pool is set up at the
- * device's first allocation. Pool memory ignores the program's
- * cudaDeviceEnablePeerAccess, so call this where the program enables peer
- * access between the two devices and uses tally's memory across them. With
- * the other backends it does nothing (their memory follows the program's
- * peer access). 0, -TALLY_EINVAL (bad device, peer == device) or
+ * device's first allocation; under the cuda backend with
+ * expandable_segments, the pages mapped now and later (cuMemSetAccess; a
+ * peer that cuDeviceCanAccessPeer says cannot is refused). Such memory
+ * ignores the program's cudaDeviceEnablePeerAccess, so call this where the
+ * program enables peer access between the two devices and uses tally's
+ * memory across them. Otherwise it does nothing (the memory follows the
+ * program's peer access). 0, -TALLY_EINVAL (bad device, peer == device) or
  * -TALLY_EBACKEND naming the CUDA call and error. */
 TALLY_API int tally_pool_peer_access(int device, int peer);
 

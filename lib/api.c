@@ -131,7 +131,7 @@ static void do_init_locked(void)
     if (tally__opt.expandable_segments && !be->map) {
         tally__g.init_rc = -TALLY_ECONF;
         snprintf(tally__g.init_error, sizeof tally__g.init_error,
-                 "expandable_segments: backend %s cannot map pages (only host can, in this version)", be->name);
+                 "expandable_segments: backend %s cannot map pages (host and cuda can)", be->name);
         tally__diag("%s", tally__g.init_error);
         return;
     }

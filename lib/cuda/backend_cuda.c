@@ -1,13 +1,15 @@
 /* The cuda backend: cuMemAlloc / cuMemFree in the primary context of the
  * block's device (pushed for the call and popped after, so frees may arrive
  * while any device, or none, is current), events for cross-stream reuse,
- * cuMemGetInfo.
+ * cuMemGetInfo; pages for expandable segments on CUDA's virtual memory
+ * management API (vmm.c).
  *
  * Allocation and free run in the relaxed stream-capture mode
  * (cuThreadExchangeStreamCaptureMode, restored after): under the default
  * global mode, cuMemAlloc while any stream captures would invalidate that
  * capture (PyTorch's cudaMallocMaybeCapturing does the same). */
 #include "cuda/cu.h"
+#include "cuda/vmm.h"
 
 #include <stdio.h>
 
@@ -73,5 +75,6 @@ const tally_backend_t tally__backend_cuda = {
     .alloc = cuda_alloc,
     .free = cuda_free,
     TALLY_CU_BACKEND_COMMON,
+    TALLY_CU_BACKEND_VMM,
     .shutdown = cuda_shutdown,
 };

@@ -1,0 +1,360 @@
+/* Expandable segments on the cuda backend (lib/cuda/vmm.c: CUDA's virtual
+ * memory management API). `make test` runs them against the CUDA stand-in;
+ * with TALLY_REAL_CUDA=1 on a GPU machine they run against the real driver
+ * (figures the stand-in fixes exactly, such as the driver's free memory
+ * after a map, are compared exactly only on the stand-in).
+ *
+ *   map, unmap (a sub-range of one map call), refusals   test_vmm_backend_*
+ *   a device without virtual memory management            test_vmm_unsupported_device_refused
+ *   peers granted access (tally_pool_peer_access)         test_vmm_peer_access
+ *   idle pages moving, release by empty_cache             test_vmm_idle_pages_and_release
+ *   out of memory inside a range                          test_vmm_oom_inside_range
+ *
+ * The replay of the shared traces is test_cuda_vmm_replay.c; helpers are in
+ * vmmutil.h (each body runs in a forked child). */
+#include "vmmutil.h"
+
+/* Device 0's free memory as the driver reports it (through tally, in its
+ * primary context). */
+static size_t driver_free(void)
+{
+    size_t free_b = 0, total = 0;
+    NEED(tally_mem_get_info(0, &free_b, &total) == 0);
+    return free_b;
+}
+
+/* The driver's free memory dropped by exactly `bytes` since `base` (on a
+ * GPU: at least that much; page tables cost some too). */
+static bool used_since(size_t base, size_t bytes)
+{
+    size_t now = driver_free();
+    return cu_is_standin() ? base - now == bytes : base - now >= bytes;
+}
+
+/* ---- the backend functions themselves ----------------------------------------- */
+
+static void body_backend_map_unmap(int fd)
+{
+    (void)fd;
+    start_driver();
+    NEED(tally_init() == 0);
+    const tally_backend_t *be = &tally__backend_cuda;
+    char why[256] = "";
+    size_t base = driver_free();
+    void *r = NULL;
+    NEED(be->reserve(0, 64 * MiB + 1, &r, why, sizeof why) == 0); /* rounded up to 66 MiB */
+    NEED(r != NULL && (uintptr_t)r % PAGE == 0);
+    NEED(used_since(base, 0) || !cu_is_standin());
+    char *p = r;
+    NEED(be->map(0, p, 3 * PAGE, why, sizeof why) == 0);
+    NEED(used_since(base, 3 * PAGE));
+    NEED(tally__cu_vmm_mapped_bytes(0) == 3 * PAGE);
+    /* Give back the middle page of what one call mapped. */
+    NEED(be->unmap(0, p + PAGE, PAGE) == 0);
+    NEED(used_since(base, 2 * PAGE));
+    NEED(tally__cu_vmm_mapped_bytes(0) == 2 * PAGE);
+    /* Refusals, each one line naming the problem; nothing changes. */
+    NEED(be->map(0, p, 2 * PAGE, why, sizeof why) == TALLY_EBACKEND);
+    NEED(strstr(why, "is already mapped") != NULL);
+    NEED(be->map(0, p + 4096, PAGE, why, sizeof why) == TALLY_EBACKEND);
+    NEED(strstr(why, "whole number of 2 MiB pages") != NULL);
+    NEED(be->map(0, p + 66 * MiB, PAGE, why, sizeof why) == TALLY_EBACKEND);
+    NEED(strstr(why, "not inside a reservation of device 0") != NULL);
+    NEED(tally__cu_vmm_mapped_bytes(0) == 2 * PAGE);
+    /* The hole maps again; the last page of the range too. */
+    NEED(be->map(0, p + PAGE, PAGE, why, sizeof why) == 0);
+    NEED(be->map(0, p + 64 * MiB, PAGE, why, sizeof why) == 0);
+    NEED(used_since(base, 4 * PAGE));
+    /* An unmap over mapped and unmapped pages unmaps the mapped ones. */
+    NEED(be->unmap(0, p + 2 * PAGE, 10 * PAGE) == 0);
+    NEED(tally__cu_vmm_mapped_bytes(0) == 3 * PAGE);
+    /* The caller had no current context and still has none. */
+    CUcontext cur = (CUcontext)1;
+    NEED(cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == NULL);
+    /* unreserve unmaps what is left: all the memory comes back. */
+    NEED(be->unreserve(0, r, 66 * MiB) == 0);
+    NEED(tally__cu_vmm_mapped_bytes(0) == 0);
+    NEED(used_since(base, 0) || !cu_is_standin());
+    NEED(be->unreserve(0, r, 66 * MiB) == TALLY_EBACKEND);
+    NEED(strstr(tally_last_error(), "is not a reservation") != NULL);
+}
+
+static const char *const env_cuda[] = {"CUDA_STANDIN_DEVICES", "1", "TALLY_CONF", "backend:cuda,leak_report:off", NULL};
+
+static void test_vmm_backend_map_unmap(void **state)
+{
+    (void)state;
+    expect_child_ok(env_cuda, body_backend_map_unmap);
+}
+
+/* Without expandable_segments the async backend (no page mapping) is still
+ * refused at initialisation; cuda is accepted. */
+static void body_async_refused(int fd)
+{
+    (void)fd;
+    NEED(tally_init() != 0);
+    NEED(strstr(tally_last_error(), "expandable_segments: backend async cannot map pages") != NULL);
+}
+
+static void body_cuda_accepted(int fd)
+{
+    (void)fd;
+    NEED(tally_init() == 0);
+    NEED(strcmp(tally_backend_name(), "cuda") == 0);
+}
+
+static void test_vmm_backend_accepted_by_cuda_only(void **state)
+{
+    (void)state;
+    const char *const async[] = {"TALLY_CONF", "backend:async,expandable_segments:true,leak_report:off", NULL};
+    const char *const cuda[] = {"TALLY_CONF", "backend:cuda,expandable_segments:true,leak_report:off", NULL};
+    expect_child_ok(async, body_async_refused);
+    expect_child_ok(cuda, body_cuda_accepted);
+}
+
+/* A device without virtual memory management, or with a granularity that
+ * does not divide the 2 MiB page: the driver's answer is replaced in the
+ * library's own table of entry points (linked statically here). The first
+ * large allocation fails with one line saying why; small ones still work. */
+static tally_pfn_cuDeviceGetAttribute real_get_attribute;
+static tally_pfn_cuMemGetAllocationGranularity real_granularity;
+
+static CUresult no_vmm_attribute(int *value, CUdevice_attribute attrib, CUdevice dev)
+{
+    CUresult r = real_get_attribute(value, attrib, dev);
+    if (r == CUDA_SUCCESS && attrib == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
+        *value = 0;
+    return r;
+}
+
+static CUresult odd_granularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                CUmemAllocationGranularity_flags option)
+{
+    CUresult r = real_granularity(granularity, prop, option);
+    if (r == CUDA_SUCCESS)
+        *granularity = 3 * MiB;
+    return r;
+}
+
+static void refused_then_small_works(const char *reason)
+{
+    NEED(tally_malloc(40 * MiB, 0, NULL) == NULL);
+    NEED(strstr(tally_last_error(), reason) != NULL);
+    NEED(strstr(tally_last_error(), "expandable_segments cannot be used on device 0") != NULL);
+    void *small = tally_malloc(1 * MiB, 0, NULL);
+    NEED(small != NULL);
+    tally_free(small);
+    NEED(tally__cu_vmm_mapped_bytes(0) == 0);
+    NEED(tally_check() == 0);
+}
+
+static void body_no_vmm(int fd)
+{
+    (void)fd;
+    NEED(tally_init() == 0);
+    real_get_attribute = tally__cu.cuDeviceGetAttribute;
+    tally__cu.cuDeviceGetAttribute = no_vmm_attribute;
+    refused_then_small_works("no virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED "
+                             "is 0)");
+}
+
+static void body_odd_granularity(int fd)
+{
+    (void)fd;
+    NEED(tally_init() == 0);
+    real_granularity = tally__cu.cuMemGetAllocationGranularity;
+    tally__cu.cuMemGetAllocationGranularity = odd_granularity;
+    refused_then_small_works("allocation granularity 3145728 bytes does not divide the 2 MiB page");
+}
+
+static void test_vmm_unsupported_device_refused(void **state)
+{
+    (void)state;
+    const char *const env[] = {"CUDA_STANDIN_DEVICES", "1", "TALLY_CONF",
+                               "backend:cuda,expandable_segments:true,leak_report:off", NULL};
+    expect_child_ok(env, body_no_vmm);
+    expect_child_ok(env, body_odd_granularity);
+}
+
+/* Peers: tally_pool_peer_access grants a peer the pages mapped so far (one
+ * cuMemSetAccess per run, for the peer alone) and every later map sets
+ * access for the device and its peers in one call; a peer the driver says
+ * cannot reach the device is refused; no peer gets a context from tally.
+ * The stand-in checks access descriptors without enforcing them, so the
+ * calls are watched through the library's entry-point table. */
+static uint64_t access_mask;  /* devices of the last cuMemSetAccess */
+static size_t access_bytes;   /* bytes covered since the count was reset */
+static tally_pfn_cuMemSetAccess real_set_access;
+static tally_pfn_cuDeviceCanAccessPeer real_can_access;
+
+static CUresult watch_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    access_mask = 0;
+    for (size_t i = 0; i < count; i++)
+        access_mask |= (uint64_t)1 << desc[i].location.id;
+    access_bytes += size;
+    return real_set_access(ptr, size, desc, count);
+}
+
+static CUresult never_peer(int *can, CUdevice dev, CUdevice peer)
+{
+    CUresult r = real_can_access(can, dev, peer);
+    if (r == CUDA_SUCCESS)
+        *can = 0;
+    return r;
+}
+
+static void body_peer_access(int fd)
+{
+    (void)fd;
+    start_driver();
+    NEED(tally_init() == 0);
+    if (tally_device_count() < 3)
+        _exit(77);
+    real_set_access = tally__cu.cuMemSetAccess;
+    tally__cu.cuMemSetAccess = watch_access;
+    void *a = tally_malloc(40 * MiB, 0, NULL);
+    NEED(a != NULL && access_mask == 1);
+    access_bytes = 0;
+    NEED(tally_pool_peer_access(0, 1) == 0);
+    NEED(access_mask == 2 && access_bytes == tally__cu_vmm_mapped_bytes(0));
+    void *b = tally_malloc(40 * MiB, 0, NULL);
+    NEED(b != NULL && access_mask == 3);
+    real_can_access = tally__cu.cuDeviceCanAccessPeer;
+    tally__cu.cuDeviceCanAccessPeer = never_peer;
+    NEED(tally_pool_peer_access(0, 2) == -TALLY_EBACKEND);
+    NEED(strstr(tally_last_error(), "device 2 cannot access device 0's memory (cuDeviceCanAccessPeer is 0)") != NULL);
+    tally_free(a);
+    NEED(tally_empty_cache(0) > 0);
+    void *c = tally_malloc(60 * MiB, 0, NULL);
+    NEED(c != NULL && access_mask == 3); /* device 2 was not added */
+    NEED(cu_ctx_active(1) == 0 && cu_ctx_active(2) == 0);
+    tally_free(b);
+    tally_free(c);
+    NEED(tally_check() == 0);
+}
+
+static void test_vmm_peer_access(void **state)
+{
+    (void)state;
+    const char *const env[] = {"CUDA_STANDIN_DEVICES", "3", "TALLY_CONF",
+                               "backend:cuda,expandable_segments:true,leak_report:off", NULL};
+    int st = run_child(env, body_peer_access, NULL, 0);
+    if (st == 77) {
+        fprintf(stderr, "test_cuda_vmm: skipped: peer access needs 3 devices\n");
+        skip();
+    }
+    if (st != 0)
+        fail_msg("child ended with status %d (see its line above)", st);
+}
+
+/* ---- through the cache ------------------------------------------------------------ */
+
+/* tally's reserved memory, the pages vmm.c has mapped and (on the
+ * stand-in) what the driver has handed out all agree. */
+static void agree(size_t base)
+{
+    tally_stats_t s = stats0();
+    NEED((size_t)s.reserved_bytes[TALLY_POOL_LARGE].current == tally__cu_vmm_mapped_bytes(0));
+    NEED(used_since(base, (size_t)s.reserved_bytes[TALLY_POOL_ALL].current));
+    NEED(tally_check() == 0);
+}
+
+static void body_idle_pages_and_release(int fd)
+{
+    (void)fd;
+    start_driver();
+    size_t base = driver_free();
+    void *a = tally_malloc(40 * MiB, 0, NULL), *b = tally_malloc(40 * MiB, 0, NULL);
+    NEED(a && b);
+    agree(base);
+    NEED(stats0().reserved_bytes[TALLY_POOL_LARGE].current == (int64_t)(80 * MiB));
+    tally_free(a); /* its pages go idle and stay mapped */
+    agree(base);
+    NEED(stats0().reserved_bytes[TALLY_POOL_LARGE].current == (int64_t)(80 * MiB));
+    /* 60 MiB does not fit a's hole: placed after b, a's idle pages are
+     * unmapped to make room, so the peak stays under 80 + 60 MiB. */
+    void *c = tally_malloc(60 * MiB, 0, NULL);
+    NEED(c != NULL && (char *)c >= (char *)b + 40 * MiB);
+    agree(base);
+    tally_stats_t s = stats0();
+    NEED(s.reserved_bytes[TALLY_POOL_LARGE].peak < (int64_t)(140 * MiB));
+    NEED(s.reserved_bytes[TALLY_POOL_LARGE].current >= (int64_t)(100 * MiB));
+    /* A block on idle pages needs no new pages. */
+    int64_t maps = s.num_device_alloc;
+    tally_free(c);
+    void *d = tally_malloc(60 * MiB, 0, NULL);
+    NEED(d == c);
+    agree(base);
+    NEED(stats0().num_device_alloc == maps);
+    tally_free(b);
+    tally_free(d);
+    /* empty_cache gives every page back, and the range: the driver's free
+     * memory is what it was. */
+    NEED(tally_empty_cache(0) > 0);
+    s = stats0();
+    NEED(s.reserved_bytes[TALLY_POOL_ALL].current == 0);
+    NEED(s.segment[TALLY_POOL_ALL].current == 0);
+    agree(base);
+    NEED(used_since(base, 0));
+}
+
+static void test_vmm_idle_pages_and_release(void **state)
+{
+    (void)state;
+    const char *const env[] = {"CUDA_STANDIN_DEVICES", "1", "TALLY_CONF",
+                               "backend:cuda,expandable_segments:true,leak_report:off", NULL};
+    expect_child_ok(env, body_idle_pages_and_release);
+}
+
+/* The device fills up inside the range: cuMemCreate's out of memory is an
+ * OOM (counted, retried after releasing the cache, reported naming the
+ * call), nothing of the failed map stays mapped, and the memory of a freed
+ * block serves the next request. */
+static void body_oom_inside_range(int fd)
+{
+    (void)fd;
+    start_driver();
+    size_t base = driver_free();
+    size_t half = base / 2 / PAGE * PAGE;
+    void *p = tally_malloc(half, 0, NULL);
+    NEED(p != NULL);
+    agree(base);
+    tally_stats_t before = stats0();
+    NEED(tally_malloc(half + 64 * MiB, 0, NULL) == NULL);
+    NEED(strstr(tally_last_error(), "out of memory on device 0") != NULL);
+    NEED(strstr(tally_last_error(), "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY") != NULL);
+    tally_stats_t after = stats0();
+    NEED(after.num_ooms == before.num_ooms + 1);
+    NEED(after.num_alloc_retries == before.num_alloc_retries + 1);
+    NEED(after.reserved_bytes[TALLY_POOL_ALL].current == before.reserved_bytes[TALLY_POOL_ALL].current);
+    agree(base);
+    tally_free(p);
+    void *q = tally_malloc(half + 64 * MiB, 0, NULL);
+    NEED(q != NULL);
+    agree(base);
+    tally_free(q);
+    tally_empty_cache(0);
+    agree(base);
+}
+
+static void test_vmm_oom_inside_range(void **state)
+{
+    (void)state;
+    const char *const env[] = {"CUDA_STANDIN_DEVICES", "1", "CUDA_STANDIN_MEMORY", "1G", "TALLY_CONF",
+                               "backend:cuda,expandable_segments:true,leak_report:off", NULL};
+    expect_child_ok(env, body_oom_inside_range);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_vmm_backend_map_unmap),
+        cmocka_unit_test(test_vmm_backend_accepted_by_cuda_only),
+        cmocka_unit_test(test_vmm_unsupported_device_refused),
+        cmocka_unit_test(test_vmm_peer_access),
+        cmocka_unit_test(test_vmm_idle_pages_and_release),
+        cmocka_unit_test(test_vmm_oom_inside_range),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
