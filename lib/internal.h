@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define TALLY_INTERNAL __attribute__((visibility("hidden")))
 #define TALLY_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -69,6 +70,9 @@ void tally__out_printf(tally_out_t *o, const char *fmt, ...) __attribute__((form
 void tally__out_json_str(tally_out_t *o, const char *s);
 void tally__out_flush(tally_out_t *o);
 void tally__write_file(void *arg, const char *text, size_t len);
+/* A temporary file beside dest, created exclusively (never through a
+ * planted symlink) under an unpredictable name left in tmp. */
+FILE *tally__create_beside(const char *dest, char *tmp, size_t tmplen);
 
 /* One line "tally: ..." to the sink. */
 void tally__diag(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

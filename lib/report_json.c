@@ -279,8 +279,7 @@ int tally_write_report(const char *path)
         return 0;
     }
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp%d", dest, (int)getpid());
-    FILE *f = fopen(tmp, "w");
+    FILE *f = tally__create_beside(dest, tmp, sizeof tmp);
     if (!f)
         return tally__fail(TALLY_EIO, "tally_write_report: cannot open '%s' for writing", real);
     tally_out_t *o = tally__meta_alloc(sizeof *o);
