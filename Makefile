@@ -4,6 +4,9 @@
 #   make test       every cmocka test binary, then the Python tests
 #   make bench      benchmarks (bench/)
 #   make asan | ubsan | tsan   the test suite under a sanitizer
+#   make install     PREFIX (/usr/local), DESTDIR: the library (libtally.so.0,
+#                    versioned), libtally.a, tally.h, the tally command and
+#                    tally.pc for pkg-config; make uninstall removes them
 CC       ?= cc
 BUILD    ?= build
 CUDA_HOME ?= /usr/local/cuda
@@ -32,10 +35,15 @@ TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 SETUP    := $(BUILD)/.setup-ok
 
-.PHONY: all lib demo test test-c test-py bench asan ubsan tsan clean setup
-all: lib $(BUILD)/bin/demo $(if $(wildcard tools/tally_cli.c),$(BUILD)/bin/tally)
+# The shared library's ABI version: its SONAME is libtally.so.$(SOVERSION).
+VERSION   := $(shell sed -n 's/^\#define TALLY_VERSION "\(.*\)"/\1/p' include/tally.h)
+SOVERSION := $(firstword $(subst ., ,$(VERSION)))
+CLI       := $(if $(wildcard tools/tally_cli.c),$(BUILD)/bin/tally)
 
-lib: $(BUILD)/lib/libtally.so $(BUILD)/lib/libtally.a
+.PHONY: all lib demo test test-c test-py test-install bench asan ubsan tsan clean setup install uninstall
+all: lib $(BUILD)/bin/demo $(CLI)
+
+lib: $(BUILD)/lib/libtally.so $(BUILD)/lib/libtally.so.$(SOVERSION) $(BUILD)/lib/libtally.a
 
 setup: $(SETUP)
 $(SETUP): tools/setup.sh
@@ -62,7 +70,12 @@ $(BUILD)/lib/libtally.a: $(LIB_OBJ)
 # Only tally_* symbols leave the shared library (visibility plus a version script).
 $(BUILD)/lib/libtally.so: $(LIB_OBJ) $(LIB_CXX_OBJ) lib/exports.map
 	@mkdir -p $(dir $@)
-	$(CXX) -shared $(SAN) -o $@ $(LIB_OBJ) $(LIB_CXX_OBJ) -Wl,--version-script=lib/exports.map $(LDLIBS)
+	$(CXX) -shared $(SAN) -o $@ $(LIB_OBJ) $(LIB_CXX_OBJ) -Wl,--version-script=lib/exports.map \
+		-Wl,-soname,libtally.so.$(SOVERSION) $(LDLIBS)
+
+# What a program linked with -ltally asks the loader for (its SONAME).
+$(BUILD)/lib/libtally.so.$(SOVERSION): $(BUILD)/lib/libtally.so
+	ln -sf libtally.so $@
 
 $(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
@@ -76,17 +89,62 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a $(BUIL
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -o $@ $< $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
-demo: $(BUILD)/bin/demo
+demo: $(BUILD)/bin/demo $(CLI)
 	$(BUILD)/bin/demo
 
 # Each test binary runs alone (cmocka prints its own summary); the last line
 # sums them up. TEST_FILTER=summary runs test_summary only.
-test: test-c test-py
-test-c: $(TESTS) $(BUILD)/lib/libtally.so $(if $(wildcard tools/tally_cli.c),$(BUILD)/bin/tally)
+test: test-c test-py test-install
+test-c: $(TESTS) $(BUILD)/lib/libtally.so $(CLI)
 	@bash tests/check_exports.sh $(BUILD)/lib/libtally.so
 	@BUILD=$(BUILD) bash tests/run.sh $(TESTS)
 test-py: lib
 	@if [ -d python/tests ]; then TALLY_LIB=$(CURDIR)/$(BUILD)/lib/libtally.so PYTHONPATH=python python3 -m unittest discover -s python/tests -t python; fi
+
+# make install into a temporary PREFIX (and a DESTDIR), then a program built
+# with pkg-config runs without LD_LIBRARY_PATH; docs/api.md's static link
+# line links; make uninstall leaves nothing behind.
+test-install: lib $(CLI)
+	@MAKE="$(MAKE)" BUILD=$(BUILD) bash tests/check_install.sh
+
+# ---- install ----
+PREFIX       ?= /usr/local
+DESTDIR      ?=
+LIBDIR       ?= $(PREFIX)/lib
+INCLUDEDIR   ?= $(PREFIX)/include
+BINDIR       ?= $(PREFIX)/bin
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+
+# tally.pc and tally-static.pc are written at install time, with this
+# PREFIX. tally.pc's Libs carry an rpath, so a program linked with
+# `pkg-config --libs tally` finds libtally.so.$(SOVERSION) without
+# LD_LIBRARY_PATH; tally-static.pc links libtally.a and what it needs.
+install: lib $(CLI)
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR) $(if $(CLI),$(DESTDIR)$(BINDIR))
+	install -m 755 $(BUILD)/lib/libtally.so $(DESTDIR)$(LIBDIR)/libtally.so.$(VERSION)
+	ln -sf libtally.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libtally.so.$(SOVERSION)
+	ln -sf libtally.so.$(SOVERSION) $(DESTDIR)$(LIBDIR)/libtally.so
+	install -m 644 $(BUILD)/lib/libtally.a $(DESTDIR)$(LIBDIR)/libtally.a
+	install -m 644 include/tally.h $(DESTDIR)$(INCLUDEDIR)/tally.h
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
+		'Name: tally' \
+		'Description: caching GPU memory allocator with a ledger of every live block' \
+		'Version: $(VERSION)' \
+		'Cflags: -I$${includedir}' \
+		'Libs: -L$${libdir} -Wl,-rpath,$${libdir} -ltally' \
+		'Libs.private: $(LDLIBS)' > $(DESTDIR)$(PKGCONFIGDIR)/tally.pc
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
+		'Name: tally-static' \
+		'Description: tally linked statically (libtally.a and what it needs)' \
+		'Version: $(VERSION)' \
+		'Cflags: -I$${includedir}' \
+		'Libs: $${libdir}/libtally.a $(LDLIBS)' > $(DESTDIR)$(PKGCONFIGDIR)/tally-static.pc
+	$(if $(CLI),install -m 755 $(CLI) $(DESTDIR)$(BINDIR)/tally)
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/libtally.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libtally.so.$(SOVERSION) \
+		$(DESTDIR)$(LIBDIR)/libtally.so $(DESTDIR)$(LIBDIR)/libtally.a $(DESTDIR)$(INCLUDEDIR)/tally.h \
+		$(DESTDIR)$(PKGCONFIGDIR)/tally.pc $(DESTDIR)$(PKGCONFIGDIR)/tally-static.pc $(DESTDIR)$(BINDIR)/tally
 
 bench: all | $(SETUP)
 	$(MAKE) -C bench BUILD=$(abspath $(BUILD))

@@ -197,12 +197,16 @@ def _cmd_snapshot(args) -> int:
 
 
 def _find_cli() -> Optional[str]:
+    """The tally command-line tool: $TALLY_CLI, else the one a pip install
+    puts inside the package (tally/bin/tally), else the build tree's beside
+    the library (build/bin/tally), else `tally` on PATH."""
     env = os.environ.get("TALLY_CLI")
     if env:
         return env
-    beside = Path(library_path()).resolve().parent.parent / "bin" / "tally"
-    if beside.is_file():
-        return str(beside)
+    for candidate in (Path(__file__).resolve().parent / "bin" / "tally",
+                      Path(library_path()).resolve().parent.parent / "bin" / "tally"):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
     return shutil.which("tally")
 
 

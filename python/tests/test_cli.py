@@ -216,14 +216,19 @@ class InstallWithoutTorchTest(unittest.TestCase):
 class BuildTest(unittest.TestCase):
     """The package's build backend makes a wheel holding libtally.so."""
 
-    def test_wheel_contents(self):
+    @staticmethod
+    def build_wheel(directory):
+        """tally_build.build_wheel(directory): the wheel's file name."""
         sys.path.insert(0, str(support.PYTHON_DIR))
         try:
             import tally_build
         finally:
             sys.path.pop(0)
+        return tally_build.build_wheel(directory)
+
+    def test_wheel_contents(self):
         with tempfile.TemporaryDirectory() as tmp:
-            name = tally_build.build_wheel(tmp)
+            name = self.build_wheel(tmp)
             with zipfile.ZipFile(os.path.join(tmp, name)) as whl:
                 names = set(whl.namelist())
                 self.assertIn("tally/libtally.so", names)
@@ -239,6 +244,28 @@ class BuildTest(unittest.TestCase):
                     expect = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
                     self.assertEqual(digest, f"sha256={expect}")
             self.assertTrue(name.startswith("tally-0.1.0-py3-none-"))
+
+    def test_wheel_ships_the_command_line_tool(self):
+        """Unpacked as pip would, with no TALLY_CLI, TALLY_LIB or build tree
+        on PATH, `python -m tally merge` runs the tool inside the package."""
+        with tempfile.TemporaryDirectory() as tmp:
+            name = self.build_wheel(tmp)
+            site = os.path.join(tmp, "site")
+            with zipfile.ZipFile(os.path.join(tmp, name)) as whl:
+                info = whl.getinfo("tally/bin/tally")
+                self.assertTrue((info.external_attr >> 16) & 0o111, "tally/bin/tally is not executable")
+                whl.extractall(site)
+            for member in ("tally/bin/tally", "tally/libtally.so"):
+                os.chmod(os.path.join(site, member), 0o755)  # what pip does for executable members
+            env = {k: v for k, v in os.environ.items() if k not in ("TALLY_CLI", "TALLY_LIB")}
+            env.update(PYTHONPATH=site, PATH="/usr/bin:/bin")
+            report = os.path.join(tmp, "rank0.json")
+            w = support.run_python(["-c", f"import tally; tally.write_report({report!r})"])
+            self.assertEqual(w.returncode, 0, w.stderr)
+            r = subprocess.run([sys.executable, "-m", "tally", "merge", report], env=env, cwd=tmp,
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("tally merge: 1 report", r.stdout)
 
     @unittest.skipUnless(os.environ.get("TALLY_TEST_PIP"), "set TALLY_TEST_PIP=1 to pip-install into a venv")
     def test_pip_install_into_a_venv(self):
