@@ -40,18 +40,24 @@ VERSION   := $(shell sed -n 's/^\#define TALLY_VERSION "\(.*\)"/\1/p' include/ta
 SOVERSION := $(firstword $(subst ., ,$(VERSION)))
 CLI       := $(if $(wildcard tools/tally_cli.c),$(BUILD)/bin/tally)
 
-.PHONY: all lib demo test test-c test-py test-install bench asan ubsan tsan clean setup install uninstall
+.PHONY: all lib demo test test-c test-py test-sh bench asan ubsan tsan clean setup install uninstall
 all: lib $(BUILD)/bin/demo $(CLI)
 
 lib: $(BUILD)/lib/libtally.so $(BUILD)/lib/libtally.so.$(SOVERSION) $(BUILD)/lib/libtally.a
 
+# tools/setup.sh checks (as root: installs) what each kind of target needs:
+# make test a C compiler and cmocka only, make bench also jemalloc and
+# mimalloc; make fuzz checks for clang's libFuzzer itself.
+SETUP_BENCH := $(BUILD)/.setup-bench-ok
 setup: $(SETUP)
 $(SETUP): tools/setup.sh
-	@bash tools/setup.sh
+	@CC="$(CC)" bash tools/setup.sh test
+	@mkdir -p $(BUILD) && touch $@
+$(SETUP_BENCH): tools/setup.sh
+	@CC="$(CC)" bash tools/setup.sh bench
 	@mkdir -p $(BUILD) && touch $@
 
-# The library itself needs only a C compiler (and CUDA if present); the
-# Debian packages of tools/setup.sh are for the tests and benchmarks.
+# The library itself needs only a C compiler (and CUDA if present).
 $(BUILD)/obj/%.o: lib/%.c $(wildcard lib/*.h) include/tally.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
@@ -92,20 +98,29 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a $(BUIL
 demo: $(BUILD)/bin/demo $(CLI)
 	$(BUILD)/bin/demo
 
-# Each test binary runs alone (cmocka prints its own summary); the last line
-# sums them up. TEST_FILTER=summary runs test_summary only.
-test: test-c test-py test-install
+# tests/run.sh prints one line per suite (a test binary, a Python test
+# module, a check script): its name, N passed, N failed, N skipped and each
+# skip's reason, with a failing suite's whole output; `make test` ends with
+# the total "tests: N passed, N failed, N skipped" over its three parts.
+# TEST_FILTER=summary runs the suites whose name contains summary;
+# TEST_TIMEOUT bounds each suite (seconds); TEST_VERBOSE=1 shows all output.
+TEST_RESULTS := $(BUILD)/test-results
+test: export TEST_TOTAL := later
+test: test-c test-py test-sh
+	@bash tests/run.sh --total $(TEST_RESULTS)/c $(TEST_RESULTS)/py $(TEST_RESULTS)/sh
 test-c: $(TESTS) $(BUILD)/lib/libtally.so $(CLI)
 	@bash tests/check_exports.sh $(BUILD)/lib/libtally.so
-	@BUILD=$(BUILD) bash tests/run.sh $(TESTS)
+	@BUILD=$(BUILD) TEST_RESULTS=$(TEST_RESULTS)/c bash tests/run.sh $(TESTS)
 test-py: lib
-	@if [ -d python/tests ]; then TALLY_LIB=$(CURDIR)/$(BUILD)/lib/libtally.so PYTHONPATH=python python3 -m unittest discover -s python/tests -t python; fi
+	@TALLY_LIB=$(CURDIR)/$(BUILD)/lib/libtally.so PYTHONPATH=python TEST_RESULTS=$(TEST_RESULTS)/py bash tests/run.sh py:python/tests
 
-# make install into a temporary PREFIX (and a DESTDIR), then a program built
-# with pkg-config runs without LD_LIBRARY_PATH; docs/api.md's static link
-# line links; make uninstall leaves nothing behind.
-test-install: lib $(CLI)
-	@MAKE="$(MAKE)" BUILD=$(BUILD) bash tests/check_install.sh
+# The shell-script checks: make install into a temporary PREFIX and DESTDIR
+# (a pkg-config-built program runs without LD_LIBRARY_PATH, docs/api.md's
+# static link line links, make uninstall leaves nothing), tools/setup.sh as
+# a non-root user, and tests/run.sh's own output.
+test-sh: lib $(CLI)
+	@MAKE="$(MAKE)" BUILD=$(BUILD) TEST_RESULTS=$(TEST_RESULTS)/sh bash tests/run.sh \
+		tests/check_install.sh tests/check_setup.sh tests/check_run.sh
 
 # ---- install ----
 PREFIX       ?= /usr/local
@@ -146,7 +161,7 @@ uninstall:
 		$(DESTDIR)$(LIBDIR)/libtally.so $(DESTDIR)$(LIBDIR)/libtally.a $(DESTDIR)$(INCLUDEDIR)/tally.h \
 		$(DESTDIR)$(PKGCONFIGDIR)/tally.pc $(DESTDIR)$(PKGCONFIGDIR)/tally-static.pc $(DESTDIR)$(BINDIR)/tally
 
-bench: all | $(SETUP)
+bench: all | $(SETUP_BENCH)
 	$(MAKE) -C bench BUILD=$(abspath $(BUILD))
 	bash bench/run.sh $(abspath $(BUILD))
 

@@ -10,13 +10,7 @@
 set -u
 MAKE=${MAKE:-make}
 BUILD=${BUILD:-build}
-root=$(cd "$(dirname "$0")/.." && pwd)
-tmp=$(mktemp -d /tmp/tally-install-XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-failed=0
-ok() { echo "ok $1"; }
-bad() { echo "FAIL $1: $2"; failed=1; }
-skip() { echo "SKIP $1: $2"; }
+. "$(dirname "$0")/checkutil.sh"
 
 prefix=$tmp/prefix
 if ! $MAKE -s -C "$root" BUILD="$BUILD" install PREFIX="$prefix" >"$tmp/install.log" 2>&1; then

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "skip.h"
 #include "tally.h"
 
 typedef struct child {
@@ -78,7 +79,7 @@ static int have_gpu(void)
 static void check_refused(const char *conf, const char *name)
 {
     if (have_gpu())
-        skip();
+        SKIP("a GPU is visible: the cuda backend is usable here");
     child_t c;
     run_child(conf, &c);
     assert_true(WIFEXITED(c.status));
@@ -110,7 +111,7 @@ static void test_pytorch_backend_names_are_accepted(void **state)
 {
     (void)state;
     if (have_gpu())
-        skip();
+        SKIP("a GPU is visible: the cuda backend is usable here");
     child_t c;
     run_child("backend:cudaMallocAsync", &c);
     assert_non_null(strstr(c.err, "backend async unusable"));
@@ -122,7 +123,7 @@ static void test_auto_picks_host_and_says_why(void **state)
 {
     (void)state;
     if (have_gpu())
-        skip();
+        SKIP("a GPU is visible: the cuda backend is usable here");
     child_t c;
     run_child("backend:auto", &c);
     assert_int_equal(c.result, 0);

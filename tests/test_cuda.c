@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "skip.h"
 #include "tally.h"
 
 #ifdef TALLY_HAVE_CUDA
@@ -129,7 +130,7 @@ static void body_oom_and_release(void)
         if (n_ < 0)                                                                                                \
             n_ = gpu_count();                                                                                      \
         if (n_ == 0)                                                                                               \
-            skip();                                                                                                \
+            SKIP("no CUDA device is visible");                                                                     \
     } while (0)
 
 static void test_cuda_malloc_free(void **state)
@@ -192,7 +193,7 @@ static void test_cuda_backend(void **state)
 {
     (void)state;
     NEED_GPU();
-    skip(); /* built without CUDA */
+    SKIP("built without CUDA");
 }
 
 int main(void)
