@@ -107,7 +107,8 @@ typedef struct tally_options {
     int stage_report;
     int leak_report;
     int leak_exitcode;
-    int home_device;                    /* -1 none, -2 auto */
+    int home_device;                    /* in effect: -1 none, else a device number */
+    int home_setting;                   /* as configured: -2 auto, -1 none, or a number */
     int timeline;
     int timeline_events;
     int expandable_segments;            /* large pool in one growing range per stream */
@@ -139,6 +140,9 @@ uint64_t tally__option_bit(const char *key);
 void tally__options_default(tally_options_t *opt);
 /* Parse a size with optional suffix (B, KB, KiB, MB, MiB, GB, GiB, TB, TiB). */
 int tally__parse_size(const char *s, uint64_t *out);
+/* -1 with the escape in bad (3 bytes) when path has a % escape other than
+ * %p, %r, %% (report_path's). */
+int tally__check_path_escapes(const char *path, char *bad);
 /* The options as key:value lines with their help. */
 int tally__options_write(const tally_options_t *o, tally_out_t *out);
 /* Rounded block size and segment size for a request (cache.c). */

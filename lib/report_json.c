@@ -252,6 +252,10 @@ int tally_write_report(const char *path)
     const char *pattern = path ? path : configured;
     if (!*pattern)
         return tally__fail(TALLY_EINVAL, "tally_write_report: no path given and report_path is not set");
+    char bad[3];
+    if (tally__check_path_escapes(pattern, bad))
+        return tally__fail(TALLY_EINVAL, "tally_write_report: unknown escape '%s' in '%s' (valid: %%p pid, %%r rank, %%%% a %%)",
+                           bad, pattern);
     char real[1024];
     if (tally__expand_path(pattern, real, sizeof real))
         return tally__fail(TALLY_EINVAL, "tally_write_report: path '%s' is too long", pattern);

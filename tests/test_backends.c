@@ -119,6 +119,19 @@ static void test_pytorch_backend_names_are_accepted(void **state)
     assert_non_null(strstr(c.err, "backend cuda unusable"));
 }
 
+/* TALLY_CONF names device 5 of 2: initialisation fails with one line
+ * naming the key, the number and the devices there are, and nothing is
+ * handed out (at run time: test_config_errors.c). */
+static void test_home_device_beyond_the_devices_fails_init(void **state)
+{
+    (void)state;
+    child_t c;
+    run_child("backend:host,host_devices:2,home_device:5,leak_report:off", &c);
+    assert_int_equal(c.result, 3); /* tally_init failed and tally_malloc gave NULL */
+    const char *diag = strchr(strchr(c.err, '|') + 1, '|') + 1;
+    assert_string_equal(diag, "tally: config: home_device: 5 is not a device (2 devices: 0 to 1)\n");
+}
+
 static void test_auto_picks_host_and_says_why(void **state)
 {
     (void)state;
@@ -148,6 +161,7 @@ int main(void)
         cmocka_unit_test(test_async_without_gpu_fails_cleanly),
         cmocka_unit_test(test_pytorch_backend_names_are_accepted),
         cmocka_unit_test(test_auto_picks_host_and_says_why),
+        cmocka_unit_test(test_home_device_beyond_the_devices_fails_init),
         cmocka_unit_test(test_host_backend_never_mentions_cuda),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

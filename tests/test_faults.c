@@ -707,11 +707,8 @@ static void test_bad_input_configuration_strings(void **state)
     memset(path + strlen(path), 'r', sizeof path - 1 - strlen(path));
     EQ(tally_configure(path), -TALLY_ECONF);
     HAS(tally_last_error(), "report_path: value longer than 511 characters");
-    /* Blanks inside an item are part of the key or value. */
-    EQ(tally_configure("stage_report : true"), -TALLY_ECONF);
-    HAS(tally_last_error(), "unknown key 'stage_report '");
     cap_end();
-    EQ(cap_lines(), 5);
+    EQ(cap_lines(), 4);
     char *after = tu_options_text();
     assert_string_equal(before, after);
     free(after);
