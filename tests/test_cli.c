@@ -388,6 +388,21 @@ static void test_summary_flat_full(void **state)
     run_free(&r);
 }
 
+/* "-" reads standard input, and messages name it. */
+static void test_summary_reads_standard_input(void **state)
+{
+    (void)state;
+    run_t r = tally_run("summary - < '%s/memory_stats.json'", fixtures);
+    EXPECT_RC(r, 0);
+    expect_text(r.out, full_table);
+    expect_text(r.err, "");
+    run_free(&r);
+    r = tally_run("summary - < '%s/malformed.json'", fixtures);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "tally summary: (standard input): ");
+    run_free(&r);
+}
+
 static void test_summary_flat_abbreviated_device(void **state)
 {
     (void)state;
@@ -862,6 +877,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_summary_flat_full),
+        cmocka_unit_test(test_summary_reads_standard_input),
         cmocka_unit_test(test_summary_flat_abbreviated_device),
         cmocka_unit_test(test_summary_nested_stats),
         cmocka_unit_test(test_summary_report),

@@ -6,7 +6,6 @@ reads."""
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from typing import Any, Dict, List, Optional
@@ -35,12 +34,11 @@ def write_report(path: Optional[str] = None) -> None:
 
 
 def load_report(path: str) -> Dict[str, Any]:
-    """Read a JSON report written by any tally process."""
-    with open(path, "r", encoding="utf-8") as f:
-        doc = json.load(f)
-    if doc.get("format") != "tally-report":
-        raise ValueError(f"tally: {path} is not a tally report")
-    return doc
+    """Read a JSON report written by any tally process; ValueError naming
+    the file and the problem (missing, malformed, not a tally report)."""
+    from . import viz
+
+    return viz.load_report(path)
 
 
 def report() -> Dict[str, Any]:

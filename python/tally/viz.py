@@ -53,7 +53,7 @@ PICKLE_PROTOCOL = 4
 _BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
 
 
-class ReportError(Exception):
+class ReportError(ValueError):
     """The input is not a usable tally report."""
 
 
