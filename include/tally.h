@@ -212,9 +212,16 @@ TALLY_API int tally_write_summary(int device, int abbreviated, tally_write_fn wr
  * marked) and the stage history, as text. */
 TALLY_API int tally_write_ledger(tally_write_fn write, void *arg);
 
-/* The leak report of every live block, grouped by (tag, stage, device,
- * site), largest first (full != 0), or only its SUMMARY line. */
-TALLY_API int tally_write_leaks(int full, tally_write_fn write, void *arg);
+/* Flags of tally_write_leaks. */
+#define TALLY_LEAKS_FULL 1    /* every group of live blocks, not only the SUMMARY line */
+#define TALLY_LEAKS_AT_EXIT 2 /* worded as the report at exit: "still live at exit", "leaked" */
+
+/* The report of every live block, grouped by (tag, stage, device, site),
+ * largest first (TALLY_LEAKS_FULL), or only its SUMMARY line. Mid-run it
+ * says what is live now ("N blocks still live now", "SUMMARY: B bytes
+ * still live in N blocks"); with TALLY_LEAKS_AT_EXIT, as at exit ("still
+ * live at exit", "SUMMARY: B bytes leaked in N blocks"). */
+TALLY_API int tally_write_leaks(int flags, tally_write_fn write, void *arg);
 
 /* Write the JSON report (docs/reports.md) to path; NULL uses report_path.
  * %p in the path becomes the pid, %r the rank (RANK, else 0). The file is

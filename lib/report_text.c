@@ -124,7 +124,9 @@ leak_set_t tally__collect_leaks(void)
     return s;
 }
 
-uint64_t tally__report_leaks(tally_out_t *o, bool full, uint64_t *blocks_out)
+/* At exit the live blocks are leaks; mid-run (tally_write_leaks without
+ * TALLY_LEAKS_AT_EXIT) they are only live so far, and said so. */
+uint64_t tally__report_leaks(tally_out_t *o, bool full, bool at_exit, uint64_t *blocks_out)
 {
     leak_set_t s = tally__collect_leaks();
     uint64_t bytes = 0, blocks = 0;
@@ -133,8 +135,9 @@ uint64_t tally__report_leaks(tally_out_t *o, bool full, uint64_t *blocks_out)
         blocks += s.items[i].blocks;
     }
     if (full && s.n) {
-        tally__out_printf(o, "tally: leak report: %llu block%s still live at exit, in %zu group%s\n",
-                          (unsigned long long)blocks, plural(blocks), s.n, plural(s.n));
+        tally__out_printf(o, "tally: %s: %llu block%s still live %s, in %zu group%s\n",
+                          at_exit ? "leak report" : "live blocks", (unsigned long long)blocks, plural(blocks),
+                          at_exit ? "at exit" : "now", s.n, plural(s.n));
         for (size_t i = 0; i < s.n; i++) {
             const leak_group_t *g = &s.items[i];
             char h[32], f[64];
@@ -147,8 +150,8 @@ uint64_t tally__report_leaks(tally_out_t *o, bool full, uint64_t *blocks_out)
         }
     }
     if (blocks)
-        tally__out_printf(o, "tally: SUMMARY: %llu bytes leaked in %llu block%s\n", (unsigned long long)bytes,
-                          (unsigned long long)blocks, plural(blocks));
+        tally__out_printf(o, "tally: SUMMARY: %llu bytes %s in %llu block%s\n", (unsigned long long)bytes,
+                          at_exit ? "leaked" : "still live", (unsigned long long)blocks, plural(blocks));
     tally__meta_free(s.items);
     if (blocks_out)
         *blocks_out = blocks;
@@ -267,7 +270,7 @@ int tally_write_ledger(tally_write_fn write, void *arg)
     return o.failed ? -TALLY_ENOMEM : 0;
 }
 
-int tally_write_leaks(int full, tally_write_fn write, void *arg)
+int tally_write_leaks(int flags, tally_write_fn write, void *arg)
 {
     if (!write)
         return tally__fail(TALLY_EINVAL, "tally_write_leaks: write is NULL");
@@ -276,7 +279,7 @@ int tally_write_leaks(int full, tally_write_fn write, void *arg)
         return rc;
     tally_out_t o;
     tally__out_init(&o, write, arg);
-    tally__report_leaks(&o, full != 0, NULL);
+    tally__report_leaks(&o, (flags & TALLY_LEAKS_FULL) != 0, (flags & TALLY_LEAKS_AT_EXIT) != 0, NULL);
     tally__out_flush(&o);
     return o.failed ? -TALLY_ENOMEM : 0;
 }

@@ -1373,6 +1373,17 @@ static void test_leak_report_without_sites_groups_by_owner(void **state)
     /* Summary only: one line. */
     LU_OK(tally_write_leaks(0, lu_buf_write, &buf));
     LU_EQ(lu_count(lu_buf_str(&buf), "\n"), 1);
+    LU_HAS(lu_buf_str(&buf), "tally: SUMMARY: 3145728 bytes still live in 3 blocks\n");
+    lu_buf_free(&buf);
+    /* On demand, the report says what is live now, not what is left at
+     * exit; TALLY_LEAKS_AT_EXIT words it as the report at exit. */
+    LU_OK(tally_write_leaks(TALLY_LEAKS_FULL, lu_buf_write, &buf));
+    LU_HAS(lu_buf_str(&buf), "tally: live blocks: 3 blocks still live now, in 2 groups\n");
+    LU_LACKS(lu_buf_str(&buf), "at exit");
+    LU_LACKS(lu_buf_str(&buf), "leaked");
+    lu_buf_free(&buf);
+    LU_OK(tally_write_leaks(TALLY_LEAKS_FULL | TALLY_LEAKS_AT_EXIT, lu_buf_write, &buf));
+    LU_HAS(lu_buf_str(&buf), "tally: leak report: 3 blocks still live at exit, in 2 groups\n");
     LU_HAS(lu_buf_str(&buf), "tally: SUMMARY: 3145728 bytes leaked in 3 blocks\n");
     lu_buf_free(&buf);
     tally_free(a);

@@ -142,7 +142,8 @@ def _print_exit_report(args) -> int:
         if args.ledger:
             out.write(_reports.ledger_text())
     live = sum(group["bytes"] for group in _reports.leaks())
-    out.write(_reports.leaks_text(full=not args.quiet))
+    # The program has ended: these are its leaks, worded as at exit.
+    out.write(_reports.leaks_text(full=not args.quiet, at_exit=True))
     if not live:
         out.write("tally: no leaks: every block was freed\n")
     out.flush()

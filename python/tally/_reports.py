@@ -68,9 +68,11 @@ def ledger_text() -> str:
     return collect_text("tally_write_ledger")
 
 
-def leaks_text(full: bool = True) -> str:
-    """The leak report as text; with full=False only its SUMMARY line."""
-    return collect_text("tally_write_leaks", 1 if full else 0)
+def leaks_text(full: bool = True, at_exit: bool = False) -> str:
+    """The report of the blocks live now as text; with full=False only its
+    SUMMARY line. Mid-run it says "still live now"; at_exit=True words it as
+    the report at exit ("still live at exit", "leaked")."""
+    return collect_text("tally_write_leaks", (1 if full else 0) | (2 if at_exit else 0))
 
 
 def snapshot_from_report(doc: Dict[str, Any]) -> Dict[str, Any]:

@@ -240,6 +240,10 @@ class ReportTest(unittest.TestCase):
         self.assertIn("py-kept", tally.ledger_text())
         self.assertIn("tag py-kept, stage py-report, device 1", tally.leaks_text())
         self.assertIn("SUMMARY", tally.leaks_text(full=False))
+        # Mid-run: what is live now, not what was left at exit.
+        self.assertIn("still live now", tally.leaks_text())
+        self.assertNotIn("at exit", tally.leaks_text())
+        self.assertIn("still live at exit", tally.leaks_text(at_exit=True))
         free(p)
         self.assertEqual([g for g in tally.leaks() if g["tag"] == "py-kept"], [])
 
