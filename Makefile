@@ -117,10 +117,10 @@ test-py: lib
 # The shell-script checks: make install into a temporary PREFIX and DESTDIR
 # (a pkg-config-built program runs without LD_LIBRARY_PATH, docs/api.md's
 # static link line links, make uninstall leaves nothing), tools/setup.sh as
-# a non-root user, and tests/run.sh's own output.
-test-sh: lib $(CLI)
+# a non-root user, tests/run.sh's own output, and the demo's.
+test-sh: lib $(CLI) $(BUILD)/bin/demo
 	@MAKE="$(MAKE)" BUILD=$(BUILD) TEST_RESULTS=$(TEST_RESULTS)/sh bash tests/run.sh \
-		tests/check_install.sh tests/check_setup.sh tests/check_run.sh
+		tests/check_install.sh tests/check_setup.sh tests/check_run.sh tests/check_demo.sh
 
 # ---- install ----
 PREFIX       ?= /usr/local
