@@ -107,6 +107,10 @@ TALLY_API size_t tally_empty_cache(int device);
  * the cap, 0 allows no new segments. Outside [0, 1] is an error. */
 TALLY_API int tally_set_memory_fraction(double fraction, int device);
 
+/* The fraction device is limited to (torch.cuda.get_per_process_memory_fraction):
+ * 1.0 when uncapped, else the last fraction set for it. */
+TALLY_API int tally_get_memory_fraction(int device, double *fraction);
+
 /* Free and total memory of the device as the backend reports it. */
 TALLY_API int tally_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes);
 

@@ -517,6 +517,19 @@ int tally_set_memory_fraction(double fraction, int device)
     return rc;
 }
 
+int tally_get_memory_fraction(int device, double *fraction)
+{
+    if (!fraction)
+        return tally__fail(TALLY_EINVAL, "tally_get_memory_fraction: fraction is NULL");
+    tally_device_t *d = tally__device(device, "tally_get_memory_fraction");
+    if (!d)
+        return -TALLY_EINVAL;
+    tally__mutex_lock(&d->lock);
+    *fraction = d->allowed_max == UINT64_MAX ? 1.0 : d->fraction;
+    tally__mutex_unlock(&d->lock);
+    return 0;
+}
+
 int tally_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes)
 {
     if (!free_bytes || !total_bytes)

@@ -86,6 +86,7 @@ _SIGNATURES = {
     "tally_record_stream": (_c.c_int, [_c.c_void_p, _c.c_void_p]),
     "tally_empty_cache": (_c.c_size_t, [_c.c_int]),
     "tally_set_memory_fraction": (_c.c_int, [_c.c_double, _c.c_int]),
+    "tally_get_memory_fraction": (_c.c_int, [_c.c_int, _c.POINTER(_c.c_double)]),
     "tally_mem_get_info": (_c.c_int, [_c.c_int, _c.POINTER(_c.c_size_t), _c.POINTER(_c.c_size_t)]),
     "tally_check": (_c.c_int, []),
     "tally_get_stats": (_c.c_int, [_c.c_int, _c.c_void_p]),
