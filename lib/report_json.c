@@ -178,9 +178,13 @@ int tally__report_json(tally_out_t *o)
         tally_device_t *d = tally__g.dev[i];
         tally__mutex_lock(&d->lock);
         tally__cache_fill_derived_locked(d, &s);
+        uint64_t dropped = tally__timeline_dropped_locked(d);
         tally__mutex_unlock(&d->lock);
-        tally__out_printf(o, "%s\n {\"device\":%d,\"largest_free_block\":%lld,\"utilisation\":%.6f,\"stats\":",
-                          i ? "," : "", i, (long long)s.largest_free_block, s.utilisation);
+        tally__out_printf(o,
+                          "%s\n {\"device\":%d,\"largest_free_block\":%lld,\"utilisation\":%.6f,"
+                          "\"timeline_dropped\":%llu,\"stats\":",
+                          i ? "," : "", i, (long long)s.largest_free_block, s.utilisation,
+                          (unsigned long long)dropped);
         tally__stats_json(&s, o);
         tally__out_puts(o, "}");
     }

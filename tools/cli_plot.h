@@ -26,7 +26,8 @@ static const char plot_help[] =
     "Draw memory over time from the report's timeline: allocated bytes stacked by\n"
     "tag, reserved bytes as a line, stages as labelled bands, out-of-memory events\n"
     "marked. The output is self-contained (no scripts, no network); .svg writes an\n"
-    "SVG image, .html a page with the image and tables of peaks by tag and stages.\n"
+    "SVG image, .html a page with the image and tables of peaks by tag (largest\n"
+    "first), of the blocks live when the report was written, and of the stages.\n"
     "The process must have run with TALLY_CONF=timeline:true (the ring keeps the\n"
     "newest timeline_events events per device).\n"
     "\n"
@@ -132,7 +133,7 @@ typedef struct plot_data {
     size_t nev;
     /* tags: index 0 is "(before timeline)" */
     const char **tags;
-    int64_t *cur, *peak;
+    int64_t *cur, *peak, *moved; /* moved: bytes allocated plus bytes freed */
     size_t ntags, tcap;
     int *group_of; /* tag -> group */
     /* groups in stacking order, bottom first */
@@ -147,6 +148,7 @@ typedef struct plot_data {
     double x0, x_end;
     int64_t ymax, peak_alloc, peak_reserved;
     size_t nooms;
+    int64_t dropped; /* older events of the device the ring had overwritten */
 } plot_data_t;
 
 static int tag_index(plot_data_t *p, const char *tag)
@@ -154,11 +156,13 @@ static int tag_index(plot_data_t *p, const char *tag)
     for (size_t i = 1; i < p->ntags; i++)
         if (strcmp(p->tags[i], tag) == 0)
             return (int)i;
-    size_t c1 = p->tcap, c2 = p->tcap, c3 = p->tcap;
+    size_t c1 = p->tcap, c2 = p->tcap, c3 = p->tcap, c4 = p->tcap;
     cli_grow((void **)&p->tags, &c1, p->ntags + 1, sizeof *p->tags);
     cli_grow((void **)&p->cur, &c2, p->ntags + 1, sizeof *p->cur);
     cli_grow((void **)&p->peak, &c3, p->ntags + 1, sizeof *p->peak);
+    cli_grow((void **)&p->moved, &c4, p->ntags + 1, sizeof *p->moved);
     p->tcap = c1;
+    p->moved[p->ntags] = 0;
     p->tags[p->ntags] = tag;
     return (int)p->ntags++;
 }
@@ -180,6 +184,7 @@ static void replay(plot_data_t *p, int64_t *vals)
     addr_map_t map = {0};
     const rep_event_t *first = &p->r->events[p->ev[0]];
     memset(p->cur, 0, p->ntags * sizeof *p->cur);
+    memset(p->moved, 0, p->ntags * sizeof *p->moved);
     p->cur[TAG_BEFORE] = first->allocated - event_delta(first);
     if (p->cur[TAG_BEFORE] > p->peak[TAG_BEFORE])
         p->peak[TAG_BEFORE] = p->cur[TAG_BEFORE];
@@ -197,6 +202,8 @@ static void replay(plot_data_t *p, int64_t *vals)
             t = addr_take(&map, (uint64_t)e->addr, TAG_BEFORE);
             p->cur[t] -= e->size;
         }
+        if (t >= 0)
+            p->moved[t] += e->size;
         if (t >= 0 && p->cur[t] > p->peak[t])
             p->peak[t] = p->cur[t];
         if (vals) {
@@ -208,8 +215,18 @@ static void replay(plot_data_t *p, int64_t *vals)
     addr_clear(&map);
 }
 
-/* Which tags get a group of their own: the PLOT_TAGS largest by peak, in
- * order of first appearance; "(before timeline)" below, "other tags" on top. */
+/* How much a tag's bytes churn: bytes moved (allocated plus freed) per byte
+ * of its peak. A tag allocated once and kept (weights, optimizer state)
+ * moves about its peak once or twice; activations many times. */
+static double churn(const plot_data_t *p, int t)
+{
+    return p->peak[t] > 0 ? (double)p->moved[t] / (double)p->peak[t] : 0;
+}
+
+/* Which tags get a group of their own: the PLOT_TAGS largest by peak.
+ * Stacked steadiest first (least churn; ties in order of first appearance),
+ * so a constant tag lies flat at the bottom rather than riding on tags that
+ * come and go; "(before timeline)" below them all, "other tags" on top. */
 static void make_groups(plot_data_t *p)
 {
     int chosen[PLOT_TAGS];
@@ -228,9 +245,12 @@ static void make_groups(plot_data_t *p)
             break;
         chosen[nchosen++] = best;
     }
-    /* order of first appearance = tag index order */
+    /* least churn first; tag index order = order of first appearance */
     for (int a = 1; a < nchosen; a++)
-        for (int b = a; b > 0 && chosen[b - 1] > chosen[b]; b--) {
+        for (int b = a; b > 0; b--) {
+            double cb = churn(p, chosen[b]), ca = churn(p, chosen[b - 1]);
+            if (ca < cb || (ca == cb && chosen[b - 1] < chosen[b]))
+                break;
             int tmp = chosen[b];
             chosen[b] = chosen[b - 1];
             chosen[b - 1] = tmp;
@@ -330,6 +350,7 @@ static void plot_data_free(plot_data_t *p)
     free(p->tags);
     free(p->cur);
     free(p->peak);
+    free(p->moved);
     free(p->group_of);
     free(p->x);
     free(p->val);
@@ -603,8 +624,11 @@ static void write_svg(FILE *f, const plot_data_t *p, const char *file, bool xml_
     fputs("</title>\n", f);
     fprintf(f, "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", SVG_W, SVG_H);
     svg_text(f, PL, 26, "font-size=\"16\" font-weight=\"bold\"", line);
-    snprintf(line, sizeof line, "%s: %zu events, peak allocated %s, peak reserved %s", file, p->nev,
-             cli_bytes(p->peak_alloc, b1, sizeof b1), cli_bytes(p->peak_reserved, b2, sizeof b2));
+    int n = snprintf(line, sizeof line, "%s: %zu events, peak allocated %s, peak reserved %s", file, p->nev,
+                     cli_bytes(p->peak_alloc, b1, sizeof b1), cli_bytes(p->peak_reserved, b2, sizeof b2));
+    if (p->dropped > 0 && n > 0 && (size_t)n < sizeof line)
+        snprintf(line + n, sizeof line - (size_t)n, "; %" PRId64 " older events dropped (timeline_events)",
+                 p->dropped);
     svg_text(f, PL, 46, "font-size=\"12\" fill=\"#555\"", line);
 
     draw_axes(f, p, &sc);
@@ -638,6 +662,43 @@ static void write_svg(FILE *f, const plot_data_t *p, const char *file, bool xml_
     fputs("</svg>\n", f);
 }
 
+/* Tag indexes with a peak, largest peak first. */
+static size_t tags_by_peak(const plot_data_t *p, size_t *order)
+{
+    size_t n = 0;
+    for (size_t t = 0; t < p->ntags; t++) {
+        if (p->peak[t] <= 0)
+            continue;
+        size_t k = n++;
+        for (; k > 0 && p->peak[order[k - 1]] < p->peak[t]; k--)
+            order[k] = order[k - 1];
+        order[k] = t;
+    }
+    return n;
+}
+
+/* The report's live blocks, grouped as the leak report groups them. */
+static void html_live_blocks(FILE *f, const report_t *r)
+{
+    char b1[32];
+    fputs("<h2>Live blocks when the report was written (at exit: the leaks)</h2>\n", f);
+    if (!r->nleaks) {
+        fputs("<p>None: every block had been freed.</p>\n", f);
+        return;
+    }
+    fputs("<table>\n<tr><th>tag</th><th>stage</th><th>device</th><th>blocks</th><th>bytes</th></tr>\n", f);
+    for (size_t i = 0; i < r->nleaks; i++) {
+        const rep_leak_t *l = &r->leaks[i];
+        fputs("<tr><td>", f);
+        cli_xml_str(f, l->tag);
+        fputs("</td><td>", f);
+        cli_xml_str(f, l->stage);
+        fprintf(f, "</td><td>%d%s</td><td>%" PRId64 "</td><td>%s</td></tr>\n", l->device,
+                l->foreign ? " (foreign)" : "", l->blocks, cli_bytes(l->bytes, b1, sizeof b1));
+    }
+    fputs("</table>\n", f);
+}
+
 static void write_html(FILE *f, const plot_data_t *p, const char *file)
 {
     char b1[32], b2[32], b3[32], b4[32];
@@ -649,16 +710,25 @@ static void write_html(FILE *f, const plot_data_t *p, const char *file)
           "th:first-child, td:first-child { text-align: left; }\n</style>\n</head>\n<body>\n",
           f);
     write_svg(f, p, file, false);
-    fputs("<h2>Peak allocated by tag (this device's timeline)</h2>\n<table>\n<tr><th>tag</th><th>peak</th></tr>\n",
+    if (p->dropped > 0)
+        fprintf(f, "<p>The timeline holds the newest %zu events of device %d: the %" PRId64 " before them were "
+                   "dropped (timeline_events), so bytes allocated earlier show as \"(before timeline)\".</p>\n",
+                p->nev, p->device, p->dropped);
+    fputs("<h2>Peak allocated by tag (this device's timeline), largest first</h2>\n<table>\n<tr><th>tag</th>"
+          "<th>peak</th></tr>\n",
           f);
-    for (size_t t = 0; t < p->ntags; t++) {
-        if (p->peak[t] <= 0)
-            continue;
+    size_t *order = cli_alloc((p->ntags + 1) * sizeof *order);
+    size_t n = tags_by_peak(p, order);
+    for (size_t i = 0; i < n; i++) {
+        size_t t = order[i];
         fputs("<tr><td>", f);
         cli_xml_str(f, t == TAG_BEFORE ? "(before timeline)" : p->tags[t]);
         fprintf(f, "</td><td>%s</td></tr>\n", cli_bytes(p->peak[t], b1, sizeof b1));
     }
-    fputs("</table>\n<h2>Stages (whole process)</h2>\n<table>\n<tr><th>stage</th><th>seconds</th><th>peak "
+    free(order);
+    fputs("</table>\n", f);
+    html_live_blocks(f, p->r);
+    fputs("<h2>Stages (whole process)</h2>\n<table>\n<tr><th>stage</th><th>seconds</th><th>peak "
           "allocated</th><th>peak reserved</th><th>survivors</th><th>released</th></tr>\n",
           f);
     for (size_t i = 0; i < p->r->nstages; i++) {
@@ -773,6 +843,8 @@ static int cmd_plot(int argc, char **argv)
         report_free(&r);
         return EXIT_DATA;
     }
+    const rep_device_t *dev = report_device(&r, device);
+    p.dropped = dev ? dev->timeline_dropped : 0;
     tag_index(&p, "(before timeline)"); /* index 0 */
     replay(&p, NULL);
     make_groups(&p);
@@ -796,6 +868,10 @@ static int cmd_plot(int argc, char **argv)
             drawn += p.gpeak[g] > 0;
         printf("wrote %s: device %d, %zu events, %d tag group%s, peak allocated %s\n", out, device, p.nev, drawn,
                drawn == 1 ? "" : "s", cli_bytes(p.peak_alloc, (char[32]){0}, 32));
+        if (p.dropped > 0)
+            printf("the timeline had dropped the %" PRId64 " oldest events of device %d (it keeps the newest "
+                   "timeline_events per device; bytes from before show as \"(before timeline)\")\n",
+                   p.dropped, device);
     }
     plot_data_free(&p);
     report_free(&r);
