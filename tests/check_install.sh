@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make install into a temporary PREFIX, then as a user of the installed
-# library would: a program built with `pkg-config --cflags --libs tally`
-# runs without LD_LIBRARY_PATH and loads the installed libtally.so.MAJOR;
-# docs/api.md's static link line links a program that needs no libtally.so;
+# library would, with docs/api.md's link lines exactly: a program built with
+# `pkg-config --cflags --libs tally` runs without LD_LIBRARY_PATH and loads
+# the installed libtally.so.MAJOR; the tally-static line builds a program
+# that needs no libtally.so; the build-tree line with its rpath runs too;
 # the installed `tally` command runs; DESTDIR stages the same files under
 # another root with the final PREFIX in tally.pc; make uninstall removes
 # every file. Prints "ok NAME", "FAIL NAME: why" or "SKIP NAME: reason" per
@@ -41,35 +42,45 @@ int main(void)
 C
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 cd "$tmp" || exit 1
+# link_and_run CHECK LINE WANT: LINE (a shell command building ./app) links,
+# and ./app runs with no LD_LIBRARY_PATH at all, loading libtally.so.MAJOR
+# from WANT (a directory), or no libtally.so when WANT is "static".
+link_and_run() {
+  local check=$1 line=$2 want=$3 out loaded
+  rm -f app
+  if [ -z "$line" ]; then bad "$check" "docs/api.md has no such line"; return; fi
+  if ! bash -c "$line" 2>"$tmp/cc.log" || [ ! -x app ]; then
+    bad "$check" "'$line' failed: $(head -3 "$tmp/cc.log")"; return
+  fi
+  out=$(env -u LD_LIBRARY_PATH TALLY_CONF=backend:host ./app 2>&1)
+  loaded=$(env -u LD_LIBRARY_PATH ldd ./app 2>/dev/null | grep libtally)
+  if [ "$out" != "tally $version allocated" ]; then
+    bad "$check" "./app printed: $out"
+  elif [ "$want" = static ] && [ -n "$loaded" ]; then
+    bad "$check" "the static program needs a libtally.so: $loaded"
+  elif [ "$want" != static ] && [[ "$loaded" != *"libtally.so.$major => $want/libtally.so.$major"* ]]; then
+    bad "$check" "ldd says: ${loaded:-no libtally}; expected $want/libtally.so.$major"
+  else
+    ok "$check"
+  fi
+}
+
+# The lines docs/api.md gives, exactly as a user would type them.
+doc_line() { grep -m1 -F -- "$1" "$root/docs/api.md"; }
 if ! command -v pkg-config >/dev/null 2>&1; then
   skip pkg-config "pkg-config is not installed (apt-get install pkg-config)"
 else
-  # Shared: what a user types, run with no LD_LIBRARY_PATH at all.
-  if cc app.c $(pkg-config --cflags --libs tally) -o app-shared 2>"$tmp/cc.log"; then
-    out=$(env -u LD_LIBRARY_PATH TALLY_CONF=backend:host ./app-shared 2>&1)
-    if [ "$out" = "tally $version allocated" ]; then ok "shared link runs without LD_LIBRARY_PATH"
-    else bad "shared link runs without LD_LIBRARY_PATH" "./app-shared printed: $out"; fi
-    loaded=$(env -u LD_LIBRARY_PATH ldd ./app-shared 2>/dev/null | grep 'libtally')
-    case "$loaded" in
-      *"libtally.so.$major => $prefix/lib/libtally.so.$major"*) ok "loads the installed libtally.so.$major" ;;
-      *) bad "loads the installed libtally.so.$major" "ldd says: ${loaded:-no libtally}" ;;
-    esac
-  else
-    bad "shared link" "cc app.c \$(pkg-config --cflags --libs tally) failed: $(head -3 "$tmp/cc.log")"
-  fi
-  # Static: the line docs/api.md gives, exactly.
-  line=$(grep -m1 '^cc app.c .*tally-static' "$root/docs/api.md")
-  if [ -z "$line" ]; then
-    bad "static link line" "docs/api.md has no line starting 'cc app.c' with tally-static"
-  elif bash -c "$line" 2>"$tmp/cc.log" && [ -x app ]; then
-    out=$(env -u LD_LIBRARY_PATH TALLY_CONF=backend:host ./app 2>&1)
-    if [ "$out" = "tally $version allocated" ] && ! ldd ./app 2>/dev/null | grep -q libtally; then
-      ok "docs/api.md static link line"
-    else bad "docs/api.md static link line" "./app printed '$out' or needs libtally.so"; fi
-  else
-    bad "docs/api.md static link line" "'$line' failed: $(head -3 "$tmp/cc.log")"
-  fi
+  link_and_run "shared, pkg-config: runs without LD_LIBRARY_PATH" \
+    "$(doc_line 'cc app.c $(pkg-config --cflags --libs tally) -o app')" "$prefix/lib"
+  link_and_run "static, pkg-config: needs no libtally.so" \
+    "$(doc_line 'cc app.c $(pkg-config --cflags --libs tally-static) -o app')" static
 fi
+# From the build tree, as docs/api.md says (its paths made absolute).
+line=$(doc_line 'cc app.c -Iinclude -Lbuild/lib -ltally')
+line=${line//-Iinclude/-I$root/include}
+line=${line//-Lbuild\/lib/-L$root/$BUILD/lib}
+line=${line//\$PWD\/build\/lib/$root/$BUILD/lib}
+link_and_run "shared, build tree: runs without LD_LIBRARY_PATH" "$line" "$root/$BUILD/lib"
 out=$(env -u LD_LIBRARY_PATH "$prefix/bin/tally" --help 2>&1 | head -1)
 case "$out" in *usage*|*tally*) ok "installed tally command runs" ;; *) bad "installed tally command runs" "$out" ;; esac
 
