@@ -57,7 +57,9 @@ TALLY_API int tally_init(void);
  * report, ...). Every key and value is validated; on error nothing changes. */
 TALLY_API int tally_configure(const char *conf);
 
-/* The configuration in effect, as "key:value" lines, through the sink given.
+/* The configuration in effect, one "key:value    # help" line per key, the
+ * values as configured (home_device:auto, sizes with units): the text before
+ * each "    #", joined with commas, is a TALLY_CONF that configures the same.
  * write(arg, text, len) receives the text in pieces. */
 typedef void (*tally_write_fn)(void *arg, const char *text, size_t len);
 TALLY_API int tally_write_options(tally_write_fn write, void *arg);
