@@ -68,10 +68,13 @@ def _held_diagnostics():
         sys.stderr.flush()
 
 
-def _init() -> None:
-    """Initialise tally (reading TALLY_CONF); CliError naming the problem."""
+def _init(confs=()) -> None:
+    """Apply each configuration, then initialise tally (reading TALLY_CONF
+    first); CliError naming the problem."""
     with _held_diagnostics():
         try:
+            for conf in confs:
+                configure(conf)
             call("tally_init")
         except TallyError as e:
             raise CliError(str(e), 2) from None
@@ -152,17 +155,20 @@ def _print_exit_report(args) -> int:
 
 def _check_runnable(args) -> None:
     """The script or module exists, as python itself checks before running
-    anything (so no summary follows an error of the command line)."""
+    anything (so no summary follows an error of the command line). For
+    pkg.mod only pkg is looked up: finding pkg.mod would import pkg, and so
+    run its code before tally is installed."""
     if args.module:
+        top = args.module.partition(".")[0]
         sys.path.insert(0, os.getcwd())
         try:
-            spec = importlib.util.find_spec(args.module)
+            spec = importlib.util.find_spec(top)
         except (ImportError, ValueError) as e:
             raise CliError(f"run: cannot import {args.module}: {e}") from None
         finally:
             sys.path.pop(0)
         if spec is None:
-            raise CliError(f"run: no module named {args.module}")
+            raise CliError(f"run: no module named {top}")
         return
     script = args.args[0]
     try:
@@ -177,15 +183,7 @@ def _cmd_run(args) -> int:
         raise CliError("run: give a script (or -m module) to run", 2)
     _check_runnable(args)
     have_torch = _import_torch()
-    with _held_diagnostics():
-        try:
-            for conf in args.conf:
-                configure(conf)
-            if args.report:
-                configure({"report_path": args.report})
-            call("tally_init")
-        except TallyError as e:
-            raise CliError(str(e), 2) from None
+    _init(list(args.conf) + ([{"report_path": args.report}] if args.report else []))
     _err(_install_torch(have_torch))
 
     saved_argv, saved_path = sys.argv[:], sys.path[:]

@@ -173,6 +173,7 @@ class CliTest(unittest.TestCase):
         cases = [
             (["run", "nope.py"], None, "tally: run: cannot open nope.py: No such file or directory", 2),
             (["run", "-m", "nosuchmod"], None, "tally: run: no module named nosuchmod", 1),
+            (["run", "-m", "nosuchpkg.job"], None, "tally: run: no module named nosuchpkg", 1),
             (["run", "--conf", "leak_report:ful", ok], None,
              "tally: config: leak_report: unknown value 'ful' (valid: off, summary, full)", 2),
             (["run", ok], "backend:host,leak_reprot:full",
