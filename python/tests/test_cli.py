@@ -345,6 +345,14 @@ class BuildTest(unittest.TestCase):
                 [os.path.join(venv, "bin", "python"), "-c", "import tally; print(tally.library_path())"],
                 env=env, cwd=tmp, text=True)
             self.assertTrue(out.strip().startswith(venv), out)
+            # The tally command came with it: merge runs without TALLY_CLI or a build tree on PATH.
+            report = os.path.join(tmp, "r0.json")
+            python = os.path.join(venv, "bin", "python")
+            subprocess.check_call([python, "-c", f"import tally; tally.write_report({report!r})"], env=env, cwd=tmp)
+            env.pop("TALLY_CLI", None)
+            env["PATH"] = "/usr/bin:/bin"
+            out = subprocess.check_output([python, "-m", "tally", "merge", report], env=env, cwd=tmp, text=True)
+            self.assertIn("tally merge: 1 report", out)
 
 
 if __name__ == "__main__":
