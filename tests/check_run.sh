@@ -17,10 +17,11 @@ stub failing 'printf "[ RUN      ] t_bad\nwhy t_bad failed\n[  FAILED  ] t_bad\n
 stub skipping 'printf "[ RUN      ] t_gpu\nSKIP: no GPU here\n[  SKIPPED ] t_gpu\n[ RUN      ] t_gpu2\nSKIP: no GPU here\n[  SKIPPED ] t_gpu2\n[ RUN      ] t_bare\n[  SKIPPED ] t_bare\n[ RUN      ] t_ok\n[       OK ] t_ok\n[  SKIPPED ] 3 test(s), listed below:\n[  SKIPPED ] t_gpu\n[  SKIPPED ] t_gpu2\n[  SKIPPED ] t_bare\n"'
 stub crashing 'printf "[ RUN      ] t_one\n[       OK ] t_one\n[ RUN      ] t_two\n"; kill -SEGV $$'
 stub hanging 'printf "[ RUN      ] t_slow\n"; exec sleep 30'
+stub exiting 'printf "[ RUN      ] t_one\n[       OK ] t_one\n"; exit 3'
 printf 'echo "ok first"\necho "SKIP second: pkg-config is missing"\necho "ok third"\n' >"$tmp/checks.sh"
 
 TEST_TIMEOUT=1 bash "$root/tests/run.sh" "$tmp/passing" "$tmp/failing" "$tmp/skipping" "$tmp/crashing" \
-  "$tmp/hanging" "$tmp/checks.sh" >"$tmp/out" 2>&1
+  "$tmp/hanging" "$tmp/exiting" "$tmp/checks.sh" >"$tmp/out" 2>&1
 rc=$?
 [ $rc -eq 1 ] && ok "exit 1 when a suite failed" || bad "exit 1 when a suite failed" "exit $rc"
 expect "passing suite line" '^passing: 2 passed, 0 failed, 0 skipped$'
@@ -28,11 +29,12 @@ absent "passing suite output hidden" 'noise from t_two'
 expect "failing suite line" '^failing: 0 passed, 1 failed, 0 skipped$'
 expect "failing suite output shown" '^why t_bad failed$'
 expect "skip reasons, grouped" '^skipping: 1 passed, 0 failed, 3 skipped \(skipped: t_gpu and 1 more: no GPU here; t_bare: no reason printed\)$'
-expect "crash named" '^crashing: 1 passed, 1 failed, 0 skipped, crashed \(status [0-9]+\)$'
+expect "crash named" '^crashing: 1 passed, 1 failed, 0 skipped, crashed \(signal 11\)$'
 expect "hang named" '^hanging: 0 passed, 1 failed, 0 skipped, timed out after 1 s \(TEST_TIMEOUT\)$'
+expect "bad exit named" '^exiting: 1 passed, 1 failed, 0 skipped, exited with status 3$'
 expect "check script counted" '^checks: 2 passed, 0 failed, 1 skipped \(skipped: second: pkg-config is missing\)$'
 last=$(tail -n1 "$tmp/out")
-[ "$last" = "tests: 6 passed, 3 failed, 4 skipped" ] && ok "last line is the total" ||
+[ "$last" = "tests: 7 passed, 4 failed, 4 skipped" ] && ok "last line is the total" ||
   bad "last line is the total" "last line: $last"
 
 TEST_FILTER=pass bash "$root/tests/run.sh" "$tmp/passing" "$tmp/failing" >"$tmp/out" 2>&1

@@ -12,7 +12,8 @@
 #   - per suite, one line: "NAME: N passed, N failed, N skipped", then, when
 #     something was skipped, " (skipped: TEST: why; ...)"; a suite that
 #     failed, crashed or timed out has its whole output printed above that
-#     line, and the line says "crashed (status N)" or "timed out after N s";
+#     line, and the line says "crashed (signal N)", "exited with status N"
+#     (outside any test) or "timed out after N s (TEST_TIMEOUT)";
 #     a passing suite's output is not shown (TEST_VERBOSE=1 shows it);
 #   - the last line: "tests: N passed, N failed, N skipped" over all suites.
 # Exit 1 if anything failed.
@@ -64,7 +65,7 @@ run() {
 report() {
   local name=$1 p=$2 f=$3 s=$4 skips=$5
   if [ -z "$note" ] && [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then
-    note="crashed (status $rc)"
+    if [ $rc -gt 128 ]; then note="crashed (signal $((rc - 128)))"; else note="exited with status $rc"; fi
   fi
   [ -n "$note" ] && f=$((f + 1))
   if [ "$f" -ne 0 ] || [ -n "${TEST_VERBOSE:-}" ]; then
