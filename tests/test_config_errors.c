@@ -13,6 +13,7 @@
 
 #include "internal.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* configure(conf) fails with -TALLY_ECONF, writes exactly one line to the
@@ -35,6 +36,39 @@ static void refused(const char *conf, const char *expected)
     free(before);
     free(after);
     tu_ctx("%s", "");
+}
+
+/* docs/configuration.md: the calls that leave tally uninitialised, so that
+ * a key that is not runtime (host_devices) can still be set after them; and
+ * one that does initialise (a stage), after which it is refused. In a child,
+ * before this process initialises tally. */
+static void test_what_initialises(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        tally_set_sink(tu_capture_write, &tu_cap);
+        tu_buf_t b = {0};
+        (void)tally_version();
+        (void)tally_last_error();
+        int ok = tally_configure("leak_report:off") == 0 && tally_write_options(tu_buf_write, &b) == 0 &&
+                 tally_tag_push("t") == 0 && tally_tag_pop() == 0 && tally_tag_name(0) != NULL &&
+                 tally_stage_name(0) != NULL;
+        (void)tally_torch_oom_raises();
+        int before = tally_configure("host_devices:3");
+        int count = tally_device_count();
+        int stage = tally_stage_begin("s");
+        int after = tally_configure("host_devices:4");
+        _exit(!ok ? 1 : before != 0 ? 2 : count != 3 ? 3 : stage != 0 ? 4 : after != -TALLY_ECONF ? 5 : 0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0)
+        fail_msg("step %d of the child failed (1: a call, 2: host_devices refused before initialising, 3: "
+                 "device count, 4: stage, 5: host_devices accepted after)",
+                 WEXITSTATUS(status));
 }
 
 static void test_home_device_beyond_the_devices_refused_at_run_time(void **state)
@@ -181,6 +215,7 @@ int main(void)
 {
     tu_conf("backend:host,host_devices:2,leak_report:off,stage_report:false");
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_what_initialises), /* first: forks before this process initialises */
         cmocka_unit_test(test_home_device_beyond_the_devices_refused_at_run_time),
         cmocka_unit_test(test_unknown_key_suggests_the_nearest),
         cmocka_unit_test(test_unknown_enum_value_lists_the_valid_ones),
