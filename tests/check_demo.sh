@@ -2,7 +2,8 @@
 # make demo's program on the host backend: it says what the user is looking
 # at and what to try next, its stages take real time, and TALLY_CONF wins
 # over the demo's own settings (leak_report:off silences the leak report,
-# persistent_tags:weights makes the optimizer state a stage survivor).
+# persistent_tags:weights makes the optimizer state a stage survivor), and
+# a bad TALLY_CONF is one line.
 # Prints "ok CHECK" or "FAIL CHECK: why" per check (tests/run.sh counts them).
 set -u
 . "$(dirname "$0")/checkutil.sh"
@@ -26,4 +27,11 @@ has "leak report at exit" "$tmp/err" '^tally: 71644160 bytes \(68\.3 MiB\) in 24
 TALLY_CONF=backend:host,leak_report:off,persistent_tags:weights "$demo" >"$tmp/out" 2>"$tmp/err"
 lacks "TALLY_CONF leak_report:off wins" "$tmp/err" 'leak report|SUMMARY'
 has "TALLY_CONF persistent_tags wins" "$tmp/err" '^tally: stage train ended with 136\.5 MiB still live under tag optimizer'
+TALLY_CONF=backend:host,leak_reprot:full "$demo" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ $rc -ne 0 ] && [ "$(cat "$tmp/err")" = "demo: TALLY_CONF: config: unknown key 'leak_reprot' (did you mean 'leak_report'?)" ]; then
+  ok "a bad TALLY_CONF is one line"
+else
+  bad "a bad TALLY_CONF is one line" "exit $rc, stderr: $(cat "$tmp/err")"
+fi
 exit $failed

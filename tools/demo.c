@@ -55,11 +55,39 @@ static void compute(int ms)
     nanosleep(&t, NULL);
 }
 
-static void discard(void *arg, const char *text, size_t len)
+/* While tally starts, its diagnostics lines are held here: passed on when
+ * it starts, dropped when it fails (the demo then says why, once). */
+static char held[4096];
+static size_t held_len;
+
+static void hold(void *arg, const char *text, size_t len)
 {
     (void)arg;
-    (void)text;
-    (void)len;
+    if (len > sizeof held - held_len)
+        len = sizeof held - held_len;
+    memcpy(held + held_len, text, len);
+    held_len += len;
+}
+
+/* The demo's settings, then TALLY_CONF again on top (before initialisation
+ * every key may be set), so the user's keys win; then tally starts. */
+static int start_tally(void)
+{
+    tally_set_sink(hold, NULL);
+    int rc = tally_configure(DEMO_CONF);
+    const char *user = getenv("TALLY_CONF");
+    if (rc == 0 && user && *user)
+        tally_configure(user); /* already checked when tally read it */
+    held_len = 0;              /* the second reading's lines repeat the first's */
+    if (rc == 0)
+        rc = tally_init();
+    tally_set_sink(NULL, NULL);
+    if (rc != 0) {
+        fprintf(stderr, "demo: %s\n", tally_last_error());
+        return rc;
+    }
+    fwrite(held, 1, held_len, stderr);
+    return 0;
 }
 
 static void out(void *arg, const char *text, size_t len)
@@ -94,23 +122,8 @@ static void build_model(void **w, void **b)
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0); /* interleave with tally's stderr lines */
-    /* The demo's own defaults, then TALLY_CONF again on top (before
-     * initialisation every key may be set), so the user's keys win. A bad
-     * TALLY_CONF was already reported when tally read it. */
-    if (tally_configure(DEMO_CONF) != 0) {
-        fprintf(stderr, "demo: %s\n", tally_last_error());
+    if (start_tally() != 0)
         return 1;
-    }
-    const char *user = getenv("TALLY_CONF");
-    if (user && *user) {
-        tally_set_sink(discard, NULL);
-        tally_configure(user);
-        tally_set_sink(NULL, NULL);
-    }
-    if (tally_init() != 0) {
-        fprintf(stderr, "demo: tally_init failed: %s\n", tally_last_error());
-        return 1;
-    }
     printf("tally %s, backend %s, %d device(s)\n\n", tally_version(), tally_backend_name(), tally_device_count());
     printf(intro, STEPS, 10, DEMO_CONF);
     void *grad_stream = (void *)0x2; /* host backend: any non-NULL value names a stream */
