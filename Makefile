@@ -1,7 +1,8 @@
 # tally: build, test, demo, bench.
 #   make            library (build/lib/libtally.{so,a}), command-line tool, demo
 #   make demo       the main job: a training-like workload, then what tally knows
-#   make test       every cmocka test binary, then the Python tests
+#   make test       every cmocka test binary, the Python tests and the check
+#                   scripts (tests/check_*.sh); one line each, then the total
 #   make bench      benchmarks (bench/)
 #   make asan | ubsan | tsan   the test suite under a sanitizer
 #   make install     PREFIX (/usr/local), DESTDIR: the library (libtally.so.0,
