@@ -1,10 +1,14 @@
 # tally: build, test, demo, bench.
 #   make            library (build/lib/libtally.{so,a}), command-line tool, demo
 #   make demo       the main job: a training-like workload, then what tally knows
-#   make test       every cmocka test binary, then the Python tests
+#   make test       every cmocka test binary, the Python tests and the check
+#                   scripts (tests/check_*.sh); one line each, then the total
 #   make bench      benchmarks (bench/)
 #   make asan | ubsan | tsan   the test suite under a sanitizer
 #   make cross-aarch64   the library for aarch64 (cross compilers), in build-aarch64/
+#   make install     PREFIX (/usr/local), DESTDIR: the library (libtally.so.0,
+#                    versioned), libtally.a, tally.h, the tally command and
+#                    tally.pc for pkg-config; make uninstall removes them
 CC       ?= cc
 BUILD    ?= build
 OPT      ?= -O2
@@ -33,19 +37,32 @@ TEST_CXX_SRC := $(sort $(wildcard tests/test_*.cc))
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%) $(TEST_CXX_SRC:tests/%.cc=$(BUILD)/tests/%)
 SETUP    := $(BUILD)/.setup-ok
 
-.PHONY: all lib demo test test-c test-py bench asan ubsan tsan clean setup
-all: lib $(BUILD)/bin/demo $(if $(wildcard tools/tally_cli.c),$(BUILD)/bin/tally)
+# The shared library's ABI version: its SONAME is libtally.so.$(SOVERSION).
+VERSION   := $(shell sed -n 's/^\#define TALLY_VERSION "\(.*\)"/\1/p' include/tally.h)
+SOVERSION := $(firstword $(subst ., ,$(VERSION)))
+CLI       := $(if $(wildcard tools/tally_cli.c),$(BUILD)/bin/tally)
 
-lib: $(BUILD)/lib/libtally.so $(BUILD)/lib/libtally.a
+.PHONY: all lib demo test test-c test-py test-sh bench asan ubsan tsan clean setup install uninstall
+all: lib $(BUILD)/bin/demo $(CLI)
+
 include tests/standin/standin.mk
 
+lib: $(BUILD)/lib/libtally.so $(BUILD)/lib/libtally.so.$(SOVERSION) $(BUILD)/lib/libtally.a
+
+# tools/setup.sh checks (as root: installs) what each kind of target needs:
+# make test a C compiler and cmocka only, make bench also jemalloc and
+# mimalloc; make fuzz checks for clang's libFuzzer itself.
+SETUP_BENCH := $(BUILD)/.setup-bench-ok
 setup: $(SETUP)
 $(SETUP): tools/setup.sh
-	@bash tools/setup.sh
+	@CC="$(CC)" bash tools/setup.sh test
+	@mkdir -p $(BUILD) && touch $@
+$(SETUP_BENCH): tools/setup.sh
+	@CC="$(CC)" bash tools/setup.sh bench
 	@mkdir -p $(BUILD) && touch $@
 
-# The library itself needs only a C compiler; the
-# Debian packages of tools/setup.sh are for the tests and benchmarks.
+# The library itself needs only a C compiler (no CUDA: lib/cuda/ loads
+# libcuda.so.1 at run time).
 $(BUILD)/obj/%.o: lib/%.c $(LIB_HDR) include/tally.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
@@ -67,7 +84,12 @@ $(BUILD)/lib/libtally.a: $(LIB_OBJ)
 # Only tally_* symbols leave the shared library (visibility plus a version script).
 $(BUILD)/lib/libtally.so: $(LIB_OBJ) $(LIB_CXX_OBJ) lib/exports.map
 	@mkdir -p $(dir $@)
-	$(CXX) -shared $(SAN) -o $@ $(LIB_OBJ) $(LIB_CXX_OBJ) -Wl,--version-script=lib/exports.map $(LDLIBS)
+	$(CXX) -shared $(SAN) -o $@ $(LIB_OBJ) $(LIB_CXX_OBJ) -Wl,--version-script=lib/exports.map \
+		-Wl,-soname,libtally.so.$(SOVERSION) $(LDLIBS)
+
+# What a program linked with -ltally asks the loader for (its SONAME).
+$(BUILD)/lib/libtally.so.$(SOVERSION): $(BUILD)/lib/libtally.so
+	ln -sf libtally.so $@
 
 $(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
@@ -101,19 +123,73 @@ $(BUILD)/tests/test_driver_h: tests/test_driver_h.c tests/driver_h_names.sh lib/
 	$(CC) $(CFLAGS) -Wno-pedantic $(if $(CUDA_H_DIR),-DTALLY_CUDA_H_CHECK -I$(BUILD)/tests -isystem $(CUDA_H_DIR)) \
 		-o $@ $< -lcmocka $(LDLIBS)
 
-demo: $(BUILD)/bin/demo
+demo: $(BUILD)/bin/demo $(CLI)
 	$(BUILD)/bin/demo
 
-# Each test binary runs alone (cmocka prints its own summary); the last line
-# sums them up. TEST_FILTER=summary runs test_summary only.
-test: test-c test-py
-test-c: $(TESTS) $(BUILD)/lib/libtally.so $(if $(wildcard tools/tally_cli.c),$(BUILD)/bin/tally) $(STANDIN_LIB)
+# tests/run.sh prints one line per suite (a test binary, a Python test
+# module, a check script): its name, N passed, N failed, N skipped and each
+# skip's reason, with a failing suite's whole output; `make test` ends with
+# the total "tests: N passed, N failed, N skipped" over its three parts.
+# TEST_FILTER=summary runs the suites whose name contains summary;
+# TEST_TIMEOUT bounds each suite (seconds); TEST_VERBOSE=1 shows all output.
+TEST_RESULTS := $(BUILD)/test-results
+test: export TEST_TOTAL := later
+test: test-c test-py test-sh
+	@bash tests/run.sh --total $(TEST_RESULTS)/c $(TEST_RESULTS)/py $(TEST_RESULTS)/sh
+test-c: $(TESTS) $(BUILD)/lib/libtally.so $(CLI) $(STANDIN_LIB)
 	@bash tests/check_exports.sh $(BUILD)/lib/libtally.so
-	@$(STANDIN_ENV) BUILD=$(BUILD) bash tests/run.sh $(TESTS)
+	@$(STANDIN_ENV) BUILD=$(BUILD) TEST_RESULTS=$(TEST_RESULTS)/c bash tests/run.sh $(TESTS)
 test-py: lib $(STANDIN_LIB)
-	@if [ -d python/tests ]; then $(STANDIN_ENV) TALLY_LIB=$(CURDIR)/$(BUILD)/lib/libtally.so PYTHONPATH=python python3 -m unittest discover -s python/tests -t python; fi
+	@$(STANDIN_ENV) TALLY_LIB=$(CURDIR)/$(BUILD)/lib/libtally.so PYTHONPATH=python TEST_RESULTS=$(TEST_RESULTS)/py bash tests/run.sh py:python/tests
 
-bench: all | $(SETUP)
+# The shell-script checks: make install into a temporary PREFIX and DESTDIR
+# (a pkg-config-built program runs without LD_LIBRARY_PATH, docs/api.md's
+# static link line links, make uninstall leaves nothing), tools/setup.sh as
+# a non-root user, tests/run.sh's own output, and the demo's.
+test-sh: lib $(CLI) $(BUILD)/bin/demo
+	@MAKE="$(MAKE)" BUILD=$(BUILD) TEST_RESULTS=$(TEST_RESULTS)/sh bash tests/run.sh \
+		tests/check_install.sh tests/check_setup.sh tests/check_run.sh tests/check_demo.sh
+
+# ---- install ----
+PREFIX       ?= /usr/local
+DESTDIR      ?=
+LIBDIR       ?= $(PREFIX)/lib
+INCLUDEDIR   ?= $(PREFIX)/include
+BINDIR       ?= $(PREFIX)/bin
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+
+# tally.pc and tally-static.pc are written at install time, with this
+# PREFIX. tally.pc's Libs carry an rpath, so a program linked with
+# `pkg-config --libs tally` finds libtally.so.$(SOVERSION) without
+# LD_LIBRARY_PATH; tally-static.pc links libtally.a and what it needs.
+install: lib $(CLI)
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR) $(if $(CLI),$(DESTDIR)$(BINDIR))
+	install -m 755 $(BUILD)/lib/libtally.so $(DESTDIR)$(LIBDIR)/libtally.so.$(VERSION)
+	ln -sf libtally.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libtally.so.$(SOVERSION)
+	ln -sf libtally.so.$(SOVERSION) $(DESTDIR)$(LIBDIR)/libtally.so
+	install -m 644 $(BUILD)/lib/libtally.a $(DESTDIR)$(LIBDIR)/libtally.a
+	install -m 644 include/tally.h $(DESTDIR)$(INCLUDEDIR)/tally.h
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
+		'Name: tally' \
+		'Description: caching GPU memory allocator with a ledger of every live block' \
+		'Version: $(VERSION)' \
+		'Cflags: -I$${includedir}' \
+		'Libs: -L$${libdir} -Wl,-rpath,$${libdir} -ltally' \
+		'Libs.private: $(LDLIBS)' > $(DESTDIR)$(PKGCONFIGDIR)/tally.pc
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
+		'Name: tally-static' \
+		'Description: tally linked statically (libtally.a and what it needs)' \
+		'Version: $(VERSION)' \
+		'Cflags: -I$${includedir}' \
+		'Libs: $${libdir}/libtally.a $(LDLIBS)' > $(DESTDIR)$(PKGCONFIGDIR)/tally-static.pc
+	$(if $(CLI),install -m 755 $(CLI) $(DESTDIR)$(BINDIR)/tally)
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/libtally.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libtally.so.$(SOVERSION) \
+		$(DESTDIR)$(LIBDIR)/libtally.so $(DESTDIR)$(LIBDIR)/libtally.a $(DESTDIR)$(INCLUDEDIR)/tally.h \
+		$(DESTDIR)$(PKGCONFIGDIR)/tally.pc $(DESTDIR)$(PKGCONFIGDIR)/tally-static.pc $(DESTDIR)$(BINDIR)/tally
+
+bench: all | $(SETUP_BENCH)
 	$(MAKE) -C bench BUILD=$(abspath $(BUILD))
 	bash bench/run.sh $(abspath $(BUILD))
 

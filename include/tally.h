@@ -57,7 +57,9 @@ TALLY_API int tally_init(void);
  * report, ...). Every key and value is validated; on error nothing changes. */
 TALLY_API int tally_configure(const char *conf);
 
-/* The configuration in effect, as "key:value" lines, through the sink given.
+/* The configuration in effect, one "key:value    # help" line per key, the
+ * values as configured (home_device:auto, sizes with units): the text before
+ * each "    #", joined with commas, is a TALLY_CONF that configures the same.
  * write(arg, text, len) receives the text in pieces. */
 typedef void (*tally_write_fn)(void *arg, const char *text, size_t len);
 TALLY_API int tally_write_options(tally_write_fn write, void *arg);
@@ -148,6 +150,10 @@ TALLY_API size_t tally_empty_cache(int device);
  * torch.cuda.set_per_process_memory_fraction: fraction in [0, 1]; 1 removes
  * the cap, 0 allows no new segments. Outside [0, 1] is an error. */
 TALLY_API int tally_set_memory_fraction(double fraction, int device);
+
+/* The fraction device is limited to (torch.cuda.get_per_process_memory_fraction):
+ * 1.0 when uncapped, else the last fraction set for it. */
+TALLY_API int tally_get_memory_fraction(int device, double *fraction);
 
 /* Free and total memory of the device as the backend reports it. */
 TALLY_API int tally_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes);
@@ -254,11 +260,19 @@ TALLY_API int tally_write_summary(int device, int abbreviated, tally_write_fn wr
  * marked) and the stage history, as text. */
 TALLY_API int tally_write_ledger(tally_write_fn write, void *arg);
 
-/* The leak report of every live block, grouped by (tag, stage, device,
- * site), sites with the most bytes first, each site's frames printed once
- * (full != 0), or only its SUMMARY line. Leaks matched by leak_suppressions
- * and blocks passed to tally_ignore are counted apart, not as leaked. */
-TALLY_API int tally_write_leaks(int full, tally_write_fn write, void *arg);
+/* Flags of tally_write_leaks. */
+#define TALLY_LEAKS_FULL 1    /* every group of live blocks, not only the SUMMARY line */
+#define TALLY_LEAKS_AT_EXIT 2 /* worded as the report at exit: "still live at exit", "leaked" */
+
+/* The report of every live block, grouped by (tag, stage, device, site),
+ * sites with the most bytes first, each site's frames printed once
+ * (TALLY_LEAKS_FULL), or only its SUMMARY line. Mid-run it says what is
+ * live now ("N blocks still live now", "SUMMARY: B bytes still live in N
+ * blocks"); with TALLY_LEAKS_AT_EXIT, as at exit ("still live at exit",
+ * "SUMMARY: B bytes leaked in N blocks"). Leaks matched by
+ * leak_suppressions and blocks passed to tally_ignore are counted apart,
+ * not as leaked. */
+TALLY_API int tally_write_leaks(int flags, tally_write_fn write, void *arg);
 
 /* Mark the live block at ptr as kept on purpose: it stays live but the leak
  * report counts it apart ("ignored") and it never sets leak_exitcode.

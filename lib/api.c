@@ -80,15 +80,24 @@ static const tally_backend_t *choose_backend(char *why, size_t whylen)
 
 void tally__exit_register(void);
 
-/* home_device:auto is LOCAL_RANK when it is a valid device number, else none. */
-static int resolve_home(int home)
+/* home_device:auto is LOCAL_RANK when it is one of the ndev devices, else none. */
+static int resolve_home(int home, int ndev)
 {
     if (home != -2)
         return home;
     const char *lr = getenv("LOCAL_RANK");
     char *end;
     long v = lr && *lr ? strtol(lr, &end, 10) : -1;
-    return lr && *lr && !*end && v >= 0 && v < TALLY_MAX_DEVICES ? (int)v : -1;
+    return lr && *lr && !*end && v >= 0 && v < ndev ? (int)v : -1;
+}
+
+/* A home_device number this process has no device for is refused. */
+static int check_home(int home, int ndev)
+{
+    if (home < ndev)
+        return 0;
+    return tally__fail_quiet(TALLY_ECONF, "config: home_device: %d is not a device (%d device%s: %s%d)", home,
+                             ndev, ndev == 1 ? "" : "s", ndev > 1 ? "0 to " : "", ndev - 1);
 }
 
 /* Serialises tally_configure, initialisation and readers of the whole
@@ -139,6 +148,12 @@ static void do_init_locked(void)
     int n = be->device_count();
     if (n > TALLY_MAX_DEVICES)
         n = TALLY_MAX_DEVICES;
+    if (check_home(tally__opt.home_setting, n)) {
+        tally__g.init_rc = -TALLY_ECONF;
+        snprintf(tally__g.init_error, sizeof tally__g.init_error, "%s", tally_last_error());
+        tally__diag("%s", tally__g.init_error);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         tally_device_t *d = tally__meta_calloc(sizeof *d);
         if (!d || tally__ptrmap_init(&d->map, 1024) || tally__ledger_device_init(d)) {
@@ -158,7 +173,7 @@ static void do_init_locked(void)
     if (tally__opt.memory_fraction > 0)
         for (int i = 0; i < n; i++)
             apply_fraction_locked(tally__g.dev[i], tally__opt.memory_fraction);
-    tally__opt.home_device = resolve_home(tally__opt.home_device);
+    tally__opt.home_device = resolve_home(tally__opt.home_setting, n);
     tally__exit_register();
     atomic_store(&initialised, 1);
 }
@@ -223,6 +238,7 @@ static void publish_runtime(const tally_options_t *n)
     STORE(leak_report);
     STORE(leak_exitcode);
     STORE(home_device);
+    STORE(home_setting);
     STORE(timeline);
     STORE(expandable_grow_chunk_mb);
 #undef STORE
@@ -262,8 +278,12 @@ int tally_configure(const char *conf)
                 tally__mutex_unlock(&d->lock);
             }
         }
-        next.home_device = resolve_home(next.home_device);
-        publish_runtime(&next);
+        next.home_device = resolve_home(next.home_setting, tally__g.ndev);
+        rc = check_home(next.home_setting, tally__g.ndev);
+        if (rc)
+            tally__diag("%s", tally_last_error());
+        else
+            publish_runtime(&next);
     }
     tally__mutex_unlock(&config_lock);
     return rc;
@@ -554,6 +574,19 @@ int tally_pool_peer_access(int device, int peer)
     int rc = be->pool_peer_access(device, peer, why, sizeof why);
     tally__mutex_unlock(&d->lock);
     return rc ? tally__fail(TALLY_EBACKEND, "tally_pool_peer_access: device %d, peer %d: %s", device, peer, why) : 0;
+}
+
+int tally_get_memory_fraction(int device, double *fraction)
+{
+    if (!fraction)
+        return tally__fail(TALLY_EINVAL, "tally_get_memory_fraction: fraction is NULL");
+    tally_device_t *d = tally__device(device, "tally_get_memory_fraction");
+    if (!d)
+        return -TALLY_EINVAL;
+    tally__mutex_lock(&d->lock);
+    *fraction = d->allowed_max == UINT64_MAX ? 1.0 : d->fraction;
+    tally__mutex_unlock(&d->lock);
+    return 0;
 }
 
 int tally_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes)

@@ -32,7 +32,7 @@ int tally__exit_report(void)
     if (leak_report != TALLY_LEAK_OFF || leak_exitcode) {
         tally_out_t quiet;
         tally__out_init(&quiet, NULL, NULL);
-        bytes = tally__report_leaks(leak_report == TALLY_LEAK_OFF ? &quiet : &o, leak_report == TALLY_LEAK_FULL,
+        bytes = tally__report_leaks(leak_report == TALLY_LEAK_OFF ? &quiet : &o, leak_report == TALLY_LEAK_FULL, true,
                                     &blocks);
         tally__out_flush(&o);
     }

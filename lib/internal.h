@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define TALLY_INTERNAL __attribute__((visibility("hidden")))
 #define TALLY_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -89,6 +90,9 @@ void tally__out_printf(tally_out_t *o, const char *fmt, ...) __attribute__((form
 void tally__out_json_str(tally_out_t *o, const char *s);
 void tally__out_flush(tally_out_t *o);
 void tally__write_file(void *arg, const char *text, size_t len);
+/* A temporary file beside dest, created exclusively (never through a
+ * planted symlink) under an unpredictable name left in tmp. */
+FILE *tally__create_beside(const char *dest, char *tmp, size_t tmplen);
 
 /* One line "tally: ..." to the sink. */
 void tally__diag(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -126,7 +130,8 @@ typedef struct tally_options {
     int stage_report;
     int leak_report;
     int leak_exitcode;
-    int home_device;                    /* -1 none, -2 auto */
+    int home_device;                    /* in effect: -1 none, else a device number */
+    int home_setting;                   /* as configured: -2 auto, -1 none, or a number */
     int timeline;
     int timeline_events;
     int expandable_segments;            /* large pool in one growing range per stream */
@@ -160,6 +165,9 @@ uint64_t tally__option_bit(const char *key);
 void tally__options_default(tally_options_t *opt);
 /* Parse a size with optional suffix (B, KB, KiB, MB, MiB, GB, GiB, TB, TiB). */
 int tally__parse_size(const char *s, uint64_t *out);
+/* -1 with the escape in bad (3 bytes) when path has a % escape other than
+ * %p, %r, %% (report_path's). */
+int tally__check_path_escapes(const char *path, char *bad);
 /* The options as key:value lines with their help. */
 int tally__options_write(const tally_options_t *o, tally_out_t *out);
 /* Rounded block size and segment size for a request (cache.c). */

@@ -93,6 +93,8 @@ static inline void tally__timeline_block_locked(tally_device_t *d, int action, c
 }
 /* Copy out up to max events, oldest first; returns the count. */
 size_t tally__timeline_copy_locked(tally_device_t *d, tally_event_rec_t *out, size_t max);
+/* Events of the device that the ring no longer holds (timeline_events). */
+uint64_t tally__timeline_dropped_locked(tally_device_t *d);
 uint64_t tally__now_us(void);
 
 /* Reports written under the device lock. */

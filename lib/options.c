@@ -80,10 +80,10 @@ static const option_row_t rows[] = {
     {"leak_exitcode", T_INT, OFF(leak_exitcode), 0, 255, NULL, true,
      "exit status when blocks are live at exit (0: keep the program's)"},
     {"report_path", T_STRING, OFF(report_path), 0, 0, NULL, true,
-     "JSON report written at exit; %p becomes the pid, %r the rank"},
+     "JSON report written at exit; %p becomes the pid, %r the rank, %% a %"},
     {"leak_suppressions", T_STRING, OFF(leak_suppressions), 0, 0, NULL, true,
      "file of leak:PATTERN lines; matching leaks are counted apart and never set leak_exitcode"},
-    {"home_device", T_HOME, OFF(home_device), 0, 0, NULL, true,
+    {"home_device", T_HOME, OFF(home_setting), 0, 0, NULL, true,
      "this process's device: auto (LOCAL_RANK, else none), none, or a number"},
     {"timeline", T_BOOL, OFF(timeline), 0, 0, NULL, true,
      "record a bounded timeline of allocation events for plots and snapshots"},
@@ -109,7 +109,8 @@ void tally__options_default(tally_options_t *o)
     o->ledger = 1;
     o->stage_report = 1;
     o->leak_report = TALLY_LEAK_SUMMARY;
-    o->home_device = -2;
+    o->home_device = -1;
+    o->home_setting = -2;
     o->timeline_events = 65536;
     o->async_release_threshold = UINT64_MAX;
 }
@@ -248,6 +249,77 @@ uint64_t tally__option_bit(const char *key)
     return 0;
 }
 
+/* Edits (insert, delete, substitute, swap two neighbours) from a to b. */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 64 || lb > 64)
+        return 64;
+    size_t d[65][65];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        for (size_t j = 1; j <= lb; j++) {
+            size_t best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    }
+    return d[la][lb];
+}
+
+/* The key nearest to an unknown one, when it is near enough to be a typo
+ * (at most a third of its letters wrong, at least 2 allowed); else NULL. */
+static const char *nearest_key(const char *key)
+{
+    const char *best = NULL;
+    size_t best_d = 64, len = strlen(key);
+    for (size_t i = 0; i < NROWS; i++) {
+        size_t d = edit_distance(key, rows[i].name);
+        if (d < best_d) {
+            best_d = d;
+            best = rows[i].name;
+        }
+    }
+    size_t allowed = len / 3 > 2 ? len / 3 : 2;
+    return best_d <= allowed ? best : NULL;
+}
+
+/* "a, b, c": an enum's values, for an error message. */
+static void list_values(const char *const *names, char *buf, size_t len)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; names[i] && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? ", " : "", names[i]);
+}
+
+/* report_path's escapes are %p, %r and %%; anything else after a % is a
+ * mistake worth naming now rather than a file name found at exit. */
+int tally__check_path_escapes(const char *path, char *bad)
+{
+    for (const char *c = path; *c; c++) {
+        if (*c != '%')
+            continue;
+        if (c[1] == 'p' || c[1] == 'r' || c[1] == '%') {
+            c++;
+            continue;
+        }
+        bad[0] = '%';
+        bad[1] = c[1];
+        bad[2] = 0;
+        return -1;
+    }
+    return 0;
+}
+
 static int set_one(tally_options_t *o, const char *key, const char *val, bool runtime, uint64_t *seen)
 {
     const option_row_t *r = NULL;
@@ -262,7 +334,10 @@ static int set_one(tally_options_t *o, const char *key, const char *val, bool ru
         if (strcmp(key, "pinned_use_cuda_host_register") == 0 ||
             strcmp(key, "release_lock_on_cudamalloc") == 0)
             return tally__fail(TALLY_ECONF, "config: key '%s' (a PyTorch setting) is not supported by tally", key);
-        return tally__fail(TALLY_ECONF, "config: unknown key '%s'", key);
+        const char *near = nearest_key(key);
+        if (near)
+            return tally__fail(TALLY_ECONF, "config: unknown key '%s' (did you mean '%s'?)", key, near);
+        return tally__fail(TALLY_ECONF, "config: unknown key '%s' (tally_write_options lists the keys)", key);
     }
     if (runtime && !r->runtime)
         return tally__fail(TALLY_ECONF, "config: key '%s' can only be set before initialisation (in TALLY_CONF)",
@@ -303,22 +378,28 @@ static int set_one(tally_options_t *o, const char *key, const char *val, bool ru
                                r->min, r->max, strcmp(key, "garbage_collection_threshold") == 0 ? ")" : "]");
         *(double *)field = d;
         return 0;
-    case T_ENUM:
+    case T_ENUM: {
+        /* Any case, as booleans. */
         for (int i = 0; r->enums[i]; i++) {
-            if (strcmp(val, r->enums[i]) == 0) {
+            if (strcasecmp(val, r->enums[i]) == 0) {
                 *(int *)field = i;
                 return 0;
             }
         }
-        if (strcmp(key, "backend") == 0 && strcmp(val, "native") == 0) {
+        bool backend = strcmp(key, "backend") == 0;
+        if (backend && strcasecmp(val, "native") == 0) {
             *(int *)field = TALLY_BACKEND_CUDA;
             return 0;
         }
-        if (strcmp(key, "backend") == 0 && strcmp(val, "cudaMallocAsync") == 0) {
+        if (backend && strcasecmp(val, "cudaMallocAsync") == 0) {
             *(int *)field = TALLY_BACKEND_ASYNC;
             return 0;
         }
-        return tally__fail(TALLY_ECONF, "config: %s: unknown value '%s'", key, val);
+        char valid[128];
+        list_values(r->enums, valid, sizeof valid);
+        return tally__fail(TALLY_ECONF, "config: %s: unknown value '%s' (valid: %s%s)", key, val, valid,
+                           backend ? "; PyTorch's native, cudaMallocAsync" : "");
+    }
     case T_STRING:
         if (strlen(val) >= 512)
             return tally__fail(TALLY_ECONF, "config: %s: value longer than 511 characters", key);
@@ -329,6 +410,13 @@ static int set_one(tally_options_t *o, const char *key, const char *val, bool ru
                                    key);
         if (strcmp(key, "leak_suppressions") == 0 && tally__sup_check(val))
             return -TALLY_ECONF;
+        if (strcmp(key, "report_path") == 0) {
+            char bad[3];
+            if (tally__check_path_escapes(val, bad))
+                return tally__fail(TALLY_ECONF,
+                                   "config: report_path: unknown escape '%s' in '%s' (valid: %%p pid, %%r rank, %%%% a %%)",
+                                   bad, val);
+        }
         strcpy(field, val);
         return 0;
     case T_SPLIT_MB:
@@ -344,11 +432,11 @@ static int set_one(tally_options_t *o, const char *key, const char *val, bool ru
     case T_ROUNDUP:
         return parse_roundup(key, val, (uint32_t *)field);
     case T_HOME:
-        if (strcmp(val, "auto") == 0) {
+        if (strcasecmp(val, "auto") == 0) {
             *(int *)field = -2;
             return 0;
         }
-        if (strcmp(val, "none") == 0) {
+        if (strcasecmp(val, "none") == 0) {
             *(int *)field = -1;
             return 0;
         }
@@ -358,6 +446,11 @@ static int set_one(tally_options_t *o, const char *key, const char *val, bool ru
         return 0;
     }
     return tally__fail(TALLY_ECONF, "config: %s: internal error", key);
+}
+
+static bool is_blank(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
 int tally__options_parse(tally_options_t *opt, const char *conf, bool runtime, uint64_t *seen_out)
@@ -387,18 +480,27 @@ int tally__options_parse(tally_options_t *opt, const char *conf, bool runtime, u
         }
         if (*p)
             *p++ = 0;
-        while (*item == ' ')
+        while (is_blank(*item))
             item++;
         char *e = item + strlen(item);
-        while (e > item && e[-1] == ' ')
+        while (e > item && is_blank(e[-1]))
             *--e = 0;
         if (!*item)
             continue;
         char *colon = strchr(item, ':');
         if (!colon || colon == item)
             return tally__fail(TALLY_ECONF, "config: item '%s' is not key:value", item);
-        *colon = 0;
-        int rc = set_one(&work, item, colon + 1, runtime, &seen);
+        /* Blanks around the key and around the value do not count, for
+         * every key alike ("leak_report : full" is leak_report:full). */
+        char *val = colon + 1;
+        for (e = colon; e > item && is_blank(e[-1]); e--)
+            ;
+        *e = 0;
+        while (is_blank(*val))
+            val++;
+        if (!*item)
+            return tally__fail(TALLY_ECONF, "config: item '%s:%s' has no key", item, val);
+        int rc = set_one(&work, item, val, runtime, &seen);
         if (rc)
             return rc;
     }
@@ -421,12 +523,21 @@ int tally__options_write(const tally_options_t *o, tally_out_t *out)
         case T_INT:
             tally__out_printf(out, "%d", *(const int *)field);
             break;
-        case T_SIZE:
+        case T_SIZE: {
+            /* The largest binary unit that divides it, as written in TALLY_CONF. */
+            static const char *const units[] = {"", "KiB", "MiB", "GiB", "TiB"};
+            uint64_t v = *(const uint64_t *)field;
+            int u = 0;
+            while (v && u < 4 && v % 1024 == 0) {
+                v /= 1024;
+                u++;
+            }
             if (*(const uint64_t *)field == UINT64_MAX)
                 tally__out_puts(out, "all");
             else
-                tally__out_printf(out, "%llu", (unsigned long long)*(const uint64_t *)field);
+                tally__out_printf(out, "%llu%s", (unsigned long long)v, units[u]);
             break;
+        }
         case T_DOUBLE: {
             /* The shortest form that reads back as the same double. */
             double v = *(const double *)field;

@@ -3,9 +3,14 @@
  * Nothing else in the library writes text anywhere. */
 #include "internal.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 void tally__out_init(tally_out_t *o, tally_write_fn write, void *arg)
@@ -92,6 +97,52 @@ void tally__out_json_str(tally_out_t *o, const char *s)
 void tally__write_file(void *arg, const char *text, size_t len)
 {
     fwrite(text, 1, len, (FILE *)arg);
+}
+
+/* 64 bits nobody else can guess: the kernel's random bytes, else a mix of
+ * the clock, the pid and a counter. */
+static uint64_t unpredictable(void)
+{
+    static _Atomic uint64_t counter;
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) == (ssize_t)sizeof r)
+        return r;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    r = (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15u ^ (uint64_t)ts.tv_sec << 20 ^ (uint64_t)getpid() << 40;
+    return r ^ (++counter * 0xbf58476d1ce4e5b9u);
+}
+
+/* A new file beside dest, for writing it whole then renaming it over dest:
+ * "DEST.tmp-" and 16 random hex digits, created exclusively and without
+ * following a symlink (O_CREAT|O_EXCL|O_NOFOLLOW), so a name planted in a
+ * shared directory (a link to someone's file) is never written through.
+ * The name is left in tmp. NULL with errno set when it cannot be created. */
+FILE *tally__create_beside(const char *dest, char *tmp, size_t tmplen)
+{
+    for (int attempt = 0; attempt < 64; attempt++) {
+        int n = snprintf(tmp, tmplen, "%s.tmp-%016llx", dest, (unsigned long long)unpredictable());
+        if (n < 0 || (size_t)n >= tmplen) {
+            errno = ENAMETOOLONG;
+            return NULL;
+        }
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd < 0) {
+            if (errno == EEXIST)
+                continue;
+            return NULL;
+        }
+        FILE *f = fdopen(fd, "w");
+        if (!f) {
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            errno = e;
+        }
+        return f;
+    }
+    errno = EEXIST;
+    return NULL;
 }
 
 /* ---- diagnostics -------------------------------------------------------- */

@@ -238,9 +238,13 @@ int tally__report_json(tally_out_t *o)
         tally_device_t *d = tally__g.dev[i];
         tally__mutex_lock(&d->lock);
         tally__cache_fill_derived_locked(d, &s);
+        uint64_t dropped = tally__timeline_dropped_locked(d);
         tally__mutex_unlock(&d->lock);
-        tally__out_printf(o, "%s\n {\"device\":%d,\"largest_free_block\":%lld,\"utilisation\":%.6f,\"stats\":",
-                          i ? "," : "", i, (long long)s.largest_free_block, s.utilisation);
+        tally__out_printf(o,
+                          "%s\n {\"device\":%d,\"largest_free_block\":%lld,\"utilisation\":%.6f,"
+                          "\"timeline_dropped\":%llu,\"stats\":",
+                          i ? "," : "", i, (long long)s.largest_free_block, s.utilisation,
+                          (unsigned long long)dropped);
         tally__stats_json(&s, o);
         tally__out_puts(o, "}");
     }
@@ -321,6 +325,10 @@ int tally_write_report(const char *path)
     const char *pattern = path ? path : configured;
     if (!*pattern)
         return tally__fail(TALLY_EINVAL, "tally_write_report: no path given and report_path is not set");
+    char bad[3];
+    if (tally__check_path_escapes(pattern, bad))
+        return tally__fail(TALLY_EINVAL, "tally_write_report: unknown escape '%s' in '%s' (valid: %%p pid, %%r rank, %%%% a %%)",
+                           bad, pattern);
     char real[1024];
     if (tally__expand_path(pattern, real, sizeof real))
         return tally__fail(TALLY_EINVAL, "tally_write_report: path '%s' is too long", pattern);
@@ -348,8 +356,7 @@ int tally_write_report(const char *path)
         return 0;
     }
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp%d", dest, (int)getpid());
-    FILE *f = fopen(tmp, "w");
+    FILE *f = tally__create_beside(dest, tmp, sizeof tmp);
     if (!f)
         return tally__fail(TALLY_EIO, "tally_write_report: cannot open '%s' for writing", real);
     tally_out_t *o = tally__meta_alloc(sizeof *o);

@@ -132,7 +132,9 @@ static void write_suppressed(tally_out_t *o, const leak_set_t *s, const tally_su
     }
 }
 
-uint64_t tally__report_leaks(tally_out_t *o, bool full, uint64_t *blocks_out)
+/* At exit the live blocks are leaks; mid-run (tally_write_leaks without
+ * TALLY_LEAKS_AT_EXIT) they are only live so far, and said so. */
+uint64_t tally__report_leaks(tally_out_t *o, bool full, bool at_exit, uint64_t *blocks_out)
 {
     tally_suppressions_t *sup = tally__meta_calloc(sizeof *sup);
     char why[700];
@@ -152,9 +154,9 @@ uint64_t tally__report_leaks(tally_out_t *o, bool full, uint64_t *blocks_out)
         groups++;
     }
     if (full && groups)
-        tally__out_printf(o, "tally: leak report: %llu block%s still live at exit, in %llu group%s\n",
-                          (unsigned long long)blocks, tally__plural(blocks), (unsigned long long)groups,
-                          tally__plural(groups));
+        tally__out_printf(o, "tally: %s: %llu block%s still live %s, in %llu group%s\n",
+                          at_exit ? "leak report" : "live blocks", (unsigned long long)blocks, tally__plural(blocks),
+                          at_exit ? "at exit" : "now", (unsigned long long)groups, tally__plural(groups));
     if (full) {
         write_groups(o, &s);
         if (sup)
@@ -165,8 +167,9 @@ uint64_t tally__report_leaks(tally_out_t *o, bool full, uint64_t *blocks_out)
         if (sup_blocks)
             snprintf(extra, sizeof extra, " (%llu block%s suppressed)", (unsigned long long)sup_blocks,
                      tally__plural(sup_blocks));
-        tally__out_printf(o, "tally: SUMMARY: %llu bytes leaked in %llu block%s%s\n", (unsigned long long)bytes,
-                          (unsigned long long)blocks, tally__plural(blocks), extra);
+        tally__out_printf(o, "tally: SUMMARY: %llu bytes %s in %llu block%s%s\n", (unsigned long long)bytes,
+                          at_exit ? "leaked" : "still live", (unsigned long long)blocks, tally__plural(blocks),
+                          extra);
     }
     tally__meta_free(s.items);
     if (sup) {
@@ -178,7 +181,7 @@ uint64_t tally__report_leaks(tally_out_t *o, bool full, uint64_t *blocks_out)
     return bytes;
 }
 
-int tally_write_leaks(int full, tally_write_fn write, void *arg)
+int tally_write_leaks(int flags, tally_write_fn write, void *arg)
 {
     if (!write)
         return tally__fail(TALLY_EINVAL, "tally_write_leaks: write is NULL");
@@ -187,7 +190,7 @@ int tally_write_leaks(int full, tally_write_fn write, void *arg)
         return rc;
     tally_out_t o;
     tally__out_init(&o, write, arg);
-    tally__report_leaks(&o, full != 0, NULL);
+    tally__report_leaks(&o, (flags & TALLY_LEAKS_FULL) != 0, (flags & TALLY_LEAKS_AT_EXIT) != 0, NULL);
     tally__out_flush(&o);
     return o.failed ? -TALLY_ENOMEM : 0;
 }

@@ -58,7 +58,7 @@ void tally__foreign_note(int device, char *buf, size_t len);
 void tally__report_stage(const tally_stage_rec_t *rec, tally_out_t *o);
 /* The leak report: live blocks grouped by (tag, stage, device, site). full
  * lists the groups; otherwise only the summary line. Returns live bytes. */
-uint64_t tally__report_leaks(tally_out_t *o, bool full, uint64_t *blocks_out);
+uint64_t tally__report_leaks(tally_out_t *o, bool full, bool at_exit, uint64_t *blocks_out);
 /* The ledger table and stage timeline, as text. */
 void tally__report_ledger(tally_out_t *o);
 

@@ -10,6 +10,7 @@
 typedef struct timeline {
     tally_event_rec_t *ring;
     size_t cap, next, count;
+    uint64_t recorded; /* every event ever recorded; recorded - count were overwritten */
 } timeline_t;
 
 static timeline_t timelines[TALLY_MAX_DEVICES];
@@ -36,6 +37,7 @@ void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr
     t->next = (t->next + 1) % t->cap;
     if (t->count < t->cap)
         t->count++;
+    t->recorded++;
     e->time_us = tally__now_us();
     e->action = (uint8_t)action;
     e->addr = addr;
@@ -46,6 +48,12 @@ void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr
     e->site = site;
     e->allocated = d->stats.allocated_bytes[TALLY_POOL_ALL].current;
     e->reserved = d->stats.reserved_bytes[TALLY_POOL_ALL].current;
+}
+
+uint64_t tally__timeline_dropped_locked(tally_device_t *d)
+{
+    timeline_t *t = &timelines[d->id];
+    return t->recorded - t->count;
 }
 
 size_t tally__timeline_copy_locked(tally_device_t *d, tally_event_rec_t *out, size_t max)

@@ -2,10 +2,12 @@
 only, so ``pip install ./python`` works offline and needs nothing from a
 package index (not setuptools, not wheel).
 
-The wheel holds the ``tally`` package and ``libtally.so`` inside it. The
-library comes from ``$TALLY_LIB``, else from the source tree's
-``build/lib/libtally.so``; when neither exists and the source tree is there,
-``make -C <repo> lib`` is run first. An editable install (``pip install -e``)
+The wheel holds the ``tally`` package, ``libtally.so`` and the ``tally``
+command-line tool (``tally/bin/tally``, which ``python -m tally merge`` runs)
+inside it. The library comes from ``$TALLY_LIB``, else from the source
+tree's ``build/lib/libtally.so``; the tool from ``$TALLY_CLI``, else from
+``build/bin/tally``; when they are missing and the source tree is there,
+``make -C <repo> lib build/bin/tally`` is run first. An editable install (``pip install -e``)
 points at the source tree instead, where the package finds the library in
 ``build/lib``.
 """
@@ -29,6 +31,7 @@ SUMMARY = "A caching GPU memory allocator that knows who owns every byte: PyTorc
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 LIB_NAME = "libtally.so"
+CLI_NAME = "tally"
 
 METADATA = f"""\
 Metadata-Version: 2.1
@@ -55,22 +58,32 @@ def _dist_info() -> str:
     return f"{NAME}-{VERSION}.dist-info"
 
 
-def _library() -> Path:
-    env = os.environ.get("TALLY_LIB")
+def _built(env_name: str, relative: str, what: str) -> Path:
+    """$env_name if set (it must be a file), else <repo>/relative, made with
+    make when the source tree is there and it is missing."""
+    env = os.environ.get(env_name)
     if env:
         path = Path(env)
         if not path.is_file():
-            raise RuntimeError(f"tally: TALLY_LIB={env} is not a file")
+            raise RuntimeError(f"tally: {env_name}={env} is not a file")
         return path
-    built = REPO / "build" / "lib" / LIB_NAME
+    built = REPO / relative
     if not built.is_file() and (REPO / "Makefile").is_file():
-        print(f"tally: {built} is missing; running make -C {REPO} lib", flush=True)
-        subprocess.check_call(["make", "-C", str(REPO), "lib"])
+        print(f"tally: {built} is missing; running make -C {REPO} lib {relative}", flush=True)
+        subprocess.check_call(["make", "-C", str(REPO), "lib", relative])
     if not built.is_file():
         raise RuntimeError(
-            f"tally: cannot find {LIB_NAME}: run `make lib` in the source tree first, or set TALLY_LIB to its path"
+            f"tally: cannot find {what}: run `make` in the source tree first, or set {env_name} to its path"
         )
     return built
+
+
+def _library() -> Path:
+    return _built("TALLY_LIB", f"build/lib/{LIB_NAME}", LIB_NAME)
+
+
+def _command() -> Path:
+    return _built("TALLY_CLI", f"build/bin/{CLI_NAME}", f"the {CLI_NAME} command-line tool")
 
 
 def _package_files() -> List[Tuple[str, Path]]:
@@ -145,6 +158,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None) 
     for arcname, path in _package_files():
         writer.add(arcname, path.read_bytes())
     writer.add(f"{NAME}/{LIB_NAME}", library.read_bytes(), mode=0o755)
+    writer.add(f"{NAME}/bin/{CLI_NAME}", _command().read_bytes(), mode=0o755)
     writer.close()
     return name
 

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "cuda/driver.h"
+#include "skip.h"
 
 struct cu_api {
 #define CU_API_FIELD(name, version, required, params) tally_pfn_##name name;
@@ -240,19 +241,19 @@ static inline int cu_ctx_teardown(void **state)
 #define CU_NEED_DRIVER()                                                                                           \
     do {                                                                                                           \
         if (!cu_need_driver())                                                                                     \
-            skip();                                                                                                \
+            SKIP("no libcuda.so.1 (the stand-in is in build/standin)");                                                                                                \
     } while (0)
 #define CU_NEED_TWO()                                                                                              \
     do {                                                                                                           \
         CU_NEED_DRIVER();                                                                                          \
         if (cu_ndev < 2)                                                                                           \
-            skip();                                                                                                \
+            SKIP("needs 2 devices, the driver has %d", cu_ndev);                                                                                                \
     } while (0)
 #define CU_NEED_STANDIN()                                                                                          \
     do {                                                                                                           \
         CU_NEED_DRIVER();                                                                                          \
         if (!cu_is_standin())                                                                                      \
-            skip();                                                                                                \
+            SKIP("checks only the CUDA stand-in's own figures");                                                                                                \
     } while (0)
 
 static inline void cu_test_init(void)

@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "skip.h"
 #include "tally.h"
 
 typedef struct child {
@@ -130,6 +131,19 @@ static void test_pytorch_backend_names_are_accepted(void **state)
     assert_non_null(strstr(c.err, "backend cuda unusable"));
 }
 
+/* TALLY_CONF names device 5 of 2: initialisation fails with one line
+ * naming the key, the number and the devices there are, and nothing is
+ * handed out (at run time: test_config_errors.c). */
+static void test_home_device_beyond_the_devices_fails_init(void **state)
+{
+    (void)state;
+    child_t c;
+    run_child("backend:host,host_devices:2,home_device:5,leak_report:off", &c, false);
+    assert_int_equal(c.result, 3); /* tally_init failed and tally_malloc gave NULL */
+    const char *diag = strchr(strchr(c.err, '|') + 1, '|') + 1;
+    assert_string_equal(diag, "tally: config: home_device: 5 is not a device (2 devices: 0 to 1)\n");
+}
+
 static void test_auto_picks_host_and_says_why(void **state)
 {
     (void)state;
@@ -148,8 +162,7 @@ static void test_auto_without_driver(void **state)
     run_child("backend:auto", &c, true);
     assert_true(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0);
     if (strstr(c.err, "|cuda|")) {
-        fprintf(stderr, "test_backends: skipped: a CUDA driver is installed on the system library path\n");
-        skip();
+        SKIP("a CUDA driver is installed on the system library path");
     }
     assert_int_equal(c.result, 0);
     if (!strstr(c.err, "|host|tally: backend auto: using host, simulated devices (no libcuda.so.1: no NVIDIA driver on "
@@ -178,6 +191,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pytorch_backend_names_are_accepted),
         cmocka_unit_test(test_auto_picks_host_and_says_why),
         cmocka_unit_test(test_auto_without_driver),
+        cmocka_unit_test(test_home_device_beyond_the_devices_fails_init),
         cmocka_unit_test(test_host_backend_never_mentions_cuda),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

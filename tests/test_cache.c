@@ -482,7 +482,17 @@ static void test_oom_injected_always_fails_and_leaves_state(void **state)
 static void test_memory_fraction_caps_reserved(void **state)
 {
     (void)state;
+    double f = -1;
+    assert_int_equal(tally_get_memory_fraction(1, &f), 0);
+    assert_true(f == 1.0); /* uncapped */
     assert_int_equal(tally_set_memory_fraction(0.5, 1), 0); /* 40 GiB of 80 */
+    assert_int_equal(tally_get_memory_fraction(1, &f), 0);
+    assert_true(f == 0.5);
+    cap_begin();
+    EQ(tally_get_memory_fraction(1, NULL), -TALLY_EINVAL);
+    EQ(tally_get_memory_fraction(7, &f), -TALLY_EINVAL);
+    cap_end();
+    EQ(cap_lines(), 2);
     void *a = tu_malloc(30 * GiB, 1, S1);
     assert_non_null(a);
     tally_stats_t s0 = tu_stats(1);
@@ -515,6 +525,8 @@ static void test_memory_fraction_caps_reserved(void **state)
     tu_free(d);
     /* 1.0 lifts the cap. */
     assert_int_equal(tally_set_memory_fraction(1.0, 1), 0);
+    assert_int_equal(tally_get_memory_fraction(1, &f), 0);
+    assert_true(f == 1.0);
     void *e = tu_malloc(50 * GiB, 1, S1);
     assert_non_null(e);
     tu_free(e);

@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "skip.h"
+
 #include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
@@ -386,6 +388,21 @@ static void test_summary_flat_full(void **state)
     run_free(&r);
 }
 
+/* "-" reads standard input, and messages name it. */
+static void test_summary_reads_standard_input(void **state)
+{
+    (void)state;
+    run_t r = tally_run("summary - < '%s/memory_stats.json'", fixtures);
+    EXPECT_RC(r, 0);
+    expect_text(r.out, full_table);
+    expect_text(r.err, "");
+    run_free(&r);
+    r = tally_run("summary - < '%s/malformed.json'", fixtures);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "tally summary: (standard input): ");
+    run_free(&r);
+}
+
 static void test_summary_flat_abbreviated_device(void **state)
 {
     (void)state;
@@ -686,7 +703,7 @@ static void test_plot_svg(void **state)
     run_free(&r);
     int x = xml_check(out);
     if (x == 77)
-        skip();
+        SKIP("neither python3's xml.dom.minidom nor xmllint is installed to check the SVG");
     if (x != 0)
         fail_msg("%s is not well-formed XML", out);
     char *svg = slurp(out);
@@ -701,6 +718,20 @@ static void test_plot_svg(void **state)
         char want[64];
         snprintf(want, sizeof want, "<title>%s</title></path>", *t);
         HAS(svg, want);
+    }
+    /* Stacked steadiest first: model-init (allocated once, kept), weights and
+     * scratch (each allocated once, freed once), then the tags that churn. */
+    const char *order[] = {"model-init", "weights", "scratch", "gradients", "activations"};
+    const char *at = svg;
+    for (size_t i = 0; i < sizeof order / sizeof *order; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "<title>%s</title></path>", order[i]);
+        const char *next = strstr(at, want);
+        if (!next)
+            fail_msg("tag areas are not stacked model-init, weights, scratch, gradients, activations: %s is "
+                     "out of order",
+                     order[i]);
+        at = next;
     }
     HAS(svg, ">load</text>");
     HAS(svg, ">train</text>");
@@ -738,9 +769,57 @@ static void test_plot_html(void **state)
     HAS(html, "<svg xmlns=\"http://www.w3.org/2000/svg\"");
     HAS(html, "<h2>Stages (whole process)</h2>");
     HAS(html, "<tr><td>gradients</td><td>32.0 MiB</td></tr>");
+    /* Peaks largest first (ties in order of first appearance). */
+    HAS(html, "<tr><th>tag</th><th>peak</th></tr>\n<tr><td>weights</td><td>32.0 MiB</td></tr>\n"
+              "<tr><td>scratch</td><td>32.0 MiB</td></tr>\n<tr><td>gradients</td><td>32.0 MiB</td></tr>\n"
+              "<tr><td>model-init</td><td>8.0 MiB</td></tr>\n<tr><td>activations</td><td>8.0 MiB</td></tr>\n"
+              "</table>");
+    /* The blocks live when the report was written: the leaks, at exit. */
+    HAS(html, "<h2>Live blocks when the report was written (at exit: the leaks)</h2>");
+    HAS(html, "<tr><td>model-init</td><td>load</td><td>0</td><td>2</td><td>8.0 MiB</td></tr>");
+    HAS(html, "<tr><td>stray</td><td>train</td><td>1 (foreign)</td><td>1</td><td>1.0 MiB</td></tr>");
     if (strstr(html, "<?xml") || strstr(html, "<script") || strstr(html, "https://"))
         fail_msg("the HTML should be self-contained, with the SVG inline");
     free(html);
+}
+
+/* A timeline cut by timeline_events: the plot says how many of the oldest
+ * events were dropped (the full run's device-0 events less the 16 kept). */
+static void test_plot_says_how_many_events_were_dropped(void **state)
+{
+    (void)state;
+    char conf[PATH_MAX + 256], out[PATH_MAX + 16];
+    snprintf(conf, sizeof conf,
+             "backend:host,host_devices:2,home_device:0,timeline:true,timeline_events:16,report_path:%s/cut.json,"
+             "leak_report:off,stage_report:false,persistent_tags:weights",
+             dir);
+    const char *env[] = {"TALLY_CONF", conf, NULL};
+    assert_int_equal(spawn_child("train", env), 0);
+    snprintf(out, sizeof out, "%s/train.json", dir);
+    char *full = slurp(out);
+    assert_non_null(full);
+    int all = (int)count(full, "{\"device\":0,\"time_us\"");
+    free(full);
+    assert_true(all > 16);
+    snprintf(out, sizeof out, "%s/cut.html", dir);
+    run_t r = tally_run("plot '%s/cut.json' -o '%s'", dir, out);
+    EXPECT_RC(r, 0);
+    char want[200];
+    snprintf(want, sizeof want, "the timeline had dropped the %d oldest events of device 0", all - 16);
+    HAS(r.out, want);
+    run_free(&r);
+    char *html = slurp(out);
+    assert_non_null(html);
+    snprintf(want, sizeof want, "16 events, peak allocated");
+    HAS(html, want);
+    snprintf(want, sizeof want, "; %d older events dropped (timeline_events)", all - 16);
+    HAS(html, want);
+    free(html);
+    r = tally_run("plot '%s/train.json' -o '%s'", dir, out); /* nothing dropped: nothing said */
+    EXPECT_RC(r, 0);
+    if (strstr(r.out, "dropped"))
+        fail_msg("a whole timeline is reported as cut: %s", r.out);
+    run_free(&r);
 }
 
 static void test_plot_without_timeline(void **state)
@@ -860,6 +939,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_summary_flat_full),
+        cmocka_unit_test(test_summary_reads_standard_input),
         cmocka_unit_test(test_summary_flat_abbreviated_device),
         cmocka_unit_test(test_summary_nested_stats),
         cmocka_unit_test(test_summary_report),
@@ -872,6 +952,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_merge_missing_rank),
         cmocka_unit_test(test_plot_svg),
         cmocka_unit_test(test_plot_html),
+        cmocka_unit_test(test_plot_says_how_many_events_were_dropped),
         cmocka_unit_test(test_plot_without_timeline),
         cmocka_unit_test(test_error_missing_file),
         cmocka_unit_test(test_error_malformed_json),

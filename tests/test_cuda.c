@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "cudautil.h"
+#include "skip.h"
 #include "tally.h"
 
 /* ---- running a body in a child --------------------------------------------- */
@@ -110,8 +111,7 @@ static void need_devices(int want)
     if (n == 0)
         fail_msg("no CUDA driver: libcuda.so.1 (the stand-in, build/standin) must be on LD_LIBRARY_PATH");
     if (n < want) {
-        fprintf(stderr, "test_cuda: skipped: needs %d devices, the driver has %d\n", want, n);
-        skip();
+        SKIP("needs %d devices, the driver has %d", want, n);
     }
 }
 

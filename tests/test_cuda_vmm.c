@@ -241,8 +241,7 @@ static void test_vmm_peer_access(void **state)
                                "backend:cuda,expandable_segments:true,leak_report:off", NULL};
     int st = run_child(env, body_peer_access, NULL, 0);
     if (st == 77) {
-        fprintf(stderr, "test_cuda_vmm: skipped: peer access needs 3 devices\n");
-        skip();
+        SKIP("peer access needs 3 devices");
     }
     if (st != 0)
         fail_msg("child ended with status %d (see its line above)", st);

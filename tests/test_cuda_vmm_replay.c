@@ -206,9 +206,7 @@ static void replay_both(const char *mode)
 {
     struct stat st;
     if (stat(traces_dir(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "test_cuda_vmm_replay: skipped: no trace folder %s (CI has ../shared/traces beside the repo)\n",
-                traces_dir());
-        skip();
+        SKIP("no trace folder %s (CI has ../shared/traces beside the repo)", traces_dir());
     }
     char **paths = NULL, err[512];
     int n = trace_dir_list(traces_dir(), &paths, err, sizeof err);
@@ -217,8 +215,7 @@ static void replay_both(const char *mode)
     if (n > MAX_TRACES)
         n = MAX_TRACES;
     if (n == 0) {
-        fprintf(stderr, "test_cuda_vmm_replay: skipped: no .csv trace in %s\n", traces_dir());
-        skip();
+        SKIP("no .csv trace in %s", traces_dir());
     }
     char host_conf[256], cuda_conf[256];
     snprintf(host_conf, sizeof host_conf, "backend:host,host_mode:virtual,host_capacity:32GiB,leak_report:off%s", mode);

@@ -482,7 +482,7 @@ static void test_bad_suppressions_file_is_one_line(void **state)
     write_supp("good.supp", "bad line\n");
     void *b = lu_malloc(MB, 0);
     lu_buf_t buf = {0};
-    LU_OK(tally_write_leaks(0, lu_buf_write, &buf));
+    LU_OK(tally_write_leaks(TALLY_LEAKS_AT_EXIT, lu_buf_write, &buf));
     snprintf(want, sizeof want, "tally: leak_suppressions: %s:1: 'bad line' is not leak:PATTERN; no leak is suppressed\n",
              p);
     LU_HAS(lu_buf_str(&buf), want);

@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "skip.h"
+
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>

@@ -11,6 +11,7 @@ typedef struct rep_device {
     int device;
     int64_t largest_free_block;
     double utilisation;
+    int64_t timeline_dropped; /* events the ring no longer held (0 in older reports) */
     tally_stats_t stats;
 } rep_device_t;
 
@@ -164,6 +165,7 @@ static void read_devices(report_t *r)
         d->device = device_of(doc, o, w);
         d->largest_free_block = cli_int_opt(doc, o, w, "largest_free_block", true, 0);
         d->utilisation = cli_num(doc, o, w, "utilisation");
+        d->timeline_dropped = cli_int_opt(doc, o, w, "timeline_dropped", true, 0);
         const tally_json_t *s = cli_need(doc, o, w, "stats");
         if (s && s->type != TALLY_JSON_OBJECT)
             cli_schema(doc, s, w, "\"stats\" should be an object, not %s", tally__json_type_name(s->type));

@@ -163,12 +163,15 @@ static void cli_line_col(const char *text, size_t len, size_t at, size_t *line, 
     }
 }
 
-/* Read and parse path into doc. Returns 0, or EXIT_DATA after printing why. */
+/* Read and parse path into doc ("-": standard input). Returns 0, or
+ * EXIT_DATA after printing why. */
 static int cli_doc_load(cli_doc_t *doc, const char *path)
 {
     memset(doc, 0, sizeof *doc);
-    doc->path = path;
-    FILE *f = fopen(path, "rb");
+    bool from_stdin = strcmp(path, "-") == 0;
+    doc->path = from_stdin ? "(standard input)" : path;
+    path = doc->path;
+    FILE *f = from_stdin ? stdin : fopen(path, "rb");
     if (!f)
         return cli_fail(EXIT_DATA, "%s: cannot open: %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
@@ -186,7 +189,8 @@ static int cli_doc_load(cli_doc_t *doc, const char *path)
     }
     int bad = ferror(f);
     int saved = errno;
-    fclose(f);
+    if (!from_stdin)
+        fclose(f);
     if (bad) {
         free(buf);
         return cli_fail(EXIT_DATA, "%s: cannot read: %s", path, strerror(saved));

@@ -8,16 +8,87 @@
  * runs steps whose activations are allocated layer by layer and freed in
  * reverse order, gradients go through a second stream (record_stream), and
  * the optimizer state (tag optimizer) appears at the first step; stage
- * "eval" runs forward passes. */
+ * "eval" runs forward passes. Each step sleeps in place of computing, so
+ * the stages take real time. The demo says what the user is looking at and
+ * what to try next; its own settings (DEMO_CONF) give way to TALLY_CONF. */
 #include "tally.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define LAYERS 12
 #define STEPS 20
 #define MiB ((size_t)1 << 20)
+
+/* The demo's own configuration; TALLY_CONF is applied again over it, so
+ * any key the user sets there wins. */
+#define DEMO_CONF "persistent_tags:weights|optimizer,release_at_stage_end:true,leak_report:full"
+
+static const char intro[] =
+    "What runs (tools/demo.c): stage load builds a 12-layer model (tag weights) and, by\n"
+    "mistake, a second copy (tag model-init) that is never freed: the leak planted for\n"
+    "tally to find. Stage train runs %d steps (tags activations and gradients, freed each\n"
+    "step; tag optimizer, made at the first step and kept), stage eval runs forward passes.\n"
+    "weights and optimizer are persistent tags: they outlive their stage by design, so the\n"
+    "stage reports leave them out. Each step sleeps %d ms in place of computing.\n"
+    "Settings: %s (TALLY_CONF overrides any of them).\n\n";
+
+static const char ledger_note[] =
+    "The ledger: live bytes by tag and stage. \"home device none\": no device is this\n"
+    "process's own (home_device:auto takes LOCAL_RANK, unset here); with home_device:N,\n"
+    "memory on any other device is marked foreign, as a stray checkpoint load would be.\n";
+
+static const char next_steps[] =
+    "\nAt exit the leak report (leak_report) names the model-init copy. Next:\n"
+    "  TALLY_CONF=report_path:demo.json,timeline:true build/bin/demo   (a JSON report)\n"
+    "  build/bin/tally plot demo.json -o demo.html     (memory over time, by tag)\n"
+    "  build/bin/tally summary demo.json               (the table above, from the report)\n"
+    "  python -m tally snapshot demo.json              (for PyTorch's memory visualiser)\n"
+    "docs/reports.md explains every report; docs/configuration.md every TALLY_CONF key.\n";
+
+/* Stands in for a step's computation, so stages take real time. */
+static void compute(int ms)
+{
+    struct timespec t = {0, (long)ms * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* While tally starts, its diagnostics lines are held here: passed on when
+ * it starts, dropped when it fails (the demo then says why, once). */
+static char held[4096];
+static size_t held_len;
+
+static void hold(void *arg, const char *text, size_t len)
+{
+    (void)arg;
+    if (len > sizeof held - held_len)
+        len = sizeof held - held_len;
+    memcpy(held + held_len, text, len);
+    held_len += len;
+}
+
+/* The demo's settings, then TALLY_CONF again on top (before initialisation
+ * every key may be set), so the user's keys win; then tally starts. */
+static int start_tally(void)
+{
+    tally_set_sink(hold, NULL);
+    int rc = tally_configure(DEMO_CONF);
+    const char *user = getenv("TALLY_CONF");
+    if (rc == 0 && user && *user)
+        tally_configure(user); /* already checked when tally read it */
+    held_len = 0;              /* the second reading's lines repeat the first's */
+    if (rc == 0)
+        rc = tally_init();
+    tally_set_sink(NULL, NULL);
+    if (rc != 0) {
+        fprintf(stderr, "demo: %s\n", tally_last_error());
+        return rc;
+    }
+    fwrite(held, 1, held_len, stderr);
+    return 0;
+}
 
 static void out(void *arg, const char *text, size_t len)
 {
@@ -51,17 +122,10 @@ static void build_model(void **w, void **b)
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0); /* interleave with tally's stderr lines */
-    /* The demo's own defaults; TALLY_CONF (read first) can still override
-     * the backend and anything not set here. */
-    if (tally_configure("persistent_tags:weights|optimizer,release_at_stage_end:true,leak_report:full") != 0) {
-        fprintf(stderr, "demo: %s\n", tally_last_error());
+    if (start_tally() != 0)
         return 1;
-    }
-    if (tally_init() != 0) {
-        fprintf(stderr, "demo: tally_init failed: %s\n", tally_last_error());
-        return 1;
-    }
     printf("tally %s, backend %s, %d device(s)\n\n", tally_version(), tally_backend_name(), tally_device_count());
+    printf(intro, STEPS, 10, DEMO_CONF);
     void *grad_stream = (void *)0x2; /* host backend: any non-NULL value names a stream */
     if (strcmp(tally_backend_name(), "host") != 0)
         grad_stream = NULL;
@@ -76,6 +140,7 @@ int main(void)
     tally_tag_pop();
     tally_tag_push("scratch");
     void *staging = must(64 * MiB, NULL); /* checkpoint staging buffer */
+    compute(50); /* reading the checkpoint */
     tally_free(staging);
     tally_tag_pop();
     tally_stage_end("load");
@@ -105,6 +170,7 @@ int main(void)
         }
         for (int l = 0; l < LAYERS; l++)
             tally_free(grad[l]);
+        compute(10);
     }
     tally_stage_end("train");
 
@@ -112,6 +178,7 @@ int main(void)
     tally_tag_push("activations");
     for (int i = 0; i < 5; i++) {
         void *x = must(6 * MiB, NULL), *y = must(3 * MiB, NULL);
+        compute(10);
         tally_free(y);
         tally_free(x);
     }
@@ -120,13 +187,14 @@ int main(void)
 
     printf("tally_check: %s\n\n", tally_check() == 0 ? "all invariants hold" : tally_last_error());
     tally_write_summary(0, 0, out, stdout);
-    printf("\n");
+    printf("\n%s\n", ledger_note);
     tally_write_ledger(out, stdout);
     printf("\n");
     tally_stats_t s;
     tally_get_stats(0, &s);
     printf("largest free block %lld bytes, utilisation (peak allocated / peak reserved) %.3f\n",
            (long long)s.largest_free_block, s.utilisation);
+    printf("%s", next_steps);
     fflush(stdout);
 
     for (int l = 0; l < LAYERS; l++) {

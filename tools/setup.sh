@@ -1,16 +1,52 @@
 #!/usr/bin/env bash
-# Installs the Debian packages tally needs to build, test and benchmark.
-# Runs apt-get when root and something is missing; otherwise prints the exact
-# command and fails. Called by make through a stamp file, so it runs once.
+# Checks that what one kind of target needs is there, and installs the
+# missing Debian packages when root (otherwise prints the exact apt-get
+# command and fails). Each need is checked by trying it (a C program linked
+# with the library, a command run), not by asking dpkg, so a library built
+# from source counts too.
+#   tools/setup.sh test    make test: a C compiler and cmocka (python3 and
+#                          pkg-config are optional: their tests skip)
+#   tools/setup.sh bench   make bench: also jemalloc and mimalloc
+# The fuzz targets check for clang's libFuzzer themselves (make fuzz).
+# Called by make through a stamp file per kind, so it runs once.
 set -u
-pkgs="build-essential libcmocka-dev libjemalloc-dev libmimalloc-dev python3 clang libdw1 libunwind8"
+kind=${1:-test}
+CC=${CC:-cc}
+probe=$(mktemp -d "${TMPDIR:-/tmp}/tally-setup-XXXXXX")
+trap 'rm -rf "$probe"' EXIT
+
+# links LIB HEADER: a program including HEADER links with -lLIB.
+links() {
+  printf '#include <%s>\nint main(void) { return 0; }\n' "$2" >"$probe/p.c"
+  $CC "$probe/p.c" -o "$probe/p" -l"$1" >/dev/null 2>&1
+}
+# cmocka's header needs these before it.
+cmocka_links() {
+  printf '#include <stdarg.h>\n#include <stddef.h>\n#include <stdint.h>\n#include <setjmp.h>\n#include <cmocka.h>\n%s\n' \
+    'int main(void) { const struct CMUnitTest t[1] = {{0}}; (void)t; return 0; }' >"$probe/p.c"
+  $CC "$probe/p.c" -o "$probe/p" -lcmocka >/dev/null 2>&1
+}
+
 missing=""
-for p in $pkgs; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
-done
-if [ -z "$missing" ]; then
-  exit 0
+need() { missing="$missing $1"; }
+command -v "$CC" >/dev/null 2>&1 || need build-essential
+case $kind in
+  test)
+    cmocka_links || need libcmocka-dev ;;
+  bench)
+    links jemalloc jemalloc/jemalloc.h || need libjemalloc-dev
+    links mimalloc mimalloc.h || need libmimalloc-dev ;;
+  *)
+    echo "setup: unknown kind '$kind' (valid: test, bench)" >&2; exit 2 ;;
+esac
+# Optional runtime libraries (loaded with dlopen): libdw names file:line in
+# reports, libunwind is the fast unwinder. Without them those tests skip;
+# as root they are installed with the rest.
+if [ "$kind" = test ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  ldconfig -p 2>/dev/null | grep -q 'libdw\.so\.1 ' || need libdw1
+  ldconfig -p 2>/dev/null | grep -q 'libunwind\.so\.8 ' || need libunwind8
 fi
+[ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "setup: installing$missing"
   export DEBIAN_FRONTEND=noninteractive
@@ -18,6 +54,6 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: apt-get install$missing failed" >&2; exit 1; }
   exit 0
 fi
-echo "setup: missing Debian packages:$missing" >&2
+echo "setup: make $kind needs:$missing" >&2
 echo "setup: run: sudo apt-get install -y$missing" >&2
 exit 1

@@ -4,7 +4,10 @@ tally's reports. ``python -m tally --help`` lists the commands."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import gc
+import importlib.util
 import os
 import runpy
 import shutil
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import _oom_shim, _reports, _stats
-from ._lib import TallyError, has, library, library_path
+from ._lib import WRITE_FN, TallyError, call, has, library, library_path
 from ._options import configure, options, options_text
 from ._torch import install
 
@@ -32,8 +35,50 @@ blocks are still live. Without PyTorch the program still runs, with tally's C
 API loaded."""
 
 
+class CliError(Exception):
+    """A mistake in what the command was asked to do: printed as one line
+    "tally: MESSAGE", the command exits with ``status``."""
+
+    def __init__(self, message: str, status: int = 1):
+        super().__init__(message)
+        self.status = status
+
+
 def _err(message: str) -> None:
     print(f"tally: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _held_diagnostics():
+    """While the command sets tally up, the library's diagnostics lines are
+    held back: if setting up fails, the command prints the error once (the
+    library would have printed it too); if it succeeds, they are passed on."""
+    held: List[bytes] = []
+    sink = WRITE_FN(lambda _arg, text, length: held.append(ctypes.string_at(text, length)))
+    lib = library()
+    lib.tally_set_sink(sink, None)
+    try:
+        yield
+    except BaseException:
+        lib.tally_set_sink(WRITE_FN(), None)
+        raise
+    lib.tally_set_sink(WRITE_FN(), None)
+    if held:
+        sys.stderr.write(b"".join(held).decode("utf-8", "replace"))
+        sys.stderr.flush()
+
+
+def _init(confs=(), start: bool = True) -> None:
+    """Apply each configuration, then (start) initialise tally, reading
+    TALLY_CONF first; CliError naming the problem."""
+    with _held_diagnostics():
+        try:
+            for conf in confs:
+                configure(conf)
+            if start:
+                call("tally_init")
+        except TallyError as e:
+            raise CliError(str(e), 2) from None
 
 
 def _exit_code(code) -> int:
@@ -103,30 +148,53 @@ def _print_exit_report(args) -> int:
         if args.ledger:
             out.write(_reports.ledger_text())
     live = sum(group["bytes"] for group in _reports.leaks())
-    out.write(_reports.leaks_text(full=not args.quiet))
+    # The program has ended: these are its leaks, worded as at exit.
+    out.write(_reports.leaks_text(full=not args.quiet, at_exit=True))
     if not live:
         out.write("tally: no leaks: every block was freed\n")
     out.flush()
     return live
 
 
+def _check_runnable(args) -> None:
+    """The script or module exists, as python itself checks before running
+    anything (so no summary follows an error of the command line). For
+    pkg.mod only pkg is looked up: finding pkg.mod would import pkg, and so
+    run its code before tally is installed."""
+    if args.module:
+        top = args.module.partition(".")[0]
+        sys.path.insert(0, os.getcwd())
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError) as e:
+            raise CliError(f"run: cannot import {args.module}: {e}") from None
+        finally:
+            sys.path.pop(0)
+        if spec is None:
+            raise CliError(f"run: no module named {top}")
+        return
+    script = args.args[0]
+    try:
+        with open(script, "rb"):
+            pass
+    except OSError as e:
+        raise CliError(f"run: cannot open {script}: {e.strerror}", 2) from None
+
+
 def _cmd_run(args) -> int:
     if not args.module and not args.args:
-        _err("run: give a script (or -m module) to run")
-        return 2
+        raise CliError("run: give a script (or -m module) to run", 2)
+    _check_runnable(args)
     have_torch = _import_torch()
-    try:
-        # TALLY_CONF is checked here (the library would only say so at its
-        # first allocation): the backend is not started before the program
-        # runs, so that it can still set CUDA_VISIBLE_DEVICES.
-        configure(os.environ.get("TALLY_CONF", ""))
-        for conf in args.conf:
-            configure(conf)
-        if args.report:
-            configure({"report_path": args.report})
-    except TallyError as e:
-        _err(str(e))
-        return 2
+    # TALLY_CONF is checked here (the library would only say so at its first
+    # allocation), but the backend is not started before the program runs, so
+    # that it can still set CUDA_VISIBLE_DEVICES.
+    with _held_diagnostics():
+        try:
+            configure(os.environ.get("TALLY_CONF", ""))
+        except TallyError as e:
+            raise CliError(f"TALLY_CONF: {e}", 2) from None
+    _init(list(args.conf) + ([{"report_path": args.report}] if args.report else []), start=False)
     _err(_install_torch(have_torch))
 
     saved_argv, saved_path = sys.argv[:], sys.path[:]
@@ -169,6 +237,7 @@ def _cmd_run(args) -> int:
 def _cmd_info(args) -> int:
     have_torch = _import_torch()
     torch = sys.modules.get("torch") if have_torch else None
+    _init()
     print(f"tally {library().tally_version().decode()}")
     print(f"library: {library_path()}")
     print(f"backend: {library().tally_backend_name().decode()}")
@@ -189,41 +258,60 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_options(args) -> int:
-    sys.stdout.write(options_text())
+    _init()
+    if args.explain:
+        sys.stdout.write(options_text())
+    else:
+        print(",".join(f"{key}:{value}" for key, value in options().items()))
     return 0
 
 
 def _cmd_snapshot(args) -> int:
     try:
         doc = _reports.load_report(args.report)
-    except (OSError, ValueError) as e:
-        _err(f"snapshot: {e}")
-        return 1
+    except ValueError as e:
+        raise CliError(f"snapshot: {e}") from None
     out = args.output or str(Path(args.report).with_suffix(".pickle"))
-    _reports.dump_snapshot(out, doc)
+    try:
+        _reports.dump_snapshot(out, doc)
+    except OSError as e:
+        raise CliError(f"snapshot: cannot write {out}: {e.strerror}") from None
     traces = sum(len(t) for t in _reports.snapshot_from_report(doc)["device_traces"])
-    print(f"tally: wrote {out} ({len(doc.get('segments', []))} segments, {traces} trace events); "
-          f"view it with: python -m torch.cuda._memory_viz trace_plot {out} -o {Path(out).stem}.html")
+    segments = len(doc.get("segments", []))
+    html = f"{Path(out).stem}.html"
+    if traces:
+        print(f"tally: wrote {out} ({segments} segments, {traces} trace events); "
+              f"view it with: python -m torch.cuda._memory_viz trace_plot {out} -o {html}")
+    else:
+        print(f"tally: wrote {out} ({segments} segments, no trace events: the report has no timeline, "
+              f"record one with TALLY_CONF=timeline:true); "
+              f"view the segments with: python -m torch.cuda._memory_viz segment_plot {out} -o {html}")
     return 0
 
 
 def _find_cli() -> Optional[str]:
+    """The tally command-line tool: $TALLY_CLI, else the one a pip install
+    puts inside the package (tally/bin/tally), else the build tree's beside
+    the library (build/bin/tally), else `tally` on PATH."""
     env = os.environ.get("TALLY_CLI")
     if env:
         return env
-    beside = Path(library_path()).resolve().parent.parent / "bin" / "tally"
-    if beside.is_file():
-        return str(beside)
+    for candidate in (Path(__file__).resolve().parent / "bin" / "tally",
+                      Path(library_path()).resolve().parent.parent / "bin" / "tally"):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
     return shutil.which("tally")
 
 
 def _cmd_merge(args) -> int:
     cli = _find_cli()
     if not cli:
-        _err("merge: the tally command-line tool was not found (build it with `make`, "
-             "or set TALLY_CLI to its path)")
-        return 2
-    return subprocess.call([cli, "merge", *args.reports])
+        raise CliError("merge: the tally command-line tool was not found (build it with `make`, "
+                       "or set TALLY_CLI to its path)", 2)
+    try:
+        return subprocess.call([cli, "merge", *args.reports])
+    except OSError as e:
+        raise CliError(f"merge: cannot run {cli}: {e.strerror}", 2) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -246,7 +334,10 @@ def _parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="print the library's version, path, backend and devices")
     info.set_defaults(func=_cmd_info)
 
-    opts = sub.add_parser("options", help="print the configuration in effect (TALLY_CONF keys with help)")
+    opts = sub.add_parser("options", help="print the configuration in effect as a TALLY_CONF value",
+                          description="Print the configuration in effect as one line that is a TALLY_CONF "
+                                      "value configuring the same thing.")
+    opts.add_argument("--explain", action="store_true", help="one key:value line per key, with its help")
     opts.set_defaults(func=_cmd_options)
 
     snap = sub.add_parser("snapshot", help="convert a JSON report to a PyTorch memory snapshot pickle")
@@ -268,6 +359,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     try:
         return args.func(args)
+    except CliError as e:
+        _err(str(e))
+        return e.status
     except (ImportError, TallyError) as e:
+        if os.environ.get("TALLY_DEBUG"):
+            raise
         _err(str(e))
         return 2
+    except Exception as e:  # tally's own failure: one line; TALLY_DEBUG=1 shows the traceback
+        if os.environ.get("TALLY_DEBUG"):
+            raise
+        _err(f"{args.command}: {type(e).__name__}: {e} (TALLY_DEBUG=1 shows where)")
+        return 1

@@ -2,7 +2,9 @@
 
 The library is looked up, in order, at:
 
-1. ``$TALLY_LIB`` (a path to the file),
+1. ``$TALLY_LIB`` (a path to the file): when it is set, only there; a file
+   that is missing or cannot be loaded is an error naming it, never a
+   silent fall back to another library,
 2. next to this package (``tally/libtally.so``, where ``pip install`` puts it),
 3. the build tree of a source checkout (``<repo>/build/lib/libtally.so``).
 
@@ -57,7 +59,7 @@ def _candidates() -> List[Path]:
     found = []
     env = os.environ.get("TALLY_LIB")
     if env:
-        found.append(Path(env))
+        return [Path(env)]
     found.append(here / "libtally.so")
     found.append(here.parent.parent / "build" / "lib" / "libtally.so")
     return found
@@ -75,6 +77,7 @@ _SIGNATURES = {
     "tally_configure": (_c.c_int, [_c.c_char_p]),
     "tally_write_options": (_c.c_int, [WRITE_FN, _c.c_void_p]),
     "tally_last_error": (_c.c_char_p, []),
+    "tally_set_sink": (None, [WRITE_FN, _c.c_void_p]),
     "tally_backend_name": (_c.c_char_p, []),
     "tally_device_count": (_c.c_int, []),
     "tally_malloc": (_c.c_void_p, [_c.c_size_t, _c.c_int, _c.c_void_p]),
@@ -84,6 +87,7 @@ _SIGNATURES = {
     "tally_record_stream": (_c.c_int, [_c.c_void_p, _c.c_void_p]),
     "tally_empty_cache": (_c.c_size_t, [_c.c_int]),
     "tally_set_memory_fraction": (_c.c_int, [_c.c_double, _c.c_int]),
+    "tally_get_memory_fraction": (_c.c_int, [_c.c_int, _c.POINTER(_c.c_double)]),
     "tally_mem_get_info": (_c.c_int, [_c.c_int, _c.POINTER(_c.c_size_t), _c.POINTER(_c.c_size_t)]),
     "tally_check": (_c.c_int, []),
     "tally_get_stats": (_c.c_int, [_c.c_int, _c.c_void_p]),
@@ -115,13 +119,18 @@ _SIGNATURES = {
 
 def _open() -> ctypes.CDLL:
     tried = []
+    env = os.environ.get("TALLY_LIB")
     for path in _candidates():
         if not path.is_file():
+            if env:
+                raise ImportError(f"TALLY_LIB={env}: no such file (unset TALLY_LIB to use the installed library)")
             tried.append(f"{path} (absent)")
             continue
         try:
             lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         except OSError as e:
+            if env:
+                raise ImportError(f"TALLY_LIB={env}: cannot be loaded: {e}") from None
             tried.append(f"{path} ({e})")
             continue
         for name, (restype, argtypes) in _SIGNATURES.items():
@@ -133,7 +142,7 @@ def _open() -> ctypes.CDLL:
         _path = str(path)
         return lib
     raise ImportError(
-        "tally: cannot find libtally.so; build it with `make lib` in the source tree, "
+        "cannot find libtally.so; build it with `make lib` in the source tree, "
         "install the package with `pip install ./python`, or set TALLY_LIB to its path. Tried: "
         + "; ".join(tried)
     )

@@ -6,7 +6,6 @@ reads."""
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from typing import Any, Dict, List, Optional
@@ -35,12 +34,11 @@ def write_report(path: Optional[str] = None) -> None:
 
 
 def load_report(path: str) -> Dict[str, Any]:
-    """Read a JSON report written by any tally process."""
-    with open(path, "r", encoding="utf-8") as f:
-        doc = json.load(f)
-    if doc.get("format") != "tally-report":
-        raise ValueError(f"tally: {path} is not a tally report")
-    return doc
+    """Read a JSON report written by any tally process; ValueError naming
+    the file and the problem (missing, malformed, not a tally report)."""
+    from . import viz
+
+    return viz.load_report(path)
 
 
 def report() -> Dict[str, Any]:
@@ -76,9 +74,11 @@ def ledger_text() -> str:
     return collect_text("tally_write_ledger")
 
 
-def leaks_text(full: bool = True) -> str:
-    """The leak report as text; with full=False only its SUMMARY line."""
-    return collect_text("tally_write_leaks", 1 if full else 0)
+def leaks_text(full: bool = True, at_exit: bool = False) -> str:
+    """The report of the blocks live now as text; with full=False only its
+    SUMMARY line. Mid-run it says "still live now"; at_exit=True words it as
+    the report at exit ("still live at exit", "leaked")."""
+    return collect_text("tally_write_leaks", (1 if full else 0) | (2 if at_exit else 0))
 
 
 def snapshot_from_report(doc: Dict[str, Any]) -> Dict[str, Any]:

@@ -9,9 +9,10 @@ not yet support ..."). All work without PyTorch installed.
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 import sys
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ._lib import call, collect_text, has, library, pool_stat
 from ._reports import report, snapshot_from_report
@@ -28,7 +29,25 @@ TORCH_NAMES = (
     "reset_accumulated_memory_stats",
     "empty_cache",
     "memory_snapshot",
+    "memory_stats_as_nested_dict",
+    "mem_get_info",
+    "set_per_process_memory_fraction",
+    "get_per_process_memory_fraction",
 )
+
+# torch.accelerator's memory functions (PyTorch 2.6 and later, where present)
+# and the function of this module that answers each.
+ACCELERATOR_NAMES = {
+    "memory_stats": "memory_stats",
+    "memory_allocated": "memory_allocated",
+    "max_memory_allocated": "max_memory_allocated",
+    "memory_reserved": "memory_reserved",
+    "max_memory_reserved": "max_memory_reserved",
+    "reset_peak_memory_stats": "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats": "reset_accumulated_memory_stats",
+    "empty_cache": "empty_cache",
+    "get_memory_info": "mem_get_info",
+}
 
 __all__ = list(TORCH_NAMES) + ["device_index"]
 
@@ -78,6 +97,45 @@ def memory_stats(device: Device = None) -> "collections.OrderedDict[str, int]":
         return collections.OrderedDict()
     text = collect_text("tally_write_stats_json", device_index(device))
     return collections.OrderedDict(sorted(json.loads(text).items()))
+
+
+def memory_stats_as_nested_dict(device: Device = None) -> Dict[str, Any]:
+    """torch.cuda.memory_stats_as_nested_dict: memory_stats with each dotted
+    key split into nested dicts ({"allocated_bytes": {"all": {"current": ...}}})."""
+    nested: Dict[str, Any] = {}
+    for key, value in memory_stats(device).items():
+        node = nested
+        *path, last = key.split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return nested
+
+
+def mem_get_info(device: Device = None) -> Tuple[int, int]:
+    """torch.cuda.mem_get_info: (free bytes, total bytes) of the device as
+    the backend reports them."""
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    call("tally_mem_get_info", device_index(device), ctypes.byref(free), ctypes.byref(total))
+    return free.value, total.value
+
+
+def set_per_process_memory_fraction(fraction: float, device: Device = None) -> None:
+    """torch.cuda.set_per_process_memory_fraction: cap the device's reserved
+    memory at fraction (0 to 1) of its capacity."""
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    call("tally_set_memory_fraction", fraction, device_index(device))
+
+
+def get_per_process_memory_fraction(device: Device = None) -> float:
+    """torch.cuda.get_per_process_memory_fraction: the device's cap as a
+    fraction of its capacity (1.0 when uncapped)."""
+    fraction = ctypes.c_double()
+    call("tally_get_memory_fraction", device_index(device), ctypes.byref(fraction))
+    return fraction.value
 
 
 def memory_summary(device: Device = None, abbreviated: bool = False) -> str:

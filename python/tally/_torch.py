@@ -138,19 +138,30 @@ def _refuse_host_memory_for_cuda() -> None:
         )
 
 
+def _patch(module: Any, name: str, ours: Any) -> None:
+    if module is not None and hasattr(module, name):
+        _originals.setdefault((id(module), name), (module, getattr(module, name)))
+        setattr(module, name, ours)
+
+
 def patch_torch() -> None:
-    """Make torch.cuda.memory_stats, memory_summary, memory_allocated,
+    """Make torch.cuda's memory functions (PATCHED_NAMES: memory_stats,
+    memory_stats_as_nested_dict, memory_summary, memory_allocated,
     max_memory_allocated, memory_reserved, max_memory_reserved,
-    reset_peak_memory_stats, reset_accumulated_memory_stats, empty_cache and
-    memory_snapshot answer from tally (in torch.cuda and torch.cuda.memory).
-    unpatch_torch() restores PyTorch's."""
+    reset_peak_memory_stats, reset_accumulated_memory_stats, empty_cache,
+    memory_snapshot, mem_get_info, set_per_process_memory_fraction,
+    get_per_process_memory_fraction) answer from tally, in torch.cuda and
+    torch.cuda.memory; and torch.accelerator's memory functions too, where
+    the installed PyTorch has them (ACCELERATOR_NAMES). Names PyTorch lacks
+    are not added. unpatch_torch() restores PyTorch's."""
     torch = _import_torch()
     for name in PATCHED_NAMES:
-        ours = getattr(_stats, name)
         for module in (torch.cuda, torch.cuda.memory):
-            if hasattr(module, name):
-                _originals.setdefault((id(module), name), (module, getattr(module, name)))
-                setattr(module, name, ours)
+            _patch(module, name, getattr(_stats, name))
+    accelerator = getattr(torch, "accelerator", None)
+    for name, ours in _stats.ACCELERATOR_NAMES.items():
+        for module in (accelerator, getattr(accelerator, "memory", None)):
+            _patch(module, name, getattr(_stats, ours))
 
 
 def unpatch_torch() -> None:

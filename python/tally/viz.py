@@ -41,9 +41,11 @@ Only the standard library is used; torch is not needed to write the file.
 """
 
 import argparse
+import errno
 import json
 import os
 import pickle
+import secrets
 import sys
 
 __all__ = ["load_report", "to_snapshot", "write_snapshot", "main"]
@@ -54,7 +56,7 @@ PICKLE_PROTOCOL = 4
 _BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
 
 
-class ReportError(Exception):
+class ReportError(ValueError):
     """The input is not a usable tally report."""
 
 
@@ -233,12 +235,34 @@ def to_snapshot(report):
     }
 
 
+def _create_beside(path):
+    """A new file beside path, opened for writing: PATH.tmp- and 16 random hex
+    digits, created exclusively and never through a symlink, so a name planted
+    in a shared directory cannot redirect the write. Returns (fd, name)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(64):
+        tmp = f"{path}.tmp-{secrets.token_hex(8)}"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", path)
+
+
 def write_snapshot(snapshot, path):
-    """Pickle snapshot to path (replaced atomically)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        pickle.dump(snapshot, f, protocol=PICKLE_PROTOCOL)
-    os.replace(tmp, path)
+    """Pickle snapshot to path (written to a temporary file beside it, then
+    renamed over it, so a reader never sees half a file)."""
+    fd, tmp = _create_beside(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(snapshot, f, protocol=PICKLE_PROTOCOL)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def main(argv=None):

@@ -144,13 +144,77 @@ class CliTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("backend: host", r.stdout)
         self.assertIn("devices: 2", r.stdout)
-        r = self.tally("options")
-        self.assertIn("host_devices:2", r.stdout)
+        r = self.tally("options", "--explain")
+        self.assertIn("host_devices:2    # ", r.stdout)
+
+    def test_options_output_is_a_tally_conf(self):
+        """What `options` prints, given back as TALLY_CONF, prints the same:
+        the configured values (home_device:auto), in TALLY_CONF's syntax."""
+        conf = "backend:host,host_devices:2,host_capacity:3GiB,persistent_tags:weights|optimizer,leak_report:full"
+        r = self.tally("options", conf=conf)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        printed = r.stdout.strip()
+        self.assertEqual(len(r.stdout.splitlines()), 1, r.stdout)
+        self.assertIn("home_device:auto", printed)
+        self.assertIn("host_capacity:3GiB", printed)
+        again = self.tally("options", conf=printed)
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertEqual(again.stdout.strip(), printed)
+
+    def assertOneLineError(self, r, line, status):
+        """The command failed with status, and its whole stderr is line."""
+        self.assertEqual(r.returncode, status, r.stderr)
+        self.assertEqual(r.stderr, line + "\n")
+
+    def test_command_errors_are_one_line(self):
+        ok = self.script("ok.py", "print('ran')\n")
+        bad_json = self.script("bad.json", '{"a":\n')
+        other = self.script("other.json", '{"format": "x"}')
+        cases = [
+            (["run", "nope.py"], None, "tally: run: cannot open nope.py: No such file or directory", 2),
+            (["run", "-m", "nosuchmod"], None, "tally: run: no module named nosuchmod", 1),
+            (["run", "-m", "nosuchpkg.job"], None, "tally: run: no module named nosuchpkg", 1),
+            (["run", "--conf", "leak_report:ful", ok], None,
+             "tally: config: leak_report: unknown value 'ful' (valid: off, summary, full)", 2),
+            (["run", ok], "backend:host,leak_reprot:full",
+             "tally: TALLY_CONF: config: unknown key 'leak_reprot' (did you mean 'leak_report'?)", 2),
+            (["info"], "backend:host,home_device:5",
+             "tally: config: home_device: 5 is not a device (1 device: 0)", 2),
+            (["options"], "leak_report:ful",
+             "tally: TALLY_CONF: config: leak_report: unknown value 'ful' (valid: off, summary, full)", 2),
+            (["snapshot", "missing.json"], None, "tally: snapshot: missing.json: cannot open: No such file or directory", 1),
+            (["snapshot", bad_json], None,
+             f"tally: snapshot: {bad_json}: malformed JSON: Expecting value: line 2 column 1 (char 6)", 1),
+            (["snapshot", other], None,
+             f"tally: snapshot: {other}: not a tally report (write one with TALLY_CONF=report_path:FILE)", 1),
+        ]
+        for args, conf, line, status in cases:
+            with self.subTest(args=args, conf=conf):
+                self.assertOneLineError(self.tally(*args, conf=conf), line, status)
+        r = self.tally("info", TALLY_LIB="/nonexistent/libtally.so")
+        self.assertOneLineError(
+            r, "tally: TALLY_LIB=/nonexistent/libtally.so: no such file (unset TALLY_LIB to use the installed library)", 2)
+        r = self.tally("info", TALLY_LIB=bad_json)
+        self.assertEqual(r.returncode, 2)
+        self.assertTrue(r.stderr.startswith(f"tally: TALLY_LIB={bad_json}: cannot be loaded: "), r.stderr)
+        self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+        # TALLY_DEBUG=1 shows where.
+        r = self.tally("info", TALLY_LIB="/nonexistent/libtally.so", TALLY_DEBUG="1")
+        self.assertIn("Traceback", r.stderr)
+
+    def test_snapshot_to_a_bad_path_and_without_a_timeline(self):
+        report = os.path.join(self.dir, "r.json")
+        w = support.run_python(["-c", f"import tally; tally.write_report({report!r})"])
+        self.assertEqual(w.returncode, 0, w.stderr)
+        r = self.tally("snapshot", report, "-o", "/nonexistent/x.pickle")
+        self.assertOneLineError(r, "tally: snapshot: cannot write /nonexistent/x.pickle: No such file or directory", 1)
+        r = self.tally("snapshot", report)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("trace_plot", r.stdout)  # nothing to show over time
+        self.assertIn("no trace events: the report has no timeline", r.stdout)
+        self.assertIn("segment_plot", r.stdout)
 
     def test_library_not_found_is_clear(self):
-        r = support.run_python(["-c", "import tally; tally.version()"], TALLY_LIB="/nonexistent/libtally.so")
-        # The build tree's library is still found after TALLY_LIB fails.
-        self.assertEqual(r.returncode, 0, r.stderr)
         code = "import tally._lib as l; l._candidates = lambda: []; l.library()"
         r = support.run_python(["-c", code])
         self.assertNotEqual(r.returncode, 0)
@@ -216,14 +280,19 @@ class InstallWithoutTorchTest(unittest.TestCase):
 class BuildTest(unittest.TestCase):
     """The package's build backend makes a wheel holding libtally.so."""
 
-    def test_wheel_contents(self):
+    @staticmethod
+    def build_wheel(directory):
+        """tally_build.build_wheel(directory): the wheel's file name."""
         sys.path.insert(0, str(support.PYTHON_DIR))
         try:
             import tally_build
         finally:
             sys.path.pop(0)
+        return tally_build.build_wheel(directory)
+
+    def test_wheel_contents(self):
         with tempfile.TemporaryDirectory() as tmp:
-            name = tally_build.build_wheel(tmp)
+            name = self.build_wheel(tmp)
             with zipfile.ZipFile(os.path.join(tmp, name)) as whl:
                 names = set(whl.namelist())
                 self.assertIn("tally/libtally.so", names)
@@ -240,6 +309,28 @@ class BuildTest(unittest.TestCase):
                     self.assertEqual(digest, f"sha256={expect}")
             self.assertTrue(name.startswith("tally-0.1.0-py3-none-"))
 
+    def test_wheel_ships_the_command_line_tool(self):
+        """Unpacked as pip would, with no TALLY_CLI, TALLY_LIB or build tree
+        on PATH, `python -m tally merge` runs the tool inside the package."""
+        with tempfile.TemporaryDirectory() as tmp:
+            name = self.build_wheel(tmp)
+            site = os.path.join(tmp, "site")
+            with zipfile.ZipFile(os.path.join(tmp, name)) as whl:
+                info = whl.getinfo("tally/bin/tally")
+                self.assertTrue((info.external_attr >> 16) & 0o111, "tally/bin/tally is not executable")
+                whl.extractall(site)
+            for member in ("tally/bin/tally", "tally/libtally.so"):
+                os.chmod(os.path.join(site, member), 0o755)  # what pip does for executable members
+            env = {k: v for k, v in os.environ.items() if k not in ("TALLY_CLI", "TALLY_LIB")}
+            env.update(PYTHONPATH=site, PATH="/usr/bin:/bin")
+            report = os.path.join(tmp, "rank0.json")
+            w = support.run_python(["-c", f"import tally; tally.write_report({report!r})"])
+            self.assertEqual(w.returncode, 0, w.stderr)
+            r = subprocess.run([sys.executable, "-m", "tally", "merge", report], env=env, cwd=tmp,
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("tally merge: 1 report", r.stdout)
+
     @unittest.skipUnless(os.environ.get("TALLY_TEST_PIP"), "set TALLY_TEST_PIP=1 to pip-install into a venv")
     def test_pip_install_into_a_venv(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -254,6 +345,14 @@ class BuildTest(unittest.TestCase):
                 [os.path.join(venv, "bin", "python"), "-c", "import tally; print(tally.library_path())"],
                 env=env, cwd=tmp, text=True)
             self.assertTrue(out.strip().startswith(venv), out)
+            # The tally command came with it: merge runs without TALLY_CLI or a build tree on PATH.
+            report = os.path.join(tmp, "r0.json")
+            python = os.path.join(venv, "bin", "python")
+            subprocess.check_call([python, "-c", f"import tally; tally.write_report({report!r})"], env=env, cwd=tmp)
+            env.pop("TALLY_CLI", None)
+            env["PATH"] = "/usr/bin:/bin"
+            out = subprocess.check_output([python, "-m", "tally", "merge", report], env=env, cwd=tmp, text=True)
+            self.assertIn("tally merge: 1 report", out)
 
 
 if __name__ == "__main__":

@@ -152,6 +152,43 @@ class StatsTest(unittest.TestCase):
         self.assertEqual(list(stats), sorted(stats))
         self.assertEqual(stats["max_split_size"], -1)
 
+    def test_nested_dict_is_memory_stats_unflattened(self):
+        flat = tally.memory_stats(1)
+        nested = tally.memory_stats_as_nested_dict(1)
+        self.assertEqual(nested["allocated_bytes"]["all"]["current"], flat["allocated_bytes.all.current"])
+        self.assertEqual(nested["num_ooms"], flat["num_ooms"])
+        back = {}
+
+        def walk(prefix, node):
+            for key, value in node.items():
+                if isinstance(value, dict):
+                    walk(f"{prefix}{key}.", value)
+                else:
+                    back[prefix + key] = value
+
+        walk("", nested)
+        self.assertEqual(back, dict(flat))
+
+    def test_mem_get_info_and_memory_fraction(self):
+        free, total = tally.mem_get_info(1)
+        self.assertEqual(total, 1 << 30)  # host_capacity:1GiB
+        self.assertTrue(0 < free <= total)
+        self.assertEqual(tally.mem_get_info("cuda:1"), (free, total))
+        self.assertEqual(tally.get_per_process_memory_fraction(1), 1.0)
+        tally.set_per_process_memory_fraction(0.25, 1)
+        try:
+            self.assertEqual(tally.get_per_process_memory_fraction(1), 0.25)
+            self.assertEqual(tally.get_per_process_memory_fraction(0), 1.0)
+            self.assertFalse(lib.tally_malloc(512 << 20, 1, None))  # over a quarter of 1 GiB
+            self.assertIn("memory fraction limit", tally._lib.last_error())
+        finally:
+            tally.set_per_process_memory_fraction(1.0, 1)
+        self.assertEqual(tally.get_per_process_memory_fraction(1), 1.0)
+        with self.assertRaises(ValueError):
+            tally.set_per_process_memory_fraction(1.5, 1)
+        with self.assertRaises(TypeError):
+            tally.set_per_process_memory_fraction(1, 1)  # torch wants a float too
+
     def test_values_move_and_getters_agree(self):
         before = tally.memory_stats(1)
         p = malloc(5 << 20, device=1)
@@ -240,6 +277,10 @@ class ReportTest(unittest.TestCase):
         self.assertIn("py-kept", tally.ledger_text())
         self.assertIn("tag py-kept, stage py-report, device 1", tally.leaks_text())
         self.assertIn("SUMMARY", tally.leaks_text(full=False))
+        # Mid-run: what is live now, not what was left at exit.
+        self.assertIn("still live now", tally.leaks_text())
+        self.assertNotIn("at exit", tally.leaks_text())
+        self.assertIn("still live at exit", tally.leaks_text(at_exit=True))
         free(p)
         self.assertEqual([g for g in tally.leaks() if g["tag"] == "py-kept"], [])
 

@@ -77,7 +77,11 @@ FAKE_TORCH = textwrap.dedent(
                                  current_device=lambda: 1, memory_stats=memory_stats,
                                  empty_cache=lambda: "torch's", _lazy_call=queued.append,
                                  device_count=device_count, is_available=is_available)
+    # torch.accelerator (PyTorch 2.6+), with only some of its memory functions.
+    accelerator = types.SimpleNamespace(memory_allocated=lambda device=None: "torch's",
+                                        get_memory_info=lambda device=None: "torch's")
     torch = types.ModuleType("torch")
+    torch.accelerator = accelerator
     torch.cuda = cuda
     torch.version = types.SimpleNamespace(cuda="13.0")
     torch._C = types.SimpleNamespace(_cuda_customAllocator=object())
@@ -225,6 +229,9 @@ class FakeTorchTest(unittest.TestCase):
             assert torch.cuda.memory.memory_summary is tally.memory_summary
             assert torch.cuda.empty_cache is tally.empty_cache
             assert not hasattr(torch.cuda, "memory_reserved")   # absent names stay absent
+            assert torch.accelerator.memory_allocated is tally.memory_allocated
+            assert torch.accelerator.get_memory_info is tally.mem_get_info
+            assert not hasattr(torch.accelerator, "memory_stats")
             # device=None follows torch's current device once CUDA is initialised
             state["initialised"] = True
             assert tally.device_index(None) == 1
@@ -235,6 +242,7 @@ class FakeTorchTest(unittest.TestCase):
             tally.unpatch_torch()
             assert torch.cuda.memory_stats() == "torch's"
             assert torch.cuda.memory.memory_summary() == "torch's"
+            assert torch.accelerator.get_memory_info() == "torch's"
             print("ok")
             """
         )

@@ -208,6 +208,27 @@ class VizTest(unittest.TestCase):
         self.assertEqual(unknown, set())
         self.assertEqual(pickle.loads(data), self.snap)
 
+    def test_snapshot_temp_file_ignores_planted_links(self):
+        out = os.path.join(self.tmp, "planted.pickle")
+        victim = os.path.join(self.tmp, "victim")
+        with open(victim, "w") as f:
+            f.write("precious")
+        planted = f"{out}.tmp{os.getpid()}"  # the name an older writer used
+        os.symlink(victim, planted)
+        viz.write_snapshot(self.snap, out)
+        viz.write_snapshot(self.snap, out)
+        with open(victim) as f:
+            self.assertEqual(f.read(), "precious", "the snapshot was written through a planted link")
+        self.assertTrue(os.path.islink(planted))
+        with open(out, "rb") as f:
+            self.assertEqual(pickle.load(f), self.snap)
+        left = [n for n in os.listdir(self.tmp) if n.startswith("planted.pickle.tmp-")]
+        self.assertEqual(left, [], "temporary files left behind")
+
+    def test_snapshot_into_missing_directory_leaves_nothing(self):
+        with self.assertRaises(FileNotFoundError):
+            viz.write_snapshot(self.snap, os.path.join(self.tmp, "nodir", "x.pickle"))
+
     # ---- traces ---------------------------------------------------------------
 
     def replay_timeline(self, snap, device, complete):

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# make demo's program on the host backend: it says what the user is looking
+# at and what to try next, its stages take real time, and TALLY_CONF wins
+# over the demo's own settings (leak_report:off silences the leak report,
+# persistent_tags:weights makes the optimizer state a stage survivor), and
+# a bad TALLY_CONF is one line.
+# Prints "ok CHECK" or "FAIL CHECK: why" per check (tests/run.sh counts them).
+set -u
+. "$(dirname "$0")/checkutil.sh"
+demo=$root/${BUILD:-build}/bin/demo
+# has CHECK FILE PATTERN: a line of FILE matches the extended regex.
+has() { grep -Eq -- "$3" "$2" && ok "$1" || bad "$1" "no line matching '$3' in $(basename "$2"): $(head -c 3000 "$2")"; }
+lacks() { grep -Eq -- "$3" "$2" && bad "$1" "a line matches '$3' in $(basename "$2")" || ok "$1"; }
+
+TALLY_CONF=backend:host "$demo" >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 0 ] && ok "demo runs" || bad "demo runs" "$(tail -3 "$tmp/err")"
+has "names the planted leak" "$tmp/out" 'second copy \(tag model-init\) that is never freed: the leak planted'
+has "says which tags are persistent" "$tmp/out" '^weights and optimizer are persistent tags'
+has "says which keys it sets" "$tmp/out" '^Settings: persistent_tags:weights\|optimizer,release_at_stage_end:true,leak_report:full \(TALLY_CONF overrides any of them\)'
+has "explains home device none" "$tmp/out" '"home device none": no device is this'
+has "suggests next steps" "$tmp/out" 'TALLY_CONF=report_path:demo.json,timeline:true build/bin/demo'
+has "suggests tally plot" "$tmp/out" 'build/bin/tally plot demo.json -o demo.html'
+has "stages take real time" "$tmp/err" '^tally: stage train ended after (0\.(1[5-9]|[2-9][0-9])[0-9]|[1-9][0-9]*\.[0-9]{3}) s'
+lacks "no stage of 0 s" "$tmp/out" '^[0-9]+ +(load|train|eval) +0\.000 '
+has "leak report at exit" "$tmp/err" '^tally: 71644160 bytes \(68\.3 MiB\) in 24 blocks: tag model-init, stage load, device 0$'
+
+TALLY_CONF=backend:host,leak_report:off,persistent_tags:weights "$demo" >"$tmp/out" 2>"$tmp/err"
+lacks "TALLY_CONF leak_report:off wins" "$tmp/err" 'leak report|SUMMARY'
+has "TALLY_CONF persistent_tags wins" "$tmp/err" '^tally: stage train ended with 136\.5 MiB still live under tag optimizer'
+TALLY_CONF=backend:host,leak_reprot:full "$demo" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ $rc -ne 0 ] && [ "$(cat "$tmp/err")" = "demo: TALLY_CONF: config: unknown key 'leak_reprot' (did you mean 'leak_report'?)" ]; then
+  ok "a bad TALLY_CONF is one line"
+else
+  bad "a bad TALLY_CONF is one line" "exit $rc, stderr: $(cat "$tmp/err")"
+fi
+exit $failed

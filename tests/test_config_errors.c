@@ -1,0 +1,228 @@
+/* Configuration mistakes a newcomer makes, and the one line that answers
+ * each: a misspelt key gets the nearest key ("did you mean"), a bad enum
+ * value the list of valid ones; enum values are read in any case, like
+ * booleans; blanks after a colon count the same for every key; report_path
+ * refuses % escapes other than %p, %r, %%; a home_device this process has
+ * no device for is refused at run time (at initialisation: test_backends.c);
+ * and the
+ * printed configuration is what was configured (home_device:auto, sizes
+ * with units) and reads back to the same text.
+ *
+ * This process runs with backend:host,host_devices:2. */
+#include "testutil.h"
+
+#include "internal.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* configure(conf) fails with -TALLY_ECONF, writes exactly one line to the
+ * sink, and that line is "tally: " + expected. */
+static void refused(const char *conf, const char *expected)
+{
+    char *before = tu_options_text();
+    cap_begin();
+    int rc = tally_configure(conf);
+    cap_end();
+    tu_ctx("tally_configure(\"%s\")", conf);
+    EQ(rc, -TALLY_ECONF);
+    EQ(cap_lines(), 1);
+    char line[600];
+    snprintf(line, sizeof line, "tally: %s\n", expected);
+    if (strcmp(cap_text(), line) != 0)
+        fail_msg("tally_configure(\"%s\") wrote\n  %s  expected\n  %s", conf, cap_text(), line);
+    char *after = tu_options_text();
+    assert_string_equal(before, after); /* nothing changed */
+    free(before);
+    free(after);
+    tu_ctx("%s", "");
+}
+
+/* docs/configuration.md: the calls that leave tally uninitialised, so that
+ * a key that is not runtime (host_devices) can still be set after them; and
+ * one that does initialise (a stage), after which it is refused. In a child,
+ * before this process initialises tally. */
+static void test_what_initialises(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        tally_set_sink(tu_capture_write, &tu_cap);
+        tu_buf_t b = {0};
+        (void)tally_version();
+        (void)tally_last_error();
+        int ok = tally_configure("leak_report:off") == 0 && tally_write_options(tu_buf_write, &b) == 0 &&
+                 tally_tag_push("t") == 0 && tally_tag_pop() == 0 && tally_tag_name(0) != NULL &&
+                 tally_stage_name(0) != NULL;
+        (void)tally_torch_oom_raises();
+        int before = tally_configure("host_devices:3");
+        int count = tally_device_count();
+        int stage = tally_stage_begin("s");
+        int after = tally_configure("host_devices:4");
+        _exit(!ok ? 1 : before != 0 ? 2 : count != 3 ? 3 : stage != 0 ? 4 : after != -TALLY_ECONF ? 5 : 0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0)
+        fail_msg("step %d of the child failed (1: a call, 2: host_devices refused before initialising, 3: "
+                 "device count, 4: stage, 5: host_devices accepted after)",
+                 WEXITSTATUS(status));
+}
+
+static void test_home_device_beyond_the_devices_refused_at_run_time(void **state)
+{
+    (void)state;
+    EQ(tally_init(), 0);
+    refused("home_device:5", "config: home_device: 5 is not a device (2 devices: 0 to 1)");
+    refused("home_device:2", "config: home_device: 2 is not a device (2 devices: 0 to 1)");
+    EQ(tally_configure("home_device:1"), 0);
+    char *t = tu_options_text();
+    HAS(t, "home_device:1 ");
+    free(t);
+    EQ(tally_configure("home_device:NONE"), 0);
+    EQ(tally_configure("home_device:auto"), 0);
+}
+
+static void test_unknown_key_suggests_the_nearest(void **state)
+{
+    (void)state;
+    refused("leak_reprot:full", "config: unknown key 'leak_reprot' (did you mean 'leak_report'?)");
+    refused("timline:true", "config: unknown key 'timline' (did you mean 'timeline'?)");
+    refused("max_split_size:64", "config: unknown key 'max_split_size' (did you mean 'max_split_size_mb'?)");
+    refused("zzz:1", "config: unknown key 'zzz' (tally_write_options lists the keys)");
+}
+
+static void test_unknown_enum_value_lists_the_valid_ones(void **state)
+{
+    (void)state;
+    refused("leak_report:ful", "config: leak_report: unknown value 'ful' (valid: off, summary, full)");
+    tally_options_t o;
+    tally__options_default(&o);
+    cap_begin();
+    EQ(tally__options_parse(&o, "backend:gpu", false, NULL), -TALLY_ECONF);
+    EQ(tally__options_parse(&o, "host_mode:real", false, NULL), -TALLY_ECONF);
+    cap_end();
+    HAS(cap_text(), "config: backend: unknown value 'gpu' (valid: auto, host, cuda, async; PyTorch's native, "
+                    "cudaMallocAsync)\n");
+    HAS(cap_text(), "config: host_mode: unknown value 'real' (valid: backed, virtual)\n");
+}
+
+/* Enum values in any case, as booleans always were. */
+static void test_enum_values_in_any_case(void **state)
+{
+    (void)state;
+    EQ(tally_configure("leak_report:FULL"), 0);
+    char *t = tu_options_text();
+    HAS(t, "leak_report:full ");
+    free(t);
+    EQ(tally_configure("leak_report:Off,stage_report:TRUE"), 0);
+    tally_options_t o;
+    tally__options_default(&o);
+    EQ(tally__options_parse(&o, "backend:HOST,host_mode:Virtual,async_pool:PRIVATE,backend:CudaMallocAsync",
+                            false, NULL),
+       0);
+    EQ(o.backend, TALLY_BACKEND_ASYNC);
+    EQ(o.host_mode, TALLY_HOST_VIRTUAL);
+    EQ(o.async_private_pool, 1);
+}
+
+/* Every key read with blanks around its value (and its key) is the same as
+ * without: the printed configuration, each item given both ways. */
+static void test_blanks_after_a_colon_count_the_same_for_every_key(void **state)
+{
+    (void)state;
+    char *text = tu_options_text();
+    int keys = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char *hash = strstr(line, "    #");
+        if (hash)
+            *hash = 0;
+        char *colon = strchr(line, ':');
+        assert_non_null(colon);
+        *colon = 0;
+        char plain[700], blanks[720];
+        snprintf(plain, sizeof plain, "%s:%s", line, colon + 1);
+        snprintf(blanks, sizeof blanks, " %s \t: %s ", line, colon + 1);
+        tally_options_t a, b;
+        tally__options_default(&a);
+        tally__options_default(&b);
+        tu_ctx("%.100s", blanks);
+        EQ(tally__options_parse(&a, plain, false, NULL), 0);
+        EQ(tally__options_parse(&b, blanks, false, NULL), 0);
+        if (memcmp(&a, &b, sizeof a) != 0)
+            fail_msg("'%s' and '%s' configure different things", plain, blanks);
+        keys++;
+    }
+    tu_ctx("%s", "");
+    assert_true(keys >= 20);
+    free(text);
+}
+
+static void test_report_path_refuses_unknown_escapes(void **state)
+{
+    (void)state;
+    refused("report_path:/tmp/run-%d.json",
+            "config: report_path: unknown escape '%d' in '/tmp/run-%d.json' (valid: %p pid, %r rank, %% a %)");
+    refused("report_path:/tmp/run%", "config: report_path: unknown escape '%' in '/tmp/run%' (valid: %p pid, %r "
+                                     "rank, %% a %)");
+    EQ(tally_configure("report_path:/tmp/tally-%p-%r-100%%.json"), 0);
+    EQ(tally_configure("report_path:"), 0);
+    cap_begin();
+    EQ(tally_write_report("/tmp/tally-%Y.json"), -TALLY_EINVAL);
+    cap_end();
+    assert_string_equal(tally_last_error(), "tally_write_report: unknown escape '%Y' in '/tmp/tally-%Y.json' (valid: "
+                                            "%p pid, %r rank, %% a %)");
+    EQ(access("/tmp/tally-%Y.json", F_OK), -1);
+}
+
+/* What tally_write_options prints is what was configured, in the units a
+ * person writes, and reading it back prints the same text. */
+static void test_printed_configuration_is_what_was_configured(void **state)
+{
+    (void)state;
+    EQ(tally_init(), 0);
+    char *text = tu_options_text();
+    HAS(text, "home_device:auto "); /* not what auto resolved to */
+    HAS(text, "host_capacity:80GiB ");
+    HAS(text, "async_release_threshold:all ");
+    tally_options_t o;
+    tally__options_default(&o);
+    char conf[4096] = "";
+    char *copy = strdup(text);
+    for (char *line = strtok(copy, "\n"); line; line = strtok(NULL, "\n")) {
+        char *hash = strstr(line, "    #");
+        if (hash)
+            *hash = 0;
+        strcat(conf, *conf ? "," : "");
+        strcat(conf, line);
+    }
+    free(copy);
+    EQ(tally__options_parse(&o, conf, false, NULL), 0);
+    tu_buf_t again = {0};
+    tally_out_t *out = calloc(1, sizeof *out);
+    assert_non_null(out);
+    tally__out_init(out, tu_buf_write, &again);
+    EQ(tally__options_write(&o, out), 0);
+    free(out);
+    assert_string_equal(again.p, text);
+    tu_buf_free(&again);
+    free(text);
+}
+
+int main(void)
+{
+    tu_conf("backend:host,host_devices:2,leak_report:off,stage_report:false");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_what_initialises), /* first: forks before this process initialises */
+        cmocka_unit_test(test_home_device_beyond_the_devices_refused_at_run_time),
+        cmocka_unit_test(test_unknown_key_suggests_the_nearest),
+        cmocka_unit_test(test_unknown_enum_value_lists_the_valid_ones),
+        cmocka_unit_test(test_enum_values_in_any_case),
+        cmocka_unit_test(test_blanks_after_a_colon_count_the_same_for_every_key),
+        cmocka_unit_test(test_report_path_refuses_unknown_escapes),
+        cmocka_unit_test(test_printed_configuration_is_what_was_configured),
+    };
+    return cmocka_run_group_tests_name("config errors", tests, NULL, NULL);
+}
