@@ -341,6 +341,18 @@ TALLY_API int tally_host_stream_hold(void *stream, int hold);
  * next one); 0 cancels. every != 0 repeats the failure every `every` calls. */
 TALLY_API int tally_host_fail_alloc(uint64_t nth, uint64_t every);
 
+/* The calls the host backend has had for a device since it started, so a
+ * replay can count what the same calls cost on CUDA (docs/benchmarks.md).
+ * Pages are 2 MiB; unmap_runs: runs of neighbouring mapped pages among the
+ * pages unmapped (the cuda backend makes one cuMemUnmap per run). */
+typedef struct tally_host_calls {
+    uint64_t alloc, free;          /* segment allocations and frees */
+    uint64_t reserve, unreserve;   /* address ranges (expandable segments) */
+    uint64_t map, map_pages;       /* map calls, pages they mapped */
+    uint64_t unmap, unmap_pages, unmap_runs;
+} tally_host_calls_t;
+TALLY_API int tally_host_calls(int device, tally_host_calls_t *out);
+
 #ifdef __cplusplus
 }
 #endif

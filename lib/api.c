@@ -694,3 +694,15 @@ int tally_host_fail_alloc(uint64_t nth, uint64_t every)
     int rc = need_host("tally_host_fail_alloc");
     return rc ? rc : tally__host_fail_alloc(nth, every);
 }
+
+int tally_host_calls(int device, tally_host_calls_t *out)
+{
+    int rc = need_host("tally_host_calls");
+    if (rc)
+        return rc;
+    if (!out)
+        return tally__fail(TALLY_EINVAL, "tally_host_calls: out is NULL");
+    if (!tally__device(device, "tally_host_calls"))
+        return -TALLY_EINVAL;
+    return tally__host_calls(device, out);
+}

@@ -87,5 +87,6 @@ int tally__cu_load(char *why, size_t whylen);
 /* Host backend controls (backend_host.c), reached through the public API. */
 int tally__host_stream_hold(void *stream, int hold);
 int tally__host_fail_alloc(uint64_t nth, uint64_t every);
+int tally__host_calls(int device, tally_host_calls_t *out);
 
 #endif

@@ -8,7 +8,14 @@
  * Each simulated device has a capacity; allocation beyond it is an OOM.
  * Streams are opaque pointers. An event completes at once unless its stream
  * is held (tally_host_stream_hold), which models queued work. Fault injection
- * fails chosen allocation calls with out-of-memory. */
+ * fails chosen allocation calls with out-of-memory.
+ *
+ * Every call is counted per device (tally_host_calls): allocations and
+ * frees, reservations, map calls and the 2 MiB pages they map, unmap calls
+ * with the pages they unmap and the runs of neighbouring mapped pages among
+ * them. A bitmap per reservation says which pages are mapped, so unmap
+ * counts what lib/cuda/vmm.c would do for the same call (one cuMemUnmap per
+ * run): a replay on this backend gives the driver calls of the cuda one. */
 #include "backend.h"
 
 #include <errno.h>
@@ -40,6 +47,62 @@ static uint64_t used[TALLY_MAX_DEVICES];
 static hold_slot_t holds[HOLD_SLOTS];
 static uint64_t fail_countdown, fail_every;
 
+#define HOST_PAGE ((size_t)2 << 20)
+
+/* A reservation and which of its pages are mapped (for the counts). */
+typedef struct host_range {
+    uintptr_t base;
+    size_t npages;
+    uint8_t *mapped;
+    struct host_range *next;
+} host_range_t;
+
+static host_range_t *host_ranges[TALLY_MAX_DEVICES];
+static tally_host_calls_t counts[TALLY_MAX_DEVICES];
+
+static host_range_t *range_locked(int device, uintptr_t a)
+{
+    for (host_range_t *r = host_ranges[device]; r; r = r->next)
+        if (a >= r->base && a - r->base < r->npages * HOST_PAGE)
+            return r;
+    return NULL;
+}
+
+/* Count a map (on) or unmap (off) of [ptr, ptr + size): pages whose state
+ * changes and, for unmap, the runs of neighbouring mapped pages. */
+static void count_pages(int device, void *ptr, size_t size, bool on)
+{
+    tally__mutex_lock(&host_lock);
+    tally_host_calls_t *c = &counts[device];
+    uintptr_t a = (uintptr_t)ptr;
+    host_range_t *r = range_locked(device, a);
+    size_t n = size / HOST_PAGE, changed = 0, runs = 0;
+    if (r && (a - r->base) % HOST_PAGE == 0) {
+        size_t p = (a - r->base) / HOST_PAGE;
+        bool prev = false;
+        for (size_t q = p; q < p + n && q < r->npages; q++) {
+            bool was = r->mapped[q];
+            if (was != on)
+                changed++;
+            runs += !on && was && !prev;
+            prev = was;
+            r->mapped[q] = on;
+        }
+    } else { /* not a reservation: count the call as one run of size */
+        changed = n;
+        runs = !on && n;
+    }
+    if (on) {
+        c->map++;
+        c->map_pages += changed;
+    } else {
+        c->unmap++;
+        c->unmap_pages += changed;
+        c->unmap_runs += runs;
+    }
+    tally__mutex_unlock(&host_lock);
+}
+
 static int host_init(const tally_options_t *opt, char *why, size_t whylen)
 {
     tally__mutex_lock(&host_lock);
@@ -47,6 +110,7 @@ static int host_init(const tally_options_t *opt, char *why, size_t whylen)
     capacity = opt->host_capacity;
     mode = opt->host_mode;
     memset(used, 0, sizeof used);
+    memset(counts, 0, sizeof counts);
     tally__mutex_unlock(&host_lock);
     (void)why;
     (void)whylen;
@@ -108,6 +172,9 @@ static int host_alloc(int device, size_t size, void *stream, void **ptr, char *w
         return TALLY_ENOMEM;
     }
     *ptr = p;
+    tally__mutex_lock(&host_lock);
+    counts[device].alloc++;
+    tally__mutex_unlock(&host_lock);
     return 0;
 }
 
@@ -117,18 +184,30 @@ static int host_free(int device, void *ptr, size_t size, void *stream)
     munmap(ptr, size);
     tally__mutex_lock(&host_lock);
     used[device] -= size;
+    counts[device].free++;
     tally__mutex_unlock(&host_lock);
     return 0;
 }
 
 static int host_reserve(int device, size_t size, void **ptr, char *why, size_t whylen)
 {
-    (void)device;
-    void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    host_range_t *r = tally__meta_calloc(sizeof *r);
+    uint8_t *mapped = tally__meta_calloc(size / HOST_PAGE + 1);
+    void *p = r && mapped ? mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                          : MAP_FAILED;
     if (p == MAP_FAILED) {
-        snprintf(why, whylen, "reserving %zu bytes of address space failed: %s", size, strerror(errno));
+        tally__meta_free(r);
+        tally__meta_free(mapped);
+        snprintf(why, whylen, "reserving %zu bytes of address space failed: %s", size,
+                 r && mapped ? strerror(errno) : "out of host memory");
         return TALLY_ENOMEM;
     }
+    tally__mutex_lock(&host_lock);
+    *r = (host_range_t){.base = (uintptr_t)p, .npages = size / HOST_PAGE, .mapped = mapped,
+                        .next = host_ranges[device]};
+    host_ranges[device] = r;
+    counts[device].reserve++;
+    tally__mutex_unlock(&host_lock);
     *ptr = p;
     return 0;
 }
@@ -147,6 +226,7 @@ static int host_map(int device, void *ptr, size_t size, char *why, size_t whylen
         snprintf(why, whylen, "mprotect of %zu bytes failed: %s", size, strerror(errno));
         return TALLY_ENOMEM;
     }
+    count_pages(device, ptr, size, true);
     return 0;
 }
 
@@ -159,12 +239,25 @@ static int host_unmap(int device, void *ptr, size_t size)
     tally__mutex_lock(&host_lock);
     used[device] -= size;
     tally__mutex_unlock(&host_lock);
+    count_pages(device, ptr, size, false);
     return 0;
 }
 
 static int host_unreserve(int device, void *ptr, size_t size)
 {
-    (void)device;
+    tally__mutex_lock(&host_lock);
+    host_range_t **link = &host_ranges[device];
+    while (*link && (*link)->base != (uintptr_t)ptr)
+        link = &(*link)->next;
+    host_range_t *r = *link;
+    if (r)
+        *link = r->next;
+    counts[device].unreserve++;
+    tally__mutex_unlock(&host_lock);
+    if (r) {
+        tally__meta_free(r->mapped);
+        tally__meta_free(r);
+    }
     return munmap(ptr, size) == 0 ? 0 : TALLY_EBACKEND;
 }
 
@@ -283,6 +376,14 @@ int tally__host_fail_alloc(uint64_t nth, uint64_t every)
     tally__mutex_lock(&host_lock);
     fail_countdown = nth;
     fail_every = every;
+    tally__mutex_unlock(&host_lock);
+    return 0;
+}
+
+int tally__host_calls(int device, tally_host_calls_t *out)
+{
+    tally__mutex_lock(&host_lock);
+    *out = counts[device];
     tally__mutex_unlock(&host_lock);
     return 0;
 }

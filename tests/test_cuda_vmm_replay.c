@@ -21,6 +21,8 @@ typedef struct figures {
     /* cuda only: driver calls (cuMemCreate, cuMemMap, cuMemRelease,
      * cuMemSetAccess, cuMemUnmap, cuCtxSynchronize, cuMemAlloc, cuMemFree) */
     int64_t calls[8];
+    /* host only: what the host backend counted (tally_host_calls) */
+    tally_host_calls_t host;
 } figures_t;
 
 /* Driver calls of the cuda child, counted by wrappers put in the library's
@@ -156,6 +158,9 @@ static void body_replay(int fd)
         for (unsigned k = 0; k < t.nstreams && k < 64; k++)
             streams[k] = trace_stream(cuda, t.stream_ids[k], k);
         memset(calls, 0, sizeof calls);
+        tally_host_calls_t h0 = {0};
+        if (!cuda)
+            NEED(tally_host_calls(0, &h0) == 0);
         for (size_t e = 0; e < t.nev; e++) {
             const trace_event_t *ev = &t.ev[e];
             void *stream = streams[ev->stream];
@@ -176,6 +181,15 @@ static void body_replay(int fd)
         f.backend_allocs = s.num_device_alloc;
         f.backend_frees = s.num_device_free;
         memcpy(f.calls, calls, sizeof calls);
+        if (!cuda) {
+            tally_host_calls_t h1;
+            NEED(tally_host_calls(0, &h1) == 0);
+            f.host = (tally_host_calls_t){.alloc = h1.alloc - h0.alloc, .free = h1.free - h0.free,
+                                          .reserve = h1.reserve - h0.reserve, .map = h1.map - h0.map,
+                                          .map_pages = h1.map_pages - h0.map_pages, .unmap = h1.unmap - h0.unmap,
+                                          .unmap_pages = h1.unmap_pages - h0.unmap_pages,
+                                          .unmap_runs = h1.unmap_runs - h0.unmap_runs};
+        }
         if (cuda) {
             /* The costs docs/architecture.md states: a page is one create,
              * map and release; a map call one cuMemSetAccess; an unmap call
@@ -254,6 +268,22 @@ static void replay_both(const char *mode)
                 "%lld cuMemSetAccess, %lld cuMemUnmap, %lld cuCtxSynchronize, %lld cuMemAlloc, %lld cuMemFree\n",
                 name, mode, (long long)c[C_CREATE], (long long)c[C_ACCESS], (long long)c[C_UNMAP],
                 (long long)c[C_SYNC], (long long)c[C_ALLOC], (long long)c[C_FREE]);
+        /* The driver calls bench/replay.c derives from the host backend's
+         * counts are those the cuda backend made, call by call. */
+        const tally_host_calls_t *h = &host[i].host;
+        bool derived = c[C_CREATE] == (int64_t)h->map_pages && c[C_MAP] == (int64_t)h->map_pages &&
+                       c[C_RELEASE] == (int64_t)h->map_pages && c[C_ACCESS] == (int64_t)h->map &&
+                       c[C_UNMAP] == (int64_t)h->unmap_runs && c[C_SYNC] == (int64_t)h->unmap &&
+                       c[C_ALLOC] == (int64_t)h->alloc && c[C_FREE] == (int64_t)h->free;
+        if (!derived) {
+            fprintf(stderr,
+                    "test_cuda_vmm_replay: %s%s: host counts (%llu pages mapped in %llu calls, %llu unmap calls, %llu "
+                    "runs, %llu allocs, %llu frees) do not give the cuda backend's driver calls\n",
+                    name, mode, (unsigned long long)h->map_pages, (unsigned long long)h->map,
+                    (unsigned long long)h->unmap, (unsigned long long)h->unmap_runs, (unsigned long long)h->alloc,
+                    (unsigned long long)h->free);
+            bad++;
+        }
         pages += c[C_CREATE];
         for (int k = 0; k < 8; k++)
             driver += c[k];

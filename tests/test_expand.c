@@ -4,6 +4,8 @@
  * the peak; empty_cache unmaps them; every invariant holds throughout. */
 #include "testutil.h"
 
+#include "backend.h"
+
 #define PAGE (2 * MiB)
 
 static void *stream_a = (void *)0x100;
@@ -443,6 +445,77 @@ static void test_chunk_past_capacity_does_not_fail_a_block_that_fits(void **stat
     CHECK_OK();
 }
 
+static tally_host_calls_t host_calls(void)
+{
+    tally_host_calls_t c;
+    assert_int_equal(tally_host_calls(0, &c), 0);
+    return c;
+}
+
+/* What the host backend counts for a replay's driver calls: map calls and
+ * pages, unmap calls, pages and runs, reservations; tally's own counters
+ * agree with it. */
+static void test_host_backend_counts_calls_pages_and_runs(void **state)
+{
+    (void)state;
+    tally_host_calls_t c0 = host_calls();
+    tally_stats_t s0 = stats(0);
+    void *p = tally_malloc(5 * MiB + 1, 0, stream_a); /* a new range, three pages in one call */
+    assert_non_null(p);
+    tally_host_calls_t c1 = host_calls();
+    EQ(c1.reserve - c0.reserve, 1);
+    EQ(c1.map - c0.map, 1);
+    EQ(c1.map_pages - c0.map_pages, 3);
+    EQ(c1.unmap - c0.unmap, 0);
+    tally_free(p);
+    tally_empty_cache(0); /* the range is free: its one run unmapped, the range given back */
+    tally_host_calls_t c2 = host_calls();
+    EQ(c2.unmap - c1.unmap, 1);
+    EQ(c2.unmap_pages - c1.unmap_pages, 3);
+    EQ(c2.unmap_runs - c1.unmap_runs, 1);
+    EQ(c2.unreserve - c1.unreserve, 1);
+    tally_stats_t s = stats(0);
+    EQ(s.num_device_alloc - s0.num_device_alloc, (int64_t)(c2.map - c0.map + c2.alloc - c0.alloc));
+    EQ(s.num_device_free - s0.num_device_free, (int64_t)(c2.unmap - c0.unmap + c2.free - c0.free));
+    /* A small block: a segment allocation, no page. */
+    void *q = tally_malloc(4096, 0, stream_a);
+    assert_non_null(q);
+    tally_free(q);
+    tally_empty_cache(0);
+    tally_host_calls_t c3 = host_calls();
+    EQ(c3.alloc - c2.alloc, 1);
+    EQ(c3.free - c2.free, 1);
+    EQ(c3.map - c2.map, 0);
+    assert_int_equal(tally_host_calls(0, NULL), -TALLY_EINVAL);
+    assert_int_equal(tally_host_calls(7, &c3), -TALLY_EINVAL);
+}
+
+/* Runs are counted over the pages actually mapped, as the cuda backend
+ * makes one cuMemUnmap per run: an unmap over two mapped runs with a hole
+ * between is two runs, and pages never mapped are not counted. */
+static void test_host_backend_counts_unmap_runs_over_holes(void **state)
+{
+    (void)state;
+    const tally_backend_t *b = &tally__backend_host;
+    char why[200];
+    void *base = NULL;
+    assert_int_equal(b->reserve(1, 8 * PAGE, &base, why, sizeof why), 0);
+    char *at = base;
+    tally_host_calls_t c0;
+    assert_int_equal(tally_host_calls(1, &c0), 0);
+    assert_int_equal(b->map(1, at, 2 * PAGE, why, sizeof why), 0);
+    assert_int_equal(b->map(1, at + 3 * PAGE, 2 * PAGE, why, sizeof why), 0);
+    assert_int_equal(b->unmap(1, at, 8 * PAGE), 0);
+    tally_host_calls_t c;
+    assert_int_equal(tally_host_calls(1, &c), 0);
+    EQ(c.map - c0.map, 2);
+    EQ(c.map_pages - c0.map_pages, 4);
+    EQ(c.unmap - c0.unmap, 1);
+    EQ(c.unmap_pages - c0.unmap_pages, 4);
+    EQ(c.unmap_runs - c0.unmap_runs, 2);
+    assert_int_equal(b->unreserve(1, base, 8 * PAGE), 0);
+}
+
 static void test_options_show_the_key(void **state)
 {
     (void)state;
@@ -474,6 +547,8 @@ int main(void)
         cmocka_unit_test_setup(test_small_blocks_growing_the_range_map_to_the_chunk, reset),
         cmocka_unit_test_setup(test_empty_cache_gives_back_pages_mapped_ahead, reset),
         cmocka_unit_test_setup(test_chunk_past_capacity_does_not_fail_a_block_that_fits, reset),
+        cmocka_unit_test_setup(test_host_backend_counts_calls_pages_and_runs, reset),
+        cmocka_unit_test_setup(test_host_backend_counts_unmap_runs_over_holes, reset),
         cmocka_unit_test(test_options_show_the_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
