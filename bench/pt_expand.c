@@ -23,7 +23,14 @@
  *   merges with free neighbours in the same mapped state.
  * - Pages are unmapped only by empty_cache or on OOM (release of cached
  *   blocks, then a retry). A replay on an 80 GiB device never runs out of
- *   memory, so the model never unmaps; peak reserved = peak mapped. */
+ *   memory, so the model never unmaps; peak reserved = peak mapped.
+ *
+ * Driver calls, as ExpandableSegment makes them: cuMemAddressReserve once
+ * per segment; a map of n pages n cuMemCreate + n cuMemMap + one
+ * cuMemSetAccess (one per device given access: the device alone here),
+ * 2n + 1; an unmap of n pages (never here) one stream synchronise + n
+ * cuMemUnmap + n cuMemRelease, 2n + 1. Pages are 2 MiB in the small pool and
+ * 20 MiB in the large one, so "pages mapped" mixes the two. */
 #include "trace.h"
 
 #include <stdbool.h>
@@ -54,7 +61,7 @@ typedef struct seg {
 typedef struct model {
     seg_t *segs;
     uint64_t reserved, peak;
-    long maps, pages;
+    long maps, pages, segments;
 } model_t;
 
 static blk_t *blk(uint64_t addr, uint64_t size, bool mapped, blk_t *prev, blk_t *next)
@@ -91,6 +98,7 @@ static seg_t *segment(model_t *m, int pool, uint16_t stream)
     s->head = blk(0, va, false, NULL, NULL);
     s->next = m->segs;
     m->segs = s;
+    m->segments++;
     return s;
 }
 
@@ -271,8 +279,9 @@ static int run(const char *path)
             ptrs[e->slot] = NULL;
         }
     }
-    printf("| %s | %.1f | %.1f | %.3f | %ld | %ld |\n", t.name, (double)peak_live / MiB, (double)m.peak / MiB,
-           peak_live ? (double)m.peak / (double)peak_live : 0.0, m.maps, m.pages);
+    printf("| %s | %.1f | %.1f | %.3f | %ld | %ld | %ld | %ld |\n", t.name, (double)peak_live / MiB,
+           (double)m.peak / MiB, peak_live ? (double)m.peak / (double)peak_live : 0.0, m.maps, m.pages, m.segments,
+           m.segments + 2 * m.pages + m.maps);
     free(ptrs);
     model_clear(&m);
     trace_free(&t);
@@ -285,8 +294,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: pt-expand-model TRACE.csv|DIR ...\n");
         return 2;
     }
-    printf("| trace | peak live MiB | PyTorch expandable reserved MiB | res/live | map calls | pages mapped |\n");
-    printf("|---|---:|---:|---:|---:|---:|\n");
+    printf("| trace | peak live MiB | PyTorch expandable reserved MiB | res/live | map calls | pages mapped "
+           "| ranges reserved | CUDA driver calls |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
     int failures = 0;
     for (int i = 1; i < argc; i++) {
         if (is_dir(argv[i])) {

@@ -26,6 +26,14 @@
  *   PyTorch reserved pytorch_native_peak_reserved_bytes of reference.json
  *   PyTorch res/live that / peak_live_bytes of reference.json
  *   PyTorch seg allocs  pytorch_native_segment_allocs_in_window
+ *   then what the host backend was asked (tally_host_calls, the first
+ *   repetition): segment allocations + frees, map calls and the 2 MiB pages
+ *   they mapped, unmap calls, pages unmapped and runs of mapped pages among
+ *   them, ranges reserved; and the driver calls the cuda backend makes for
+ *   the same calls (lib/cuda/vmm.c): cuMemAlloc / cuMemFree 1 each,
+ *   cuMemAddressReserve 1, a map of n pages 3n + 1 (cuMemCreate + cuMemMap
+ *   + cuMemRelease per page, one cuMemSetAccess), an unmap one
+ *   cuCtxSynchronize + one cuMemUnmap per run.
  * reference.json is looked up next to each trace unless --reference names one. */
 #include "trace.h"
 
@@ -344,7 +352,16 @@ typedef struct figures {
     double ns_per_op;
     long oom_event; /* -1 if none */
     bool varied;    /* memory figures differed between repetitions */
+    bool have_calls; /* host backend: calls below counted */
+    tally_host_calls_t calls; /* during the first repetition */
 } figures_t;
+
+/* Driver calls of the cuda backend for the host backend's calls (the
+ * comment at the top). */
+static uint64_t cuda_driver_calls(const tally_host_calls_t *c)
+{
+    return c->alloc + c->free + c->reserve + 3 * c->map_pages + c->map + c->unmap + c->unmap_runs;
+}
 
 static void simulate(const trace_t *t, figures_t *f)
 {
@@ -395,6 +412,7 @@ static int replay(const trace_t *t, int reps, bool check, figures_t *f, char *er
     double ns[64];
     f->oom_event = -1;
     f->varied = false;
+    f->have_calls = false;
     for (int r = 0; r < reps; r++) {
         if (reset_device(err, errlen)) {
             free(ptrs);
@@ -402,6 +420,8 @@ static int replay(const trace_t *t, int reps, bool check, figures_t *f, char *er
         }
         memset(ptrs, 0, t->nalloc * sizeof *ptrs);
         long oom = -1;
+        tally_host_calls_t c0;
+        bool counted = r == 0 && tally_host_calls(0, &c0) == 0;
         double t0 = now_ns();
         for (size_t i = 0; i < t->nev; i++) {
             const trace_event_t *e = &t->ev[i];
@@ -418,6 +438,15 @@ static int replay(const trace_t *t, int reps, bool check, figures_t *f, char *er
             }
         }
         ns[r] = (now_ns() - t0) / (double)(t->nev ? t->nev : 1);
+        tally_host_calls_t c1;
+        if (counted && tally_host_calls(0, &c1) == 0) {
+            f->have_calls = true;
+            f->calls = (tally_host_calls_t){
+                .alloc = c1.alloc - c0.alloc, .free = c1.free - c0.free, .reserve = c1.reserve - c0.reserve,
+                .unreserve = c1.unreserve - c0.unreserve, .map = c1.map - c0.map,
+                .map_pages = c1.map_pages - c0.map_pages, .unmap = c1.unmap - c0.unmap,
+                .unmap_pages = c1.unmap_pages - c0.unmap_pages, .unmap_runs = c1.unmap_runs - c0.unmap_runs};
+        }
         tally_stats_t s;
         if (tally_get_stats(0, &s)) {
             free(ptrs);
@@ -552,8 +581,10 @@ int main(int argc, char **argv)
         printf("tally %s, backend %s%s%s; %d repetitions per trace, ns/op is the median (CPU time)\n\n", tally_version(),
                tally_backend_name(), conf ? ", --conf " : "", conf ? conf : "", reps);
     printf("| trace | events | ns/op | peak live MiB | tally reserved MiB | tally res/live | tally backend allocs "
-           "| tally backend frees | no-cache MiB | no-cache/live | PyTorch reserved MiB | PyTorch res/live | PyTorch seg allocs |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "| tally backend frees | no-cache MiB | no-cache/live | PyTorch reserved MiB | PyTorch res/live | PyTorch seg allocs "
+           "| seg allocs + frees | map calls | pages mapped | unmap calls | pages unmapped | unmap runs | ranges reserved "
+           "| CUDA driver calls |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     int failures = 0, n_ok = 0, n_py = 0, n_beat = 0, n_ref = 0;
     double sum_ratio = 0, sum_ref = 0;
     char notes[8192] = "";
@@ -588,7 +619,7 @@ int main(int argc, char **argv)
             }
         }
         const ref_entry_t *ref = ref_find(rf, t.name);
-        figures_t f;
+        figures_t f = {0};
         simulate(&t, &f);
         if (replay(&t, reps, check, &f, err, sizeof err)) {
             fprintf(stderr, "tally-replay: %s: %s\n", t.name, err);
@@ -611,10 +642,17 @@ int main(int argc, char **argv)
             snprintf(c_seg, sizeof c_seg, "-");
         else
             snprintf(c_seg, sizeof c_seg, "%.0f", py_seg);
-        printf("| %s | %zu | %.1f | %s | %s | %s%s | %lld | %lld | %s | %s | %s | %s | %s |\n", t.name, t.nev,
+        char c_calls[256] = "| - | - | - | - | - | - | - | - |";
+        const tally_host_calls_t *hc = &f.calls;
+        if (f.have_calls)
+            snprintf(c_calls, sizeof c_calls, "| %llu | %llu | %llu | %llu | %llu | %llu | %llu | %llu |",
+                     (unsigned long long)(hc->alloc + hc->free), (unsigned long long)hc->map,
+                     (unsigned long long)hc->map_pages, (unsigned long long)hc->unmap,
+                     (unsigned long long)hc->unmap_pages, (unsigned long long)hc->unmap_runs,
+                     (unsigned long long)hc->reserve, (unsigned long long)cuda_driver_calls(hc));
+        printf("| %s | %zu | %.1f | %s | %s | %s%s | %lld | %lld | %s | %s | %s | %s | %s %s\n", t.name, t.nev,
                f.ns_per_op, c_live, c_res, c_rl, f.oom_event >= 0 ? " (OOM)" : "", (long long)f.backend_allocs,
-               (long long)f.backend_frees, c_nc, c_ncl, c_py,
-               c_pyl, c_seg);
+               (long long)f.backend_frees, c_nc, c_ncl, c_py, c_pyl, c_seg, c_calls);
         fflush(stdout);
 #define NOTE(...)                                                                                          \
     do {                                                                                                   \
@@ -627,6 +665,12 @@ int main(int argc, char **argv)
         if (f.varied)
             NOTE("- %s: peak reserved or backend allocations differed between repetitions (first shown)\n",
                  t.name);
+        if (f.have_calls && (int64_t)(hc->alloc + hc->map) != f.backend_allocs)
+            NOTE("- %s: the host backend counted %llu allocations + map calls, tally %lld\n", t.name,
+                 (unsigned long long)(hc->alloc + hc->map), (long long)f.backend_allocs);
+        if (f.have_calls && (int64_t)(hc->free + hc->unmap) != f.backend_frees)
+            NOTE("- %s: the host backend counted %llu frees + unmap calls, tally %lld\n", t.name,
+                 (unsigned long long)(hc->free + hc->unmap), (long long)f.backend_frees);
         if ((int64_t)f.peak_live != f.peak_requested)
             NOTE("- %s: tally's requested-bytes peak %lld differs from the trace's peak live %llu\n", t.name,
                  (long long)f.peak_requested, (unsigned long long)f.peak_live);

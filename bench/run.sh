@@ -201,40 +201,55 @@ echo "## Replay with expandable_segments:true (one address range per stream, 2 M
 echo
 cat "$OUT/replay-expandable.txt"
 echo
-echo "## Expandable segments: memory and backend calls per recorded trace"
+echo "## Expandable segments: memory, backend calls and CUDA driver calls per recorded trace"
 echo
-echo "Calls: default = segment allocations + frees (cudaMalloc / cudaFree); tally expandable = map + unmap calls;"
-echo "PyTorch expandable (bench/pt_expand.c, a model of its placement) = map calls (it unmaps only at empty_cache / OOM)."
-echo "Estimated GPU time of the calls (assumed costs, not measured here: cudaMalloc or cudaFree 50 us; a map call"
-echo "= cuMemCreate + cuMemMap + cuMemSetAccess, 3 x 20 us; an unmap call = cuMemUnmap + cuMemRelease, 2 x 20 us; see docs/benchmarks.md)."
+# Per-call costs for the GPU-time estimate, in microseconds (docs/benchmarks.md
+# says where they come from): cuMemAlloc / cuMemFree of a segment; any other
+# driver call of the virtual memory API (cuMemCreate, cuMemMap, cuMemRelease,
+# cuMemSetAccess, cuMemUnmap, cuMemAddressReserve); the synchronise before an
+# unmap on an idle device (waiting for queued work is not counted).
+US_ALLOC=50 US_VMM=20 US_SYNC=20
+echo "Backend calls (the backend contract): default = segment allocations + frees; tally expandable = map + unmap calls"
+echo "+ small-pool segment allocations + frees; PyTorch expandable (bench/pt_expand.c, a model of its placement) = map calls"
+echo "(it unmaps only at empty_cache / OOM). CUDA driver calls, as the code makes them: default 1 per cuMemAlloc / cuMemFree;"
+echo "tally expandable (lib/cuda/vmm.c) 3n + 1 to map n 2 MiB pages, 1 cuCtxSynchronize + 1 cuMemUnmap per run to unmap,"
+echo "1 per range reserved; PyTorch expandable (ExpandableSegment) 2n + 1 to map n pages (2 MiB small pool, 20 MiB large),"
+echo "1 per range reserved. Estimated GPU time (assumed costs, not measured on a GPU: cuMemAlloc or cuMemFree ${US_ALLOC} us,"
+echo "each other driver call ${US_VMM} us, a synchronise on an idle device ${US_SYNC} us; see docs/benchmarks.md)."
 echo
-awk -F'|' '
-FILENAME ~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); dr[t]=$7+0; dc[t]=$8+$9; pr[t]=$13; gsub(/ /,"",pr[t]); order[++n]=t }
-FILENAME ~ /replay-expandable.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); er[t]=$7+0; em[t]=$8+0; eu[t]=$9+0 }
-FILENAME ~ /pt-expandable.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); mr[t]=$5+0; mm[t]=$6+0 }
+awk -F'|' -v ua="$US_ALLOC" -v uv="$US_VMM" -v us="$US_SYNC" '
+FILENAME ~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); dr[t]=$7+0; dc[t]=$8+$9; dd[t]=$22+0; pr[t]=$13; gsub(/ /,"",pr[t]); order[++n]=t }
+FILENAME ~ /replay-expandable.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); er[t]=$7+0; ec[t]=$8+$9; eseg[t]=$15+0; eu[t]=$18+0; ed[t]=$22+0 }
+FILENAME ~ /pt-expandable.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); mr[t]=$5+0; mc[t]=$6+0; md[t]=$9+0 }
+function x(a, b) { return b > 0 ? sprintf("%.1f", a / b) : "-" }
 END {
-  print "| trace | default res/live | default calls | tally expandable res/live | tally map + unmap | x default | PyTorch default res/live (reference.json) | PyTorch expandable res/live (model) | PyTorch expandable map calls | est. GPU ms: default / tally exp. / PyTorch exp. |"
-  print "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  print "| trace | res/live default | tally exp. | PyTorch exp. | backend calls default | tally exp. | PyTorch exp. | driver calls default | tally exp. | PyTorch exp. | est. GPU ms default / tally exp. / PyTorch exp. | PyTorch default res/live (reference.json) |"
+  print "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   for (i = 1; i <= n; i++) { t = order[i]; if (!(t in er) || !(t in mr)) continue
-    ec = em[t] + eu[t]; x = dc[t] > 0 ? sprintf("%.1f", ec / dc[t]) : "-"
-    printf "| %s | %.3f | %d | %.3f | %d + %d | %s | %s | %.3f | %d | %.1f / %.1f / %.1f |\n", t, dr[t], dc[t], er[t], em[t], eu[t], x, pr[t], mr[t], mm[t], dc[t] * 0.05, em[t] * 0.06 + eu[t] * 0.04, mm[t] * 0.06
-    k++; sdr += dr[t]; ser += er[t]; smr += mr[t]; sdc += dc[t]; sec += ec; smm += mm[t]; if (dc[t] > 0 && ec / dc[t] > worst) { worst = ec / dc[t]; wt = t }
+    dms = dd[t] * ua / 1000; ems = (eseg[t] * ua + (ed[t] - eseg[t] - eu[t]) * uv + eu[t] * us) / 1000; mms = md[t] * uv / 1000
+    printf "| %s | %.3f | %.3f | %.3f | %d | %d (%sx) | %d (%sx) | %d | %d (%sx) | %d (%sx) | %.1f / %.1f / %.1f | %s |\n", t, dr[t], er[t], mr[t], dc[t], ec[t], x(ec[t], dc[t]), mc[t], x(mc[t], dc[t]), dd[t], ed[t], x(ed[t], dd[t]), md[t], x(md[t], dd[t]), dms, ems, mms, pr[t]
+    k++; sdr += dr[t]; ser += er[t]; smr += mr[t]; sdc += dc[t]; sec += ec[t]; smc += mc[t]; sdd += dd[t]; sed += ed[t]; smd += md[t]
+    sdms += dms; sems += ems; smms += mms
+    if (dc[t] > 0 && ec[t] / dc[t] > worst) { worst = ec[t] / dc[t]; wt = t }
+    if (dd[t] > 0 && ed[t] / dd[t] > dworst) { dworst = ed[t] / dd[t]; dwt = t }
   }
   if (k) {
+    printf "| **sum of %d traces** | %.4f (mean) | %.4f | %.4f | %d | %d (%sx) | %d (%sx) | %d | %d (%sx) | %d (%sx) | %.1f / %.1f / %.1f | |\n", k, sdr / k, ser / k, smr / k, sdc, sec, x(sec, sdc), smc, x(smc, sdc), sdd, sed, x(sed, sdd), smd, x(smd, sdd), sdms, sems, smms
     printf "\nMeans over %d traces: res/live default %.4f, tally expandable %.4f (goal <= 1.01), PyTorch expandable model %.4f.\n", k, sdr / k, ser / k, smr / k
-    printf "Calls summed: default %d, tally expandable %d = %.2fx default (goal <= 2x), PyTorch expandable model %d; worst trace %s at %.1fx (goal <= 5x).\n", sdc, sec, sdc ? sec / sdc : 0, smm, wt, worst
+    printf "Backend calls summed: default %d, tally expandable %d = %.2fx default (goal <= 2x; worst trace %s at %.1fx, goal <= 5x), PyTorch expandable model %d = %.2fx.\n", sdc, sec, sdc ? sec / sdc : 0, wt, worst, smc, sdc ? smc / sdc : 0
+    printf "CUDA driver calls summed: default %d, tally expandable %d = %.1fx default (worst trace %s at %.1fx), PyTorch expandable model %d = %.1fx; tally / PyTorch expandable %.1fx.\n", sdd, sed, sdd ? sed / sdd : 0, dwt, dworst, smd, sdd ? smd / sdd : 0, smd ? sed / smd : 0
   }
 }' "$OUT/replay.txt" "$OUT/replay-expandable.txt" "$OUT/pt-expandable.txt"
 echo
 echo "### expandable_grow_chunk_mb: the trade-off (recorded traces, 1 repetition; 20 is the default)"
 echo
-echo "| expandable_grow_chunk_mb | mean res/live | map + unmap calls (sum) | x default calls | worst trace x default |"
-echo "|---:|---:|---:|---:|---:|"
+echo "| expandable_grow_chunk_mb | mean res/live | backend calls (sum) | x default calls | worst trace x default | CUDA driver calls (sum) | x default driver calls |"
+echo "|---:|---:|---:|---:|---:|---:|---:|"
 for f in 2 4 8 12 16 20 32 40; do
   awk -F'|' -v f="$f" '
-  FILENAME ~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); dc[t]=$8+$9 }
-  FILENAME !~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); if (!(t in dc)) next; n++; r+=$7; c=$8+$9; sc+=c; sd+=dc[t]; if (dc[t] && c/dc[t] > w) w=c/dc[t] }
-  END { if (n) printf "| %s | %.4f | %d | %.2f | %.1f |\n", f, r/n, sc, sd ? sc/sd : 0, w }' "$OUT/replay.txt" "$OUT/grow-chunk-$f.txt"
+  FILENAME ~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); dc[t]=$8+$9; dd[t]=$22 }
+  FILENAME !~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); if (!(t in dc)) next; n++; r+=$7; c=$8+$9; sc+=c; sd+=dc[t]; sx+=$22; sdd+=dd[t]; if (dc[t] && c/dc[t] > w) w=c/dc[t] }
+  END { if (n) printf "| %s | %.4f | %d | %.2f | %.1f | %d | %.1f |\n", f, r/n, sc, sd ? sc/sd : 0, w, sx, sdd ? sx/sdd : 0 }' "$OUT/replay.txt" "$OUT/grow-chunk-$f.txt"
 done
 echo
 echo "## Hot path through PyTorch's entry points (tally_torch_alloc / tally_torch_free against mimalloc)"
