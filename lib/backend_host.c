@@ -196,10 +196,10 @@ static int host_reserve(int device, size_t size, void **ptr, char *why, size_t w
     void *p = r && mapped ? mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
                           : MAP_FAILED;
     if (p == MAP_FAILED) {
+        const char *err = r && mapped ? strerror(errno) : "out of host memory";
+        snprintf(why, whylen, "reserving %zu bytes of address space failed: %s", size, err);
         tally__meta_free(r);
         tally__meta_free(mapped);
-        snprintf(why, whylen, "reserving %zu bytes of address space failed: %s", size,
-                 r && mapped ? strerror(errno) : "out of host memory");
         return TALLY_ENOMEM;
     }
     tally__mutex_lock(&host_lock);
