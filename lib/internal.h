@@ -106,6 +106,7 @@ typedef struct tally_options {
     int home_device;                    /* -1 none, -2 auto */
     int timeline;
     int timeline_events;
+    int trace;                          /* record every alloc and free (alloc_trace.c) */
     int expandable_segments;            /* large pool in one growing range per stream */
     int async_private_pool;             /* async backend: own pool, not the device default */
     uint64_t async_release_threshold;   /* bytes the async pool keeps cached */
