@@ -64,9 +64,11 @@ $(BUILD)/lib/libtally.so: $(LIB_OBJ) $(LIB_CXX_OBJ) lib/exports.map
 	@mkdir -p $(dir $@)
 	$(CXX) -shared $(SAN) -o $@ $(LIB_OBJ) $(LIB_CXX_OBJ) -Wl,--version-script=lib/exports.map $(LDLIBS)
 
-$(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(BUILD)/lib/libtally.a
+# tally tune (tools/tune*.c, tools/pickle.c) replays traces with bench/trace.c.
+TOOL_SRC := $(sort $(wildcard tools/tune*.c)) tools/pickle.c bench/trace.c
+$(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(TOOL_SRC) bench/trace.h $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/lib/libtally.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(TOOL_SRC) $(BUILD)/lib/libtally.a $(LDLIBS)
 
 $(BUILD)/bin/demo: tools/demo.c $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
@@ -75,6 +77,9 @@ $(BUILD)/bin/demo: tools/demo.c $(BUILD)/lib/libtally.a
 $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a $(BUILD)/lib/libtally.so | $(SETUP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -o $@ $< $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
+
+# test_tune compiles tally tune's readers in (tools/, bench/trace.c).
+$(BUILD)/tests/test_tune: $(TOOL_SRC) $(wildcard tools/*.h) bench/trace.h
 
 demo: $(BUILD)/bin/demo
 	$(BUILD)/bin/demo
@@ -165,14 +170,15 @@ $(FUZZ_BUILD)/libtally-fuzz.a: $(FUZZ_LIB_OBJ)
 
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c tests/fuzz/*.h)
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard tools/*.h tools/*.c) $(FUZZ_BUILD)/libtally-fuzz.a
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $< $(FUZZ_BUILD)/libtally-fuzz.a -lpthread -ldl -lm
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $< $(TOOL_SRC) $(FUZZ_BUILD)/libtally-fuzz.a -lpthread -ldl -lm
 
 # Replay: the same targets with a plain main (tests/fuzz/replay_main.c),
+# and tally tune's sources (fuzz_report includes tools/tally_cli.c),
 # against the library of $(BUILD) (so `make asan` replays under ASan).
 REPLAY_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz-replay/%)
 $(BUILD)/fuzz-replay/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(FUZZ_SRC) $(wildcard tools/*.h tools/*.c) $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Wno-pedantic -Itools -o $@ $< tests/fuzz/replay_main.c $(BUILD)/lib/libtally.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Wno-pedantic -Itools -o $@ $< tests/fuzz/replay_main.c $(TOOL_SRC) $(BUILD)/lib/libtally.a $(LDLIBS)
 
 fuzz-replay: $(REPLAY_BINS)
 	@bash tests/fuzz/replay.sh $(BUILD)/fuzz-replay $(FUZZ_NAMES)

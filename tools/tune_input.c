@@ -1,0 +1,285 @@
+/* tally tune's inputs as one trace (tune.h): a CSV trace (bench/trace.c
+ * reads it), a PyTorch memory snapshot pickle (read with tools/pickle.c and
+ * turned into events by the rules of docs/tune.md), or a tally JSON report
+ * recorded with trace:true (tune_report.c). */
+#include "tune.h"
+
+#include "pickle.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int tune_report_load(const char *path, tune_input_t *in, char *err, size_t errlen);
+
+static int in_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int in_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---- PyTorch snapshot --------------------------------------------------------- */
+
+typedef struct snap_ctx {
+    const char *path;
+    char *err;
+    size_t errlen;
+} snap_ctx_t;
+
+/* An integer member of dict; -1 with a message naming where if absent. */
+static int snap_int(const snap_ctx_t *c, const pk_value_t *dict, const char *key, const char *where, size_t i,
+                    int64_t *out)
+{
+    const pk_value_t *v = pk_get(dict, key);
+    if (!v || v->type != PK_INT)
+        return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: %s[%zu]: '%s' is %s, not an integer", c->path,
+                       where, i, key, v ? pk_type_name(v) : "missing");
+    *out = v->i;
+    return 0;
+}
+
+static const pk_value_t *snap_list(const snap_ctx_t *c, const pk_value_t *v, const char *what)
+{
+    if (!v || v->type != PK_LIST) {
+        in_fail(c->err, c->errlen, "%s: PyTorch snapshot: '%s' is %s, not a list", c->path, what,
+                v ? pk_type_name(v) : "missing");
+        return NULL;
+    }
+    return v;
+}
+
+typedef struct prelive {
+    uint64_t addr, size, stream;
+} prelive_t;
+
+typedef struct snap_events {
+    const pk_value_t *ev; /* the device's trace list */
+    prelive_t *pre;
+    size_t npre, cappre;
+} snap_events_t;
+
+static int add_prelive(snap_events_t *s, uint64_t addr, uint64_t size, uint64_t stream)
+{
+    if (s->npre == s->cappre) {
+        size_t cap = s->cappre ? s->cappre * 2 : 256;
+        prelive_t *g = realloc(s->pre, cap * sizeof *g);
+        if (!g)
+            return -1;
+        s->pre = g;
+        s->cappre = cap;
+    }
+    s->pre[s->npre++] = (prelive_t){addr, size, stream};
+    return 0;
+}
+
+/* Feed the device's alloc / free_requested events to b. With pre != NULL
+ * (first pass) a free of an address not live is an allocation made before
+ * recording: noted in pre, not fed. Segment events update the recorded
+ * reserved memory when rec is given. */
+static int snap_feed(const snap_ctx_t *c, snap_events_t *s, trace_builder_t *b, bool first, tune_input_t *rec)
+{
+    char why[400];
+    int64_t reserved = rec ? rec->recorded_start : 0;
+    for (size_t i = 0; i < s->ev->n; i++) {
+        const pk_value_t *e = s->ev->items[i];
+        const pk_value_t *action = pk_get(e, "action");
+        if (!action || action->type != PK_STR)
+            return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu has no 'action' string",
+                           c->path, i);
+        bool alloc = pk_str_is(action, "alloc"), free_req = pk_str_is(action, "free_requested");
+        bool seg_up = pk_str_is(action, "segment_alloc") || pk_str_is(action, "segment_map");
+        bool seg_down = pk_str_is(action, "segment_free") || pk_str_is(action, "segment_unmap");
+        if (!alloc && !free_req && !seg_up && !seg_down)
+            continue; /* free_completed, snapshot, oom: not the user's allocations */
+        int64_t addr, size, stream = 0;
+        if (snap_int(c, e, "addr", "device_traces event", i, &addr) ||
+            snap_int(c, e, "size", "device_traces event", i, &size))
+            return -1;
+        if (pk_get(e, "stream") && snap_int(c, e, "stream", "device_traces event", i, &stream))
+            return -1;
+        if (size < 0 || stream < 0)
+            return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu: negative size or stream",
+                           c->path, i);
+        if (seg_up || seg_down) {
+            if (rec) {
+                reserved += seg_up ? size : -size;
+                if (reserved > rec->recorded_peak)
+                    rec->recorded_peak = reserved;
+                rec->recorded_segment_allocs += pk_str_is(action, "segment_alloc");
+            }
+            continue;
+        }
+        if (first && free_req && !trace_is_live(b, (uint64_t)addr)) {
+            if (add_prelive(s, (uint64_t)addr, (uint64_t)size, (uint64_t)stream))
+                return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
+            continue;
+        }
+        if (trace_add(b, alloc ? 'a' : 'f', (uint64_t)addr, free_req ? 0 : (uint64_t)size, (uint64_t)stream, why,
+                      sizeof why))
+            return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu (%.*s at address %lld): %s",
+                           c->path, i, (int)action->len, action->s, (long long)addr, why);
+    }
+    return 0;
+}
+
+/* The device's segments: their total size, and (first pass) the blocks
+ * active at dump time that no traced allocation explains. */
+static int snap_segments(const snap_ctx_t *c, const pk_value_t *segs, int device, snap_events_t *s,
+                         const trace_builder_t *b, int64_t *total)
+{
+    *total = 0;
+    for (size_t i = 0; i < segs->n; i++) {
+        const pk_value_t *seg = segs->items[i];
+        int64_t dev = 0, size, stream = 0;
+        if (pk_get(seg, "device") && snap_int(c, seg, "device", "segments", i, &dev))
+            return -1;
+        if (dev != device)
+            continue;
+        if (snap_int(c, seg, "total_size", "segments", i, &size))
+            return -1;
+        if (pk_get(seg, "stream") && snap_int(c, seg, "stream", "segments", i, &stream))
+            return -1;
+        *total += size;
+        const pk_value_t *blocks = snap_list(c, pk_get(seg, "blocks"), "segments[].blocks");
+        if (!blocks)
+            return -1;
+        for (size_t k = 0; k < blocks->n; k++) {
+            const pk_value_t *blk = blocks->items[k];
+            if (!pk_str_is(pk_get(blk, "state"), "active_allocated"))
+                continue;
+            int64_t addr, req;
+            if (snap_int(c, blk, "address", "segments[].blocks", k, &addr) ||
+                snap_int(c, blk, "requested_size", "segments[].blocks", k, &req))
+                return -1;
+            if (!trace_is_live(b, (uint64_t)addr) && add_prelive(s, (uint64_t)addr, (uint64_t)req, (uint64_t)stream))
+                return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
+        }
+    }
+    return 0;
+}
+
+/* Reserved memory the window's segment events added, net. */
+static int64_t snap_segment_net(const pk_value_t *ev)
+{
+    int64_t net = 0;
+    for (size_t i = 0; i < ev->n; i++) {
+        const pk_value_t *a = pk_get(ev->items[i], "action");
+        const pk_value_t *sz = pk_get(ev->items[i], "size");
+        if (!sz || sz->type != PK_INT)
+            continue;
+        if (pk_str_is(a, "segment_alloc") || pk_str_is(a, "segment_map"))
+            net += sz->i;
+        else if (pk_str_is(a, "segment_free") || pk_str_is(a, "segment_unmap"))
+            net -= sz->i;
+    }
+    return net;
+}
+
+/* The device with the most traced events. */
+static int snap_device(const pk_value_t *traces)
+{
+    int best = 0;
+    size_t most = 0;
+    for (size_t i = 0; i < traces->n; i++)
+        if (traces->items[i]->type == PK_LIST && traces->items[i]->n > most) {
+            most = traces->items[i]->n;
+            best = (int)i;
+        }
+    return best;
+}
+
+static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, tune_input_t *in)
+{
+    if (!root || root->type != PK_DICT)
+        return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: the pickle holds a %s, not a dict", c->path,
+                       pk_type_name(root));
+    const pk_value_t *segs = snap_list(c, pk_get(root, "segments"), "segments");
+    const pk_value_t *traces = segs ? snap_list(c, pk_get(root, "device_traces"), "device_traces") : NULL;
+    if (!traces)
+        return -1;
+    in->device = snap_device(traces);
+    snap_events_t s = {0};
+    s.ev = traces->n ? snap_list(c, traces->items[in->device], "device_traces[]") : NULL;
+    if (!s.ev)
+        return traces->n ? -1 : in_fail(c->err, c->errlen, "%s: PyTorch snapshot: 'device_traces' is empty", c->path);
+    const pk_value_t *settings = pk_get(root, "allocator_settings");
+    const pk_value_t *conf = pk_get(settings, "PYTORCH_CUDA_ALLOC_CONF");
+    if (conf && conf->type == PK_STR)
+        snprintf(in->recorded_conf, sizeof in->recorded_conf, "%.*s", (int)conf->len, conf->s);
+
+    /* Pass 1: which allocations were live before recording began. */
+    trace_t scratch;
+    trace_builder_t b;
+    int64_t total = 0;
+    int rc = trace_begin(&b, &scratch, c->path, c->err, c->errlen);
+    if (!rc)
+        rc = snap_feed(c, &s, &b, true, NULL);
+    if (!rc)
+        rc = snap_segments(c, segs, in->device, &s, &b, &total);
+    trace_end(&b);
+    trace_free(&scratch);
+
+    /* Pass 2: those first, then the window. Reserved at the start: the
+     * segments at dump time less what the window allocated, plus what it freed. */
+    if (!rc) {
+        in->recorded_start = total - snap_segment_net(s.ev);
+        in->recorded_peak = in->recorded_start;
+        rc = trace_begin(&b, &in->trace, c->path, c->err, c->errlen);
+        for (size_t i = 0; !rc && i < s.npre; i++)
+            rc = trace_add(&b, 'a', s.pre[i].addr, s.pre[i].size, s.pre[i].stream, c->err, c->errlen);
+        if (!rc)
+            rc = snap_feed(c, &s, &b, false, in);
+        trace_end(&b);
+        in->has_recorded = !rc;
+    }
+    in->prelive = s.npre;
+    free(s.pre);
+    return rc;
+}
+
+/* ---- any input ------------------------------------------------------------------ */
+
+int tune_input_load(const char *path, tune_input_t *in, char *err, size_t errlen)
+{
+    memset(in, 0, sizeof *in);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return in_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    int first = fgetc(f);
+    while (first == ' ' || first == '\n' || first == '\r' || first == '\t')
+        first = fgetc(f);
+    fclose(f);
+    int rc;
+    if (first == 0x80) {
+        in->kind = "PyTorch snapshot";
+        pk_doc_t doc;
+        rc = pk_load(path, &doc, err, errlen);
+        if (!rc) {
+            snap_ctx_t c = {path, err, errlen};
+            rc = snapshot_convert(&c, doc.root, in);
+            pk_free(&doc);
+        }
+    } else if (first == '{') {
+        in->kind = "tally report";
+        rc = tune_report_load(path, in, err, errlen);
+    } else {
+        in->kind = "CSV trace";
+        rc = trace_load(path, &in->trace, err, errlen);
+    }
+    if (!rc && in->trace.nalloc == 0)
+        rc = in_fail(err, errlen, "%s: empty trace: no allocations to replay", path);
+    if (rc)
+        tune_input_free(in);
+    return rc;
+}
+
+void tune_input_free(tune_input_t *in)
+{
+    trace_free(&in->trace);
+}
