@@ -155,6 +155,8 @@ static void print_json(const tune_input_t *in, const tune_row_t *rows, size_t n,
                ",\"device_allocs\":%" PRId64 ",\"fits\":%s,\"capacity_bytes\":%" PRIu64 ",\"recommended\":%s",
                r->peak_reserved, live, r->backend_calls, r->num_device_alloc,
                r->ok && r->oom_event < 0 ? "true" : "false", capacity, i == rec ? "true" : "false");
+        if (r->oom_event >= 0)
+            printf(",\"oom_event\":%ld", r->oom_event);
         if (in->has_recorded)
             printf(",\"recorded_peak_reserved_bytes\":%" PRId64, in->recorded_peak);
         printf(",\"line\":");
@@ -192,7 +194,7 @@ static void print_table(const char *file, const tune_input_t *in, const tune_row
         }
         printf("%-*s %16s %14.3f %13" PRId64 " %5s%s\n", w, name, mib(r->peak_reserved, a, sizeof a),
                live ? (double)r->peak_reserved / (double)live : 0.0, r->backend_calls, r->oom_event < 0 ? "yes" : "no",
-               i == rec ? "  <- recommended" : "");
+               i == rec ? "  <- recommended" : r->oom_event >= 0 ? "  (out of memory: peak so far)" : "");
     }
     if (in->has_recorded) {
         /* The row replaying the setting the job ran with, when the grid has it. */

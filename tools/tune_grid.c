@@ -68,7 +68,7 @@ static size_t split_values(const trace_t *t, uint64_t *out, size_t max)
         if (t->ev[i].op == 'a' && t->ev[i].size > 20 * MIB)
             big[n++] = t->ev[i].size;
     qsort(big, n, sizeof *big, cmp_u64);
-    static const double q[] = {0.25, 0.5, 0.75, 0.9};
+    static const double q[] = {0.25, 0.5, 0.75, 0.9, 0.99};
     size_t k = 0;
     for (size_t i = 0; n && i < sizeof q / sizeof q[0] && k < max; i++) {
         uint64_t mb = (big[(size_t)(q[i] * (double)(n - 1))] + MIB - 1) / MIB;
@@ -86,26 +86,32 @@ size_t tune_grid(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t m
     grid_t g = {rows, 0, max};
     add(&g, "PyTorch's default", false, "%s", "");
     add(&g, "tally's page-granular placement", true, "expandable_segments:True");
-    uint64_t split[4];
-    size_t ns = split_values(t, split, 4);
+    uint64_t split[5];
+    size_t ns = split_values(t, split, 5);
     for (size_t i = 0; i < ns; i++)
         add(&g, "quantile of allocations > 20 MiB", false, "max_split_size_mb:%llu", (unsigned long long)split[i]);
     static const int div[] = {2, 4, 8, 16};
     for (size_t i = 0; i < sizeof div / sizeof div[0]; i++)
         add(&g, "power-of-two size classes", false, "roundup_power2_divisions:%d", div[i]);
+    add(&g, "size classes coarser for large sizes", false, "roundup_power2_divisions:[256:1,1024:4,>:8]");
     /* Garbage collection acts only under a memory fraction: one that leaves
      * 10%, 25% or 50% above the trace's peak live bytes. */
     uint64_t live = peak_live(t);
     static const double headroom[] = {1.10, 1.25, 1.50};
+    double tight = 0;
     for (size_t i = 0; capacity && i < sizeof headroom / sizeof headroom[0]; i++) {
         double f = (double)live * headroom[i] / (double)capacity;
         f = (double)(long long)(f * 1000.0 + 0.999) / 1000.0; /* up to 0.001 */
         if (f <= 0 || f >= 1)
             continue;
         add(&g, "collection under a memory fraction", false, "garbage_collection_threshold:0.8,memory_fraction:%.3f", f);
-        if (i == 0)
+        if (tight == 0) {
+            tight = f;
             add(&g, "collection under a memory fraction", false,
                 "garbage_collection_threshold:0.6,memory_fraction:%.3f", f);
+            add(&g, "collection under a memory fraction", false,
+                "garbage_collection_threshold:0.95,memory_fraction:%.3f", f);
+        }
     }
     /* Combinations of the single keys. */
     if (ns) {
@@ -116,6 +122,13 @@ size_t tune_grid(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t m
             "max_split_size_mb:%llu,max_non_split_rounding_mb:%llu", (unsigned long long)mid,
             (unsigned long long)(mid / 4 > 20 ? mid / 4 : 20));
     }
+    if (ns && tight > 0)
+        add(&g, "split limit with collection", false,
+            "max_split_size_mb:%llu,garbage_collection_threshold:0.8,memory_fraction:%.3f",
+            (unsigned long long)split[ns - 1], tight);
+    if (tight > 0)
+        add(&g, "tally's placement with collection", true,
+            "expandable_segments:True,garbage_collection_threshold:0.8,memory_fraction:%.3f", tight);
     add(&g, "tally's placement with size classes", true, "expandable_segments:True,roundup_power2_divisions:4");
     add(&g, "tally's placement, unsplit large blocks", true, "expandable_segments:True,max_split_size_mb:%llu",
         (unsigned long long)(ns ? split[ns - 1] : 512));
