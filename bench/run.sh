@@ -59,6 +59,8 @@ if [ -d "$BUILD/traces" ]; then replay_args+=("$BUILD/traces"); fi
 "$BUILD/bin/tally-replay" --check "${replay_args[@]}" >"$OUT/replay.txt"
 step "replay with expandable segments"
 "$BUILD/bin/tally-replay" --check --conf expandable_segments:true "${replay_args[@]}" >"$OUT/replay-expandable.txt"
+step "tally tune: speed, and the cost of trace:true (bench/tune.sh)"
+bash "$HERE/tune.sh" "$BUILD" "$OUT" >"$OUT/tune.md"
 # 4. Instruction counts (noise-free), when valgrind is installed.
 if [ "${TALLY_BENCH_CALLGRIND:-1}" != 0 ] && command -v valgrind >/dev/null && command -v callgrind_annotate >/dev/null; then
   step "instruction counts (callgrind)"
@@ -180,5 +182,7 @@ echo
 echo "## Replay with expandable_segments:true (one address range per stream, 2 MiB pages mapped on demand)"
 echo
 cat "$OUT/replay-expandable.txt"
+echo
+cat "$OUT/tune.md"
 echo
 echo "Raw results: $OUT. Wall time of the run: $((end - start)) s."
