@@ -230,6 +230,27 @@ static void test_snapshot_command(void **state)
     run_free(&r);
 }
 
+/* --plot draws the default and the recommendation, named in the legend. */
+static void test_plot(void **state)
+{
+    (void)state;
+    char svg[PATH_MAX + 32];
+    snprintf(svg, sizeof svg, "%s/tune.svg", scratch);
+    run_t r = tune("--plot '%s' '%s/small.pickle'", svg, fixtures);
+    assert_int_equal(r.rc, 0);
+    run_free(&r);
+    char *text = slurp(svg);
+    assert_non_null(text);
+    int paths = 0;
+    for (const char *p = text; (p = strstr(p, "<path")); p++)
+        paths++;
+    assert_int_equal(paths, 2);
+    if (!strstr(text, ">PyTorch's default</text>") || !strstr(text, "</svg>"))
+        fail_msg("svg:\n%s", text);
+    free(text);
+    expect_one_line_error(tune("--plot /nonexistent/dir/x.svg '%s/small.pickle'", fixtures), 1, "cannot write");
+}
+
 /* ---- bad input --------------------------------------------------------------------- */
 
 static void test_bad_input(void **state)
@@ -472,6 +493,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pickle_refuses_bad_input),
         cmocka_unit_test(test_snapshot_rules),
         cmocka_unit_test(test_snapshot_command),
+        cmocka_unit_test(test_plot),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_report_input),
         cmocka_unit_test(test_report_without_trace),

@@ -276,6 +276,13 @@ int tune_main(int argc, char **argv)
     if (jobs < 1)
         jobs = 1;
 
+    if (plot) {
+        /* Say now, before the replays, when the picture cannot be written. */
+        FILE *pf = fopen(plot, "w");
+        if (!pf)
+            return tune_err(1, "%s: cannot write: %s", plot, strerror(errno));
+        fclose(pf);
+    }
     char err[1024];
     tune_input_t in;
     if (tune_input_load(file, &in, err, sizeof err))
