@@ -169,16 +169,19 @@ $(FUZZ_BUILD)/libtally-fuzz.a: $(FUZZ_LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c tests/fuzz/*.h)
+# fuzz_report (which includes tools/tally_cli.c) and fuzz_pickle link tally tune's sources.
+FUZZ_TOOLS   :=
+$(FUZZ_BUILD)/fuzz_report $(FUZZ_BUILD)/fuzz_pickle $(BUILD)/fuzz-replay/fuzz_report $(BUILD)/fuzz-replay/fuzz_pickle: \
+	FUZZ_TOOLS := $(TOOL_SRC)
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard tools/*.h tools/*.c) $(FUZZ_BUILD)/libtally-fuzz.a
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $< $(TOOL_SRC) $(FUZZ_BUILD)/libtally-fuzz.a -lpthread -ldl -lm
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $< $(FUZZ_TOOLS) $(FUZZ_BUILD)/libtally-fuzz.a -lpthread -ldl -lm
 
 # Replay: the same targets with a plain main (tests/fuzz/replay_main.c),
-# and tally tune's sources (fuzz_report includes tools/tally_cli.c),
 # against the library of $(BUILD) (so `make asan` replays under ASan).
 REPLAY_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz-replay/%)
 $(BUILD)/fuzz-replay/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(FUZZ_SRC) $(wildcard tools/*.h tools/*.c) $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Wno-pedantic -Itools -o $@ $< tests/fuzz/replay_main.c $(TOOL_SRC) $(BUILD)/lib/libtally.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Wno-pedantic -Itools -o $@ $< tests/fuzz/replay_main.c $(FUZZ_TOOLS) $(BUILD)/lib/libtally.a $(LDLIBS)
 
 fuzz-replay: $(REPLAY_BINS)
 	@bash tests/fuzz/replay.sh $(BUILD)/fuzz-replay $(FUZZ_NAMES)

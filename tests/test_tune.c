@@ -277,6 +277,8 @@ static void test_bad_input(void **state)
     fwrite("\x80\x04]\x94.", 1, 5, f);
     fclose(f);
     expect_one_line_error(tune("'%s'", cut), 1, "PyTorch snapshot: the pickle holds a list, not a dict");
+    expect_one_line_error(tune("'%s/no_size.pickle'", fixtures), 1,
+                          "no_size.pickle: PyTorch snapshot: device_traces event[0]: 'size' is missing");
     expect_one_line_error(tune("--capacity 80XB '%s/small.pickle'", fixtures), 2, "--capacity '80XB' is not a size");
     expect_one_line_error(tune("--capacity 0 '%s/small.pickle'", fixtures), 2, "--capacity '0' is not a size");
     expect_one_line_error(tune("--jobs 0 '%s/small.pickle'", fixtures), 2, "--jobs '0'");

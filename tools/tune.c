@@ -254,15 +254,21 @@ int tune_main(int argc, char **argv)
             if (!v)
                 return tune_err(2, "%s needs a value", a);
             i++;
-            char *end;
-            if (a[2] == 'c' && parse_size(v, &capacity))
-                return tune_err(2, "--capacity '%s' is not a size (e.g. 80GiB, 40960MiB, 85899345920)", v);
-            if (a[2] == 'm' && ((budget = strtoll(v, &end, 10)) < 0 || *end || !*v))
-                return tune_err(2, "--max-calls '%s' is not a non-negative integer", v);
-            if (a[2] == 'j' && ((jobs = strtol(v, &end, 10)) < 1 || jobs > 256 || *end || !*v))
-                return tune_err(2, "--jobs '%s' is not an integer from 1 to 256", v);
-            if (a[2] == 'p')
+            char *end = NULL;
+            if (strcmp(a, "--capacity") == 0) {
+                if (parse_size(v, &capacity))
+                    return tune_err(2, "--capacity '%s' is not a size (e.g. 80GiB, 40960MiB, 85899345920)", v);
+            } else if (strcmp(a, "--max-calls") == 0) {
+                budget = strtoll(v, &end, 10);
+                if (budget < 0 || *end || !*v)
+                    return tune_err(2, "--max-calls '%s' is not a non-negative integer", v);
+            } else if (strcmp(a, "--jobs") == 0) {
+                jobs = strtol(v, &end, 10);
+                if (jobs < 1 || jobs > 256 || *end || !*v)
+                    return tune_err(2, "--jobs '%s' is not an integer from 1 to 256", v);
+            } else {
                 plot = v;
+            }
         } else if (a[0] == '-' && a[1]) {
             return tune_err(2, "unknown option '%s' (tally tune --help lists them)", a);
         } else if (file) {

@@ -31,6 +31,10 @@ typedef struct tune_input {
  * -1 with one line in err naming the file and the problem. */
 int tune_input_load(const char *path, tune_input_t *in, char *err, size_t errlen);
 void tune_input_free(tune_input_t *in);
+/* A PyTorch snapshot pickle already in memory (data is taken over and
+ * freed); name is for messages. The fuzz target's entry (fuzz_pickle). */
+int tune_snapshot_parse(unsigned char *data, size_t len, const char *name, tune_input_t *in, char *err,
+                        size_t errlen);
 
 /* One candidate and what its replay gave. */
 typedef struct tune_row {

@@ -37,9 +37,11 @@ static int snap_int(const snap_ctx_t *c, const pk_value_t *dict, const char *key
                     int64_t *out)
 {
     const pk_value_t *v = pk_get(dict, key);
-    if (!v || v->type != PK_INT)
-        return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: %s[%zu]: '%s' is %s, not an integer", c->path,
-                       where, i, key, v ? pk_type_name(v) : "missing");
+    if (!v)
+        return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: %s[%zu]: '%s' is missing", c->path, where, i, key);
+    if (v->type != PK_INT)
+        return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: %s[%zu]: '%s' is a %s, not an integer", c->path,
+                       where, i, key, pk_type_name(v));
     *out = v->i;
     return 0;
 }
@@ -231,8 +233,13 @@ static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, tune_in
         in->recorded_start = total - snap_segment_net(s.ev);
         in->recorded_peak = in->recorded_start;
         rc = trace_begin(&b, &in->trace, c->path, c->err, c->errlen);
+        char why[400];
         for (size_t i = 0; !rc && i < s.npre; i++)
-            rc = trace_add(&b, 'a', s.pre[i].addr, s.pre[i].size, s.pre[i].stream, c->err, c->errlen);
+            if (trace_add(&b, 'a', s.pre[i].addr, s.pre[i].size, s.pre[i].stream, why, sizeof why))
+                rc = in_fail(c->err, c->errlen,
+                             "%s: PyTorch snapshot: two allocations live before recording began share address %llu "
+                             "(freed twice with no allocation between, or freed and still active at dump): %s",
+                             c->path, (unsigned long long)s.pre[i].addr, why);
         if (!rc)
             rc = snap_feed(c, &s, &b, false, in);
         trace_end(&b);
@@ -240,6 +247,20 @@ static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, tune_in
     }
     in->prelive = s.npre;
     free(s.pre);
+    return rc;
+}
+
+int tune_snapshot_parse(unsigned char *data, size_t len, const char *name, tune_input_t *in, char *err,
+                        size_t errlen)
+{
+    memset(in, 0, sizeof *in);
+    in->kind = "PyTorch snapshot";
+    pk_doc_t doc;
+    if (pk_parse(data, len, &doc, name, err, errlen))
+        return -1;
+    snap_ctx_t c = {name, err, errlen};
+    int rc = snapshot_convert(&c, doc.root, in);
+    pk_free(&doc);
     return rc;
 }
 
