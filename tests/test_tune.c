@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cliutil.h"
@@ -306,6 +307,7 @@ static int child_workload(void)
         tally_free(a);
         tally_free(d);
         tally_free(c);
+        usleep(20000); /* the report's times must show these pauses */
     }
     return 0;
 }
@@ -342,6 +344,26 @@ static void test_report_input(void **state)
     assert_int_equal(in.trace.ev[4].op, 'f');
     assert_int_equal(in.trace.ev[4].size, 5000000);
     tune_input_free(&in);
+    /* Times: start_us a moment ago; the events span the two 20 ms pauses between steps. */
+    char *text = slurp(path);
+    assert_non_null(text);
+    tally_json_t *doc = tally__json_parse(text, strlen(text), NULL, 0, NULL);
+    assert_non_null(doc);
+    const tally_json_t *dev = tally__json_at(tally__json_get(doc, "alloc_trace"), 0);
+    const tally_json_t *ev = tally__json_get(dev, "events");
+    assert_non_null(ev);
+    int64_t span = 0, dt, start = jint(dev, "start_us");
+    for (size_t k = 0; k < ev->len; k += 4) {
+        assert_int_equal(tally__json_int(&ev->items[k], &dt), 0);
+        span += dt;
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    int64_t now_us = (int64_t)now.tv_sec * 1000000 + now.tv_nsec / 1000;
+    if (span < 40000 || span > 10000000 || start > now_us || start < now_us - 60000000)
+        fail_msg("events span %lld us from %lld (now %lld)", (long long)span, (long long)start, (long long)now_us);
+    tally__json_free(doc);
+    free(text);
     tally_json_t *rows = tune_json(path, "");
     assert_int_equal(jint(&rows->items[0], "peak_live_bytes"), 36100000);
     assert_int_equal(jint(&rows->items[0], "capacity_bytes"), (int64_t)1 << 30);
