@@ -231,6 +231,27 @@ static void test_snapshot_command(void **state)
     run_free(&r);
 }
 
+/* A snapshot recorded under a setting outside the grid: that setting is
+ * replayed too, as the last row, and set beside PyTorch's figure
+ * (small_conf.pickle is small.pickle with max_split_size_mb:33). */
+static void test_snapshot_recorded_setting(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/small_conf.pickle", fixtures);
+    tally_json_t *rows = tune_json(path, "");
+    const tally_json_t *last = &rows->items[rows->len - 1];
+    assert_string_equal(tally__json_get(last, "setting")->s, "max_split_size_mb:33");
+    assert_int_equal(jint(last, "peak_reserved_bytes"), 22 * MiB);
+    tally__json_free(rows);
+    run_t r = tune("'%s'", path);
+    assert_int_equal(r.rc, 0);
+    if (!strstr(r.out, "(PYTORCH_CUDA_ALLOC_CONF=\"max_split_size_mb:33\"): peak reserved 24.0 MiB") ||
+        !strstr(r.out, "replay of the same setting: 22.0 MiB; difference -2.0 MiB"))
+        fail_msg("table:\n%s", r.out);
+    run_free(&r);
+}
+
 /* --plot draws the default and the recommendation, named in the legend. */
 static void test_plot(void **state)
 {
@@ -517,6 +538,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pickle_refuses_bad_input),
         cmocka_unit_test(test_snapshot_rules),
         cmocka_unit_test(test_snapshot_command),
+        cmocka_unit_test(test_snapshot_recorded_setting),
         cmocka_unit_test(test_plot),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_report_input),

@@ -297,6 +297,17 @@ int tune_main(int argc, char **argv)
         capacity = in.capacity > 0 ? (uint64_t)in.capacity : 80 * GIB;
     tune_row_t rows[TUNE_MAX_ROWS];
     size_t n = tune_grid(&in.trace, capacity, rows, TUNE_MAX_ROWS);
+    /* The setting the snapshot's job ran with, so its replay can be set beside PyTorch's figure. */
+    bool have = !in.has_recorded;
+    for (size_t i = 0; i < n && !have; i++)
+        have = strcmp(rows[i].setting, in.recorded_conf) == 0;
+    if (!have && n < TUNE_MAX_ROWS && strlen(in.recorded_conf) < sizeof rows[n].setting) {
+        memset(&rows[n], 0, sizeof rows[n]);
+        snprintf(rows[n].setting, sizeof rows[n].setting, "%s", in.recorded_conf);
+        rows[n].why = "the setting the job ran with";
+        rows[n].oom_event = -1;
+        n++;
+    }
     uint64_t live = 0, cur = 0;
     for (size_t i = 0; i < in.trace.nev; i++) {
         cur = in.trace.ev[i].op == 'a' ? cur + in.trace.ev[i].size : cur - in.trace.ev[i].size;
