@@ -19,9 +19,6 @@
 #define TUNE_MAX_ROWS 32
 #define GIB ((uint64_t)1 << 30)
 
-int tune_plot_svg(const char *path, const char *title, const tune_series_t *s, const char *const *names, size_t n,
-                  char *err, size_t errlen);
-
 static const char tune_help[] =
     "usage: tally tune [OPTIONS] FILE\n"
     "\n"

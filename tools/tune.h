@@ -5,7 +5,9 @@
  *                   tally JSON report with trace:true) as one trace_t
  *   tune_grid.c     the candidate settings, chosen from the trace
  *   tune_run.c      the replays, in forked worker processes
- *   tune.c          the command: options, table, JSON, recommendation, plot */
+ *   tune_report.c   the alloc_trace of a tally report (for tune_input.c)
+ *   tune_plot.c     --plot
+ *   tune.c          the command: options, table, JSON, recommendation */
 #ifndef TALLY_TOOLS_TUNE_H
 #define TALLY_TOOLS_TUNE_H
 
@@ -64,6 +66,13 @@ typedef struct tune_series {
  * the reserved-over-time of rows want[0..nwant). Returns 0, or -1 with err. */
 int tune_run(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t nrows, int jobs, bool quiet,
              const size_t *want, size_t nwant, tune_series_t *series, char *err, size_t errlen);
+
+/* A tally JSON report's alloc_trace (tune_report.c); as tune_input_load. */
+int tune_report_load(const char *path, tune_input_t *in, char *err, size_t errlen);
+
+/* --plot (tune_plot.c): the n series as step lines in one SVG at path. */
+int tune_plot_svg(const char *path, const char *title, const tune_series_t *s, const char *const *names, size_t n,
+                  char *err, size_t errlen);
 
 /* The command (tally tune ...). */
 int tune_main(int argc, char **argv);

@@ -12,8 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int tune_report_load(const char *path, tune_input_t *in, char *err, size_t errlen);
-
 static int in_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int in_fail(char *err, size_t errlen, const char *fmt, ...)
 {

@@ -12,8 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int tune_report_load(const char *path, tune_input_t *in, char *err, size_t errlen);
-
 static char *report_text(const char *path, size_t *len, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
