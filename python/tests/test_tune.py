@@ -56,6 +56,16 @@ class TuneTest(unittest.TestCase):
         best = [row for row in rows if row["recommended"]][0]
         self.assertLessEqual(best["peak_reserved_bytes"], rows[0]["peak_reserved_bytes"])
 
+    def test_tune_is_listed_and_passes_options_through(self):
+        r = self.tally("--help")
+        self.assertIn("tune", r.stdout)
+        r = self.tally("tune", "--help")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("usage: tally tune", r.stdout)
+        r = self.tally("tune", "--capacity", "lots", "x.csv")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--capacity 'lots' is not a size", r.stderr)
+
     def test_tune_errors_are_one_line(self):
         empty = os.path.join(self.dir, "empty.csv")
         with open(empty, "w") as f:
