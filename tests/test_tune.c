@@ -162,6 +162,8 @@ static void test_pickle_refuses_bad_input(void **state)
     expect_pickle_error(long_str, sizeof long_str, "runs past the end");
     static const unsigned char bad_memo[] = {0x80, 0x04, 'h', 7, '.'};
     expect_pickle_error(bad_memo, sizeof bad_memo, "memo index 7 was never stored");
+    static const unsigned char huge_memo[] = {0x80, 0x04, 'N', 'r', 0xff, 0xff, 0xff, 0x0f, '.'};
+    expect_pickle_error(huge_memo, sizeof huge_memo, "memo index 268435455 out of range for a file of 9 bytes");
     static const unsigned char two_left[] = {0x80, 0x04, 'N', 'N', '.'};
     expect_pickle_error(two_left, sizeof two_left, "2 values on the stack");
     static const unsigned char text[] = {'o', 'p', ','};

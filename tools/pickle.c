@@ -123,8 +123,11 @@ static int memo_put(pk_parser_t *q, uint64_t idx)
 {
     if (!q->sp)
         return pk_fail(q, "memo store with an empty stack");
-    if (idx > 100000000u)
-        return pk_fail(q, "memo index %llu out of range", (unsigned long long)idx);
+    /* Each memoised value took at least one byte of input: a larger index
+     * is made up (and would make the memo table huge). */
+    if (idx > (uint64_t)(q->end - q->start))
+        return pk_fail(q, "memo index %llu out of range for a file of %zu bytes", (unsigned long long)idx,
+                       (size_t)(q->end - q->start));
     size_t old = q->memocap;
     if (grow(&q->memo, &q->memocap, (size_t)idx + 1, sizeof *q->memo))
         return pk_fail(q, "out of memory");
