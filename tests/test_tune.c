@@ -191,7 +191,7 @@ static void test_snapshot_rules(void **state)
     char path[PATH_MAX + 32], err[512];
     snprintf(path, sizeof path, "%s/small.pickle", fixtures);
     tune_input_t in;
-    if (tune_input_load(path, &in, err, sizeof err))
+    if (tune_input_load(path, -1, &in, err, sizeof err))
         fail_msg("%s", err);
     assert_string_equal(in.kind, "PyTorch snapshot");
     assert_int_equal(in.prelive, 2);
@@ -303,6 +303,9 @@ static void test_bad_input(void **state)
     expect_one_line_error(tune("'%s'", cut), 1, "PyTorch snapshot: the pickle holds a list, not a dict");
     expect_one_line_error(tune("'%s/no_size.pickle'", fixtures), 1,
                           "no_size.pickle: PyTorch snapshot: device_traces event[0]: 'size' is missing");
+    expect_one_line_error(tune("--device 1 '%s/small.pickle'", fixtures), 1,
+                          "small.pickle: PyTorch snapshot: no device 1 (device_traces has 1 device)");
+    expect_one_line_error(tune("--device x '%s/small.pickle'", fixtures), 2, "--device 'x' is not a device number");
     expect_one_line_error(tune("--capacity 80XB '%s/small.pickle'", fixtures), 2, "--capacity '80XB' is not a size");
     expect_one_line_error(tune("--capacity 0 '%s/small.pickle'", fixtures), 2, "--capacity '0' is not a size");
     expect_one_line_error(tune("--jobs 0 '%s/small.pickle'", fixtures), 2, "--jobs '0'");
@@ -356,7 +359,7 @@ static void test_report_input(void **state)
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     tune_input_t in;
     char err[512];
-    if (tune_input_load(path, &in, err, sizeof err))
+    if (tune_input_load(path, -1, &in, err, sizeof err))
         fail_msg("%s", err);
     assert_string_equal(in.kind, "tally report");
     assert_int_equal(in.trace.nev, 24);
@@ -392,6 +395,11 @@ static void test_report_input(void **state)
     assert_int_equal(jint(&rows->items[0], "capacity_bytes"), (int64_t)1 << 30);
     assert_null(tally__json_get(&rows->items[0], "recorded_peak_reserved_bytes"));
     tally__json_free(rows);
+    /* Device 0 by name gives the same replay; a device that never allocated is named in the error. */
+    rows = tune_json(path, "--device 0");
+    assert_int_equal(jint(&rows->items[0], "peak_live_bytes"), 36100000);
+    tally__json_free(rows);
+    expect_one_line_error(tune("--device 3 '%s'", path), 1, "traced.json: alloc_trace has no device 3");
 }
 
 /* A report written without trace:true says how to get one. */
@@ -440,7 +448,7 @@ static void test_shared_snapshots(void **state)
         tune_input_t snap;
         trace_t csv;
         snprintf(path, sizeof path, "%s/snapshots/%s.pickle", shared, snapshots[k]);
-        if (tune_input_load(path, &snap, err, sizeof err))
+        if (tune_input_load(path, -1, &snap, err, sizeof err))
             fail_msg("%s", err);
         snprintf(path, sizeof path, "%s/%s.csv", shared, snapshots[k]);
         if (trace_load(path, &csv, err, sizeof err))

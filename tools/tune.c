@@ -35,6 +35,8 @@ static const char tune_help[] =
     "  --max-calls N     call budget: backend calls (device allocations and frees)\n"
     "                    a recommendation may make (default: 4 x PyTorch's default,\n"
     "                    at least 64)\n"
+    "  --device N        the device whose allocations to replay (default: the\n"
+    "                    one with the most events)\n"
     "  --jobs N          worker processes (default: the online CPUs)\n"
     "  --json            print one JSON array of rows instead of the table\n"
     "  --plot OUT.svg    draw reserved memory over the trace, recommendation and\n"
@@ -234,7 +236,7 @@ int tune_main(int argc, char **argv)
     const char *file = NULL, *plot = NULL;
     uint64_t capacity = 0;
     long long budget = -1;
-    long jobs = sysconf(_SC_NPROCESSORS_ONLN);
+    long jobs = sysconf(_SC_NPROCESSORS_ONLN), device = -1;
     bool json = false, quiet = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -247,7 +249,7 @@ int tune_main(int argc, char **argv)
         } else if (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0) {
             quiet = true;
         } else if (strcmp(a, "--capacity") == 0 || strcmp(a, "--max-calls") == 0 || strcmp(a, "--jobs") == 0 ||
-                   strcmp(a, "--plot") == 0) {
+                   strcmp(a, "--plot") == 0 || strcmp(a, "--device") == 0) {
             if (!v)
                 return tune_err(2, "%s needs a value", a);
             i++;
@@ -263,6 +265,10 @@ int tune_main(int argc, char **argv)
                 jobs = strtol(v, &end, 10);
                 if (jobs < 1 || jobs > 256 || *end || !*v)
                     return tune_err(2, "--jobs '%s' is not an integer from 1 to 256", v);
+            } else if (strcmp(a, "--device") == 0) {
+                device = strtol(v, &end, 10);
+                if (device < 0 || device > 1024 || *end || !*v)
+                    return tune_err(2, "--device '%s' is not a device number", v);
             } else {
                 plot = v;
             }
@@ -288,7 +294,7 @@ int tune_main(int argc, char **argv)
     }
     char err[1024];
     tune_input_t in;
-    if (tune_input_load(file, &in, err, sizeof err))
+    if (tune_input_load(file, (int)device, &in, err, sizeof err))
         return tune_err(1, "%s", err);
     if (!capacity)
         capacity = in.capacity > 0 ? (uint64_t)in.capacity : 80 * GIB;

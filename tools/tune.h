@@ -29,9 +29,10 @@ typedef struct tune_input {
     int device;               /* the device whose allocations were taken */
 } tune_input_t;
 
-/* Read FILE, whichever of the three it is (by its first bytes). On error
+/* Read FILE, whichever of the three it is (by its first bytes), taking the
+ * allocations of device (-1: the device with the most events). On error
  * -1 with one line in err naming the file and the problem. */
-int tune_input_load(const char *path, tune_input_t *in, char *err, size_t errlen);
+int tune_input_load(const char *path, int device, tune_input_t *in, char *err, size_t errlen);
 void tune_input_free(tune_input_t *in);
 /* A PyTorch snapshot pickle already in memory (data is taken over and
  * freed); name is for messages. The fuzz target's entry (fuzz_pickle). */
@@ -68,7 +69,7 @@ int tune_run(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t nrows
              const size_t *want, size_t nwant, tune_series_t *series, char *err, size_t errlen);
 
 /* A tally JSON report's alloc_trace (tune_report.c); as tune_input_load. */
-int tune_report_load(const char *path, tune_input_t *in, char *err, size_t errlen);
+int tune_report_load(const char *path, int device, tune_input_t *in, char *err, size_t errlen);
 
 /* --plot (tune_plot.c): the n series as step lines in one SVG at path. */
 int tune_plot_svg(const char *path, const char *title, const tune_series_t *s, const char *const *names, size_t n,

@@ -194,7 +194,7 @@ static int snap_device(const pk_value_t *traces)
     return best;
 }
 
-static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, tune_input_t *in)
+static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, int device, tune_input_t *in)
 {
     if (!root || root->type != PK_DICT)
         return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: the pickle holds a %s, not a dict", c->path,
@@ -203,7 +203,10 @@ static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, tune_in
     const pk_value_t *traces = segs ? snap_list(c, pk_get(root, "device_traces"), "device_traces") : NULL;
     if (!traces)
         return -1;
-    in->device = snap_device(traces);
+    if (device >= 0 && (size_t)device >= traces->n)
+        return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: no device %d (device_traces has %zu device%s)",
+                       c->path, device, traces->n, traces->n == 1 ? "" : "s");
+    in->device = device >= 0 ? device : snap_device(traces);
     snap_events_t s = {0};
     s.ev = traces->n ? snap_list(c, traces->items[in->device], "device_traces[]") : NULL;
     if (!s.ev)
@@ -257,14 +260,14 @@ int tune_snapshot_parse(unsigned char *data, size_t len, const char *name, tune_
     if (pk_parse(data, len, &doc, name, err, errlen))
         return -1;
     snap_ctx_t c = {name, err, errlen};
-    int rc = snapshot_convert(&c, doc.root, in);
+    int rc = snapshot_convert(&c, doc.root, -1, in);
     pk_free(&doc);
     return rc;
 }
 
 /* ---- any input ------------------------------------------------------------------ */
 
-int tune_input_load(const char *path, tune_input_t *in, char *err, size_t errlen)
+int tune_input_load(const char *path, int device, tune_input_t *in, char *err, size_t errlen)
 {
     memset(in, 0, sizeof *in);
     FILE *f = fopen(path, "rb");
@@ -281,12 +284,12 @@ int tune_input_load(const char *path, tune_input_t *in, char *err, size_t errlen
         rc = pk_load(path, &doc, err, errlen);
         if (!rc) {
             snap_ctx_t c = {path, err, errlen};
-            rc = snapshot_convert(&c, doc.root, in);
+            rc = snapshot_convert(&c, doc.root, device, in);
             pk_free(&doc);
         }
     } else if (first == '{') {
         in->kind = "tally report";
-        rc = tune_report_load(path, in, err, errlen);
+        rc = tune_report_load(path, device, in, err, errlen);
     } else {
         in->kind = "CSV trace";
         rc = trace_load(path, &in->trace, err, errlen);

@@ -39,7 +39,8 @@ static char *report_text(const char *path, size_t *len, char *err, size_t errlen
     return buf;
 }
 
-static int convert(const char *path, const tally_json_t *root, tune_input_t *in, char *err, size_t errlen)
+static int convert(const char *path, const tally_json_t *root, int want, tune_input_t *in, char *err,
+                   size_t errlen)
 {
     const tally_json_t *format = tally__json_get(root, "format");
     if (!format || format->type != TALLY_JSON_STRING || strcmp(format->s, "tally-report") != 0) {
@@ -51,12 +52,20 @@ static int convert(const char *path, const tally_json_t *root, tune_input_t *in,
         snprintf(err, errlen, "%s: the report holds no allocation trace (record it with TALLY_CONF=trace:true)", path);
         return -1;
     }
+    /* The device asked for, else the one with the most events. */
     const tally_json_t *dev = NULL;
     for (size_t i = 0; i < traces->len; i++) {
         const tally_json_t *ev = tally__json_get(&traces->items[i], "events");
         const tally_json_t *best = dev ? tally__json_get(dev, "events") : NULL;
-        if (ev && ev->type == TALLY_JSON_ARRAY && (!best || ev->len > best->len))
+        int64_t id = -1;
+        tally__json_int(tally__json_get(&traces->items[i], "device"), &id);
+        if (want >= 0 ? id == want : ev && ev->type == TALLY_JSON_ARRAY && (!best || ev->len > best->len))
             dev = &traces->items[i];
+    }
+    if (want >= 0 && !dev) {
+        snprintf(err, errlen, "%s: alloc_trace has no device %d (devices that allocated while tracing: %zu)", path,
+                 want, traces->len);
+        return -1;
     }
     const tally_json_t *events = dev ? tally__json_get(dev, "events") : NULL;
     const tally_json_t *streams = dev ? tally__json_get(dev, "streams") : NULL;
@@ -103,7 +112,7 @@ static int convert(const char *path, const tally_json_t *root, tune_input_t *in,
     return rc;
 }
 
-int tune_report_load(const char *path, tune_input_t *in, char *err, size_t errlen)
+int tune_report_load(const char *path, int device, tune_input_t *in, char *err, size_t errlen)
 {
     size_t len;
     char *text = report_text(path, &len, err, errlen);
@@ -117,7 +126,7 @@ int tune_report_load(const char *path, tune_input_t *in, char *err, size_t errle
         snprintf(err, errlen, "%s: malformed JSON: %s", path, why);
         rc = -1;
     } else {
-        rc = convert(path, root, in, err, errlen);
+        rc = convert(path, root, device, in, err, errlen);
     }
     tally__json_free(root);
     free(text);
