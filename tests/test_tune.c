@@ -8,7 +8,6 @@
 /* The readers under test first: cmocka.h defines a macro named fail. */
 #include "../tools/pickle.c"
 #include "../tools/tune_input.c"
-#include "../tools/tune_report.c"
 #include "../bench/trace.c"
 
 #include <setjmp.h>

@@ -3,11 +3,10 @@
  *
  *   tune_input.c    the three inputs (CSV trace, PyTorch snapshot pickle,
  *                   tally JSON report with trace:true) as one trace_t
- *   tune_grid.c     the candidate settings, chosen from the trace
- *   tune_run.c      the replays, in forked worker processes
- *   tune_report.c   the alloc_trace of a tally report (for tune_input.c)
- *   tune_plot.c     --plot
- *   tune.c          the command: options, table, JSON, recommendation */
+ *   tune_run.c      the candidate settings, chosen from the trace, and
+ *                   their replays in forked worker processes
+ *   tune.c          the command: options, table, JSON, recommendation, plot
+ *   pickle.c        the plain-data pickle reader */
 #ifndef TALLY_TOOLS_TUNE_H
 #define TALLY_TOOLS_TUNE_H
 
@@ -68,10 +67,10 @@ typedef struct tune_series {
 int tune_run(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t nrows, int jobs, bool quiet,
              const size_t *want, size_t nwant, tune_series_t *series, char *err, size_t errlen);
 
-/* A tally JSON report's alloc_trace (tune_report.c); as tune_input_load. */
+/* A tally JSON report's alloc_trace (tune_input.c); as tune_input_load. */
 int tune_report_load(const char *path, int device, tune_input_t *in, char *err, size_t errlen);
 
-/* --plot (tune_plot.c): the n series as step lines in one SVG at path. */
+/* --plot (tune.c): the n series as step lines in one SVG at path. */
 int tune_plot_svg(const char *path, const char *title, const tune_series_t *s, const char *const *names, size_t n,
                   char *err, size_t errlen);
 
