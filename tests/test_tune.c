@@ -80,6 +80,8 @@ static tally_json_t *tune_json(const char *path, const char *extra)
     assert_true(rows->len >= 10);
     const tally_json_t *def = &rows->items[0];
     assert_string_equal(tally__json_get(def, "setting")->s, "");
+    assert_string_equal(tally__json_get(def, "why")->s, "PyTorch's default");
+    assert_string_equal(tally__json_get(def, "line")->s, "PYTORCH_CUDA_ALLOC_CONF=");
     int recommended = 0;
     for (size_t i = 0; i < rows->len; i++) {
         const tally_json_t *row = &rows->items[i];

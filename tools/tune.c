@@ -162,6 +162,8 @@ static void print_json(const tune_input_t *in, const tune_row_t *rows, size_t n,
             printf(",\"recorded_peak_reserved_bytes\":%" PRId64, in->recorded_peak);
         printf(",\"line\":");
         json_str(line);
+        printf(",\"why\":");
+        json_str(r->why ? r->why : "");
         if (!r->ok) {
             printf(",\"error\":");
             json_str(r->error);
