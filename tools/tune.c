@@ -203,16 +203,18 @@ static void print_table(const char *file, const tune_input_t *in, const tune_row
         /* The row replaying the setting the job ran with, when the grid has it. */
         const tune_row_t *same = NULL;
         for (size_t i = 0; i < n && !same; i++)
-            if (strcmp(rows[i].setting, in->recorded_conf) == 0 && rows[i].ok)
+            if (strcmp(rows[i].setting, in->recorded_conf) == 0)
                 same = &rows[i];
         printf("\nrecorded by PyTorch (PYTORCH_CUDA_ALLOC_CONF=\"%s\"): peak reserved %s (%s when recording began)",
                in->recorded_conf, mib(in->recorded_peak, a, sizeof a), mib(in->recorded_start, b, sizeof b));
-        if (same) {
+        if (same && !same->ok) {
+            printf("\nreplay of the same setting failed: %s\n", same->error);
+        } else if (same) {
             int64_t d = same->peak_reserved - in->recorded_peak;
             printf("\nreplay of the same setting: %s; difference %s%s (%+.2f%%)\n", mib(same->peak_reserved, b, sizeof b),
                    d >= 0 ? "+" : "", mib(d, c, sizeof c), in->recorded_peak ? 100.0 * (double)d / (double)in->recorded_peak : 0.0);
         } else {
-            printf("\n(the grid does not hold that setting, so there is no replay to compare)\n");
+            printf("\n(that setting is too long to replay as a row, so there is no replay to compare)\n");
         }
     }
     const tune_row_t *r = &rows[rec];
