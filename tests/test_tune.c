@@ -214,6 +214,16 @@ static void test_snapshot_rules(void **state)
     tune_input_free(&in);
 }
 
+/* The table of `tally tune FIXTURE` (status 0) holds both texts. */
+static void expect_table(const char *fixture, const char *want1, const char *want2)
+{
+    run_t r = tune("'%s/%s'", fixtures, fixture);
+    assert_int_equal(r.rc, 0);
+    if (!strstr(r.out, want1) || !strstr(r.out, want2) || !strstr(r.out, "recommendation:"))
+        fail_msg("table of %s lacks '%s' or '%s':\n%s", fixture, want1, want2, r.out);
+    run_free(&r);
+}
+
 static void test_snapshot_command(void **state)
 {
     (void)state;
@@ -225,13 +235,9 @@ static void test_snapshot_command(void **state)
         assert_int_equal(jint(&rows->items[i], "peak_live_bytes"), 7000000);
     }
     tally__json_free(rows);
-    run_t r = tune("'%s'", path);
-    assert_int_equal(r.rc, 0);
     /* PyTorch's figure next to the replay of the same setting, and the difference. */
-    if (!strstr(r.out, "recorded by PyTorch (PYTORCH_CUDA_ALLOC_CONF=\"\"): peak reserved 24.0 MiB") ||
-        !strstr(r.out, "replay of the same setting:") || !strstr(r.out, "recommendation:"))
-        fail_msg("table:\n%s", r.out);
-    run_free(&r);
+    expect_table("small.pickle", "recorded by PyTorch (PYTORCH_CUDA_ALLOC_CONF=\"\"): peak reserved 24.0 MiB",
+                 "replay of the same setting: 22.0 MiB; difference -2.0 MiB (-8.33%)");
 }
 
 /* A snapshot recorded under a setting outside the grid: that setting is
@@ -247,12 +253,8 @@ static void test_snapshot_recorded_setting(void **state)
     assert_string_equal(tally__json_get(last, "setting")->s, "max_split_size_mb:33");
     assert_int_equal(jint(last, "peak_reserved_bytes"), 22 * MiB);
     tally__json_free(rows);
-    run_t r = tune("'%s'", path);
-    assert_int_equal(r.rc, 0);
-    if (!strstr(r.out, "(PYTORCH_CUDA_ALLOC_CONF=\"max_split_size_mb:33\"): peak reserved 24.0 MiB") ||
-        !strstr(r.out, "replay of the same setting: 22.0 MiB; difference -2.0 MiB"))
-        fail_msg("table:\n%s", r.out);
-    run_free(&r);
+    expect_table("small_conf.pickle", "(PYTORCH_CUDA_ALLOC_CONF=\"max_split_size_mb:33\"): peak reserved 24.0 MiB",
+                 "replay of the same setting: 22.0 MiB; difference -2.0 MiB");
 }
 
 /* A job recorded with a key tally cannot replay: that row fails, the
@@ -260,12 +262,9 @@ static void test_snapshot_recorded_setting(void **state)
 static void test_snapshot_unsupported_setting(void **state)
 {
     (void)state;
-    run_t r = tune("'%s/small_unsupported.pickle'", fixtures);
-    assert_int_equal(r.rc, 0);
-    if (!strstr(r.out, "replay of the same setting failed: config: key 'pinned_use_cuda_host_register'") ||
-        !strstr(r.out, "recommendation: expandable_segments:True"))
-        fail_msg("table:\n%s", r.out);
-    run_free(&r);
+    expect_table("small_unsupported.pickle",
+                 "replay of the same setting failed: config: key 'pinned_use_cuda_host_register'",
+                 "recommendation: expandable_segments:True");
 }
 
 /* --plot draws the default and the recommendation, named in the legend. */
