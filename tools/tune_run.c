@@ -17,7 +17,6 @@
 #include <tally.h>
 
 #include <errno.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -284,7 +283,7 @@ int tune_run(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t nrows
                     jobs == 1 ? "" : "s", now_s() - t0);
     }
     if (!quiet)
-        fprintf(stderr, "%stally tune: %zu settings replayed, %zu events each, %d worker%s, %.2f s\n", tty ? "\r" : "",
+        fprintf(stderr, "%stally tune: %zu settings replayed, %zu events each, %d worker%s, %.2f s\n", tty ? "\r\33[K" : "",
                 done, t->nev, jobs, jobs == 1 ? "" : "s", now_s() - t0);
     memcpy(rows, out, row_bytes);
     for (size_t w = 0; series && w < nwant; w++) {
