@@ -89,9 +89,10 @@ void tally__trace_record_locked(tally_device_t *d, int alloc, const tally_block_
     r->op = alloc ? 1 : 0;
 }
 
-/* {"device":D,"total_bytes":M,"streams":[...],"start_us":T,"events":[dt,id,size,stream,...]}:
- * dt in microseconds since the previous event, id > 0 allocates block id,
- * id < 0 frees block -id. */
+/* {"device":D,"total_bytes":M,"streams":[...],"start_us":T,"events":"dt,id,size,stream dt,id,..."}:
+ * one string (a reader holds it as one value, not four per event), events
+ * separated by spaces; dt in microseconds since the previous event, id > 0
+ * allocates block id, id < 0 frees block -id. */
 void tally__trace_write_locked(tally_device_t *d, tally_out_t *o, bool *first)
 {
     dev_trace_t *t = &traces[d->id];
@@ -114,11 +115,11 @@ void tally__trace_write_locked(tally_device_t *d, tally_out_t *o, bool *first)
         double off = (double)(int64_t)(r->ticks - t->tick0) * rate;
         uint64_t us = off > 0 ? t->us0 + (uint64_t)off : t->us0;
         if (i == 0)
-            tally__out_printf(o, "],\"start_us\":%llu,\"events\":[", (unsigned long long)us);
+            tally__out_printf(o, "],\"start_us\":%llu,\"events\":\"", (unsigned long long)us);
         uint64_t dt = i && us >= prev ? us - prev : 0;
         prev = us;
-        tally__out_printf(o, "%s%llu,%s%llu,%llu,%u", i ? (i % 8 ? "," : ",\n") : "", (unsigned long long)dt,
-                          r->op ? "" : "-", (unsigned long long)r->seq, (unsigned long long)r->size, r->stream);
+        tally__out_printf(o, "%s%llu,%s%llu,%llu,%u", i ? " " : "", (unsigned long long)dt, r->op ? "" : "-",
+                          (unsigned long long)r->seq, (unsigned long long)r->size, r->stream);
     }
-    tally__out_puts(o, "]}");
+    tally__out_puts(o, "\"}");
 }

@@ -391,11 +391,12 @@ static void test_report_input(void **state)
     const tally_json_t *dev = tally__json_at(tally__json_get(doc, "alloc_trace"), 0);
     const tally_json_t *ev = tally__json_get(dev, "events");
     assert_non_null(ev);
-    int64_t span = 0, dt, start = jint(dev, "start_us");
-    for (size_t k = 0; k < ev->len; k += 4) {
-        assert_int_equal(tally__json_int(&ev->items[k], &dt), 0);
-        span += dt;
-    }
+    assert_int_equal(ev->type, TALLY_JSON_STRING);
+    int64_t span = 0, start = jint(dev, "start_us");
+    int nev = 0;
+    for (const char *p = ev->s; p && *p; p = strchr(p, ' '), p = p ? p + 1 : NULL, nev++)
+        span += strtoll(p, NULL, 10); /* each event's first field: µs since the previous one */
+    assert_int_equal(nev, 24);
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     int64_t now_us = (int64_t)now.tv_sec * 1000000 + now.tv_nsec / 1000;
@@ -426,6 +427,20 @@ static void test_report_without_trace(void **state)
     fputs("{\"format\":\"tally-report\",\"alloc_trace\":[]}\n", f);
     fclose(f);
     expect_one_line_error(tune("'%s'", path), 1, "no allocation trace (record it with TALLY_CONF=trace:true)");
+    /* An events string cut short, and a free of a block never allocated. */
+    static const char *const bad[][2] = {
+        {"0,1,100,0 5,2,200", "alloc_trace event 1: not 'dt,id,size,stream'"},
+        {"0,1,100,0 5,-2,100,0", "alloc_trace event 1: free of id 2, which is not live"},
+        {"0,1,100,7", "alloc_trace event 0: not 'dt,id,size,stream'"}, /* stream index 7 of 1 */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        f = fopen(path, "w");
+        assert_non_null(f);
+        fprintf(f, "{\"format\":\"tally-report\",\"alloc_trace\":[{\"device\":0,\"streams\":[0],\"events\":\"%s\"}]}\n",
+                bad[i][0]);
+        fclose(f);
+        expect_one_line_error(tune("'%s'", path), 1, bad[i][1]);
+    }
 }
 
 /* ---- the shared traces, when present ----------------------------------------------------- */

@@ -297,6 +297,23 @@ static char *report_text(const char *path, size_t *len, char *err, size_t errlen
     return buf;
 }
 
+/* One decimal field of an events string, ending at sep (or the string's end). */
+static int event_field(const char **p, const char *end, char sep, int64_t *out)
+{
+    const char *q = *p;
+    bool neg = q < end && *q == '-';
+    q += neg;
+    uint64_t v = 0;
+    const char *digits = q;
+    while (q < end && *q >= '0' && *q <= '9' && v <= (uint64_t)INT64_MAX / 10)
+        v = v * 10 + (uint64_t)(*q++ - '0');
+    if (q == digits || v > (uint64_t)INT64_MAX || (q < end && *q != sep) || (q == end && sep != ' '))
+        return -1;
+    *out = neg ? -(int64_t)v : (int64_t)v;
+    *p = q < end ? q + 1 : q;
+    return 0;
+}
+
 static int convert(const char *path, const tally_json_t *root, int want, tune_input_t *in, char *err,
                    size_t errlen)
 {
@@ -310,14 +327,14 @@ static int convert(const char *path, const tally_json_t *root, int want, tune_in
         snprintf(err, errlen, "%s: the report holds no allocation trace (record it with TALLY_CONF=trace:true)", path);
         return -1;
     }
-    /* The device asked for, else the one with the most events. */
+    /* The device asked for, else the one with the most events (the longest string). */
     const tally_json_t *dev = NULL;
     for (size_t i = 0; i < traces->len; i++) {
         const tally_json_t *ev = tally__json_get(&traces->items[i], "events");
         const tally_json_t *best = dev ? tally__json_get(dev, "events") : NULL;
         int64_t id = -1;
         tally__json_int(tally__json_get(&traces->items[i], "device"), &id);
-        if (want >= 0 ? id == want : ev && ev->type == TALLY_JSON_ARRAY && (!best || ev->len > best->len))
+        if (want >= 0 ? id == want : ev && ev->type == TALLY_JSON_STRING && (!best || ev->len > best->len))
             dev = &traces->items[i];
     }
     if (want >= 0 && !dev) {
@@ -328,10 +345,9 @@ static int convert(const char *path, const tally_json_t *root, int want, tune_in
     const tally_json_t *events = dev ? tally__json_get(dev, "events") : NULL;
     const tally_json_t *streams = dev ? tally__json_get(dev, "streams") : NULL;
     int64_t device = 0, total = 0;
-    if (!events || !streams || streams->type != TALLY_JSON_ARRAY || events->len % 4 ||
+    if (!events || events->type != TALLY_JSON_STRING || !streams || streams->type != TALLY_JSON_ARRAY ||
         tally__json_int(tally__json_get(dev, "device"), &device)) {
-        snprintf(err, errlen, "%s: alloc_trace: each entry needs device, streams and events (4 integers per event)",
-                 path);
+        snprintf(err, errlen, "%s: alloc_trace: each entry needs device, streams and an events string", path);
         return -1;
     }
     if (tally__json_int(tally__json_get(dev, "total_bytes"), &total) == 0)
@@ -342,21 +358,20 @@ static int convert(const char *path, const tally_json_t *root, int want, tune_in
         return -1;
     char why[400];
     int rc = 0;
-    for (size_t k = 0; k < events->len / 4 && !rc; k++) {
-        int64_t v[4];
-        for (int j = 0; j < 4; j++)
-            if (tally__json_int(&events->items[4 * k + (size_t)j], &v[j])) {
-                snprintf(err, errlen, "%s: alloc_trace event %zu: field %d is not an integer", path, k, j + 1);
+    const char *p = events->s, *end = events->s + events->len;
+    for (size_t k = 0; p < end && !rc; k++) {
+        int64_t v[4], stream = 0;
+        const tally_json_t *sv = NULL;
+        for (int j = 0; j < 4 && !rc; j++)
+            if (event_field(&p, end, j < 3 ? ',' : ' ', &v[j]))
                 rc = -1;
-                break;
-            }
-        if (rc)
-            break;
-        const tally_json_t *sv = tally__json_at(streams, (size_t)(v[3] < 0 ? 0 : v[3]));
-        int64_t stream = 0;
-        if (v[1] == 0 || v[2] < 0 || v[3] < 0 || !sv || tally__json_int(sv, &stream)) {
-            snprintf(err, errlen, "%s: alloc_trace event %zu: bad id, size or stream index (%lld, %lld, %lld)", path, k,
-                     (long long)v[1], (long long)v[2], (long long)v[3]);
+        if (!rc)
+            sv = tally__json_at(streams, (size_t)(v[3] < 0 ? 0 : v[3]));
+        if (rc || v[0] < 0 || v[1] == 0 || v[2] < 0 || v[3] < 0 || !sv || tally__json_int(sv, &stream)) {
+            snprintf(err, errlen,
+                     "%s: alloc_trace event %zu: not 'dt,id,size,stream' with dt, size >= 0, id != 0 and a known "
+                     "stream index",
+                     path, k);
             rc = -1;
             break;
         }
