@@ -416,6 +416,35 @@ static void test_report_input(void **state)
     expect_one_line_error(tune("--device 3 '%s'", path), 1, "traced.json: alloc_trace has no device 3");
 }
 
+/* Tracing switched on at run time: frees of blocks allocated before it
+ * began become allocations placed first (as a snapshot's are). Events:
+ * free 7 (100 B, from before), allocate 8 (50 B), free 8. */
+static void test_report_trace_started_late(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32], err[512];
+    snprintf(path, sizeof path, "%s/late.json", scratch);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\":\"tally-report\",\"alloc_trace\":[{\"device\":0,\"total_bytes\":1073741824,"
+          "\"streams\":[0],\"events\":\"0,-7,100,0 3,8,50,0 1,-8,50,0\"}]}\n",
+          f);
+    fclose(f);
+    tune_input_t in;
+    if (tune_input_load(path, -1, &in, err, sizeof err))
+        fail_msg("%s", err);
+    assert_int_equal(in.prelive, 1);
+    assert_int_equal(in.trace.nev, 4);
+    static const char ops[] = "afaf";
+    static const uint64_t sizes[] = {100, 100, 50, 50};
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(in.trace.ev[i].op, ops[i]);
+        assert_int_equal(in.trace.ev[i].size, sizes[i]);
+    }
+    assert_int_equal(in.capacity, 1073741824);
+    tune_input_free(&in);
+}
+
 /* A report written without trace:true says how to get one. */
 static void test_report_without_trace(void **state)
 {
@@ -430,7 +459,8 @@ static void test_report_without_trace(void **state)
     /* An events string cut short, and a free of a block never allocated. */
     static const char *const bad[][2] = {
         {"0,1,100,0 5,2,200", "alloc_trace event 1: not 'dt,id,size,stream'"},
-        {"0,1,100,0 5,-2,100,0", "alloc_trace event 1: free of id 2, which is not live"},
+        {"0,-2,100,0 5,-2,100,0", "alloc_trace: block 2 freed twice before any allocation of it"},
+        {"0,1,100,0 5,1,100,0", "alloc_trace event 1: allocation of id 1, which is already live"},
         {"0,1,100,7", "alloc_trace event 0: not 'dt,id,size,stream'"}, /* stream index 7 of 1 */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -581,6 +611,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_report_input),
+        cmocka_unit_test(test_report_trace_started_late),
         cmocka_unit_test(test_report_without_trace),
         cmocka_unit_test(test_shared_snapshots),
         cmocka_unit_test(test_shared_recommendation),

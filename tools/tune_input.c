@@ -314,6 +314,38 @@ static int event_field(const char **p, const char *end, char sep, int64_t *out)
     return 0;
 }
 
+/* Feed the events string to b. With pre (first pass) a free of a block not
+ * live is noted there instead (allocated before tracing began). */
+static int report_feed(const char *path, const tally_json_t *events, const tally_json_t *streams,
+                       trace_builder_t *b, snap_events_t *pre, char *err, size_t errlen)
+{
+    char why[400];
+    const char *p = events->s, *end = events->s + events->len;
+    for (size_t k = 0; p < end; k++) {
+        int64_t v[4], stream = 0;
+        const tally_json_t *sv = NULL;
+        int bad = 0;
+        for (int j = 0; j < 4 && !bad; j++)
+            bad = event_field(&p, end, j < 3 ? ',' : ' ', &v[j]);
+        if (!bad)
+            sv = tally__json_at(streams, (size_t)(v[3] < 0 ? 0 : v[3]));
+        if (bad || v[0] < 0 || v[1] == 0 || v[2] < 0 || v[3] < 0 || !sv || tally__json_int(sv, &stream))
+            return in_fail(err, errlen,
+                           "%s: alloc_trace event %zu: not 'dt,id,size,stream' with dt, size >= 0, id != 0 and a "
+                           "known stream index",
+                           path, k);
+        uint64_t id = (uint64_t)(v[1] < 0 ? -v[1] : v[1]);
+        if (pre && v[1] < 0 && !trace_is_live(b, id)) {
+            if (add_prelive(pre, id, (uint64_t)v[2], (uint64_t)stream))
+                return in_fail(err, errlen, "%s: out of memory", path);
+            continue;
+        }
+        if (trace_add(b, v[1] > 0 ? 'a' : 'f', id, (uint64_t)v[2], (uint64_t)stream, why, sizeof why))
+            return in_fail(err, errlen, "%s: alloc_trace event %zu: %s", path, k, why);
+    }
+    return 0;
+}
+
 static int convert(const char *path, const tally_json_t *root, int want, tune_input_t *in, char *err,
                    size_t errlen)
 {
@@ -353,35 +385,30 @@ static int convert(const char *path, const tally_json_t *root, int want, tune_in
     if (tally__json_int(tally__json_get(dev, "total_bytes"), &total) == 0)
         in->capacity = total;
     in->device = (int)device;
+    /* As with snapshots: frees of blocks allocated before tracing began
+     * (trace switched on at run time) become allocations placed first. */
+    snap_events_t pre = {0};
+    trace_t scratch;
     trace_builder_t b;
-    if (trace_begin(&b, &in->trace, path, err, errlen))
-        return -1;
-    char why[400];
-    int rc = 0;
-    const char *p = events->s, *end = events->s + events->len;
-    for (size_t k = 0; p < end && !rc; k++) {
-        int64_t v[4], stream = 0;
-        const tally_json_t *sv = NULL;
-        for (int j = 0; j < 4 && !rc; j++)
-            if (event_field(&p, end, j < 3 ? ',' : ' ', &v[j]))
-                rc = -1;
-        if (!rc)
-            sv = tally__json_at(streams, (size_t)(v[3] < 0 ? 0 : v[3]));
-        if (rc || v[0] < 0 || v[1] == 0 || v[2] < 0 || v[3] < 0 || !sv || tally__json_int(sv, &stream)) {
-            snprintf(err, errlen,
-                     "%s: alloc_trace event %zu: not 'dt,id,size,stream' with dt, size >= 0, id != 0 and a known "
-                     "stream index",
-                     path, k);
-            rc = -1;
-            break;
-        }
-        uint64_t id = (uint64_t)(v[1] < 0 ? -v[1] : v[1]);
-        if (trace_add(&b, v[1] > 0 ? 'a' : 'f', id, (uint64_t)v[2], (uint64_t)stream, why, sizeof why)) {
-            snprintf(err, errlen, "%s: alloc_trace event %zu: %s", path, k, why);
-            rc = -1;
-        }
-    }
+    int rc = trace_begin(&b, &scratch, path, err, errlen);
+    if (!rc)
+        rc = report_feed(path, events, streams, &b, &pre, err, errlen);
     trace_end(&b);
+    trace_free(&scratch);
+    if (!rc)
+        rc = trace_begin(&b, &in->trace, path, err, errlen);
+    if (!rc) {
+        char why[400];
+        for (size_t i = 0; !rc && i < pre.npre; i++)
+            if (trace_add(&b, 'a', pre.pre[i].addr, pre.pre[i].size, pre.pre[i].stream, why, sizeof why))
+                rc = in_fail(err, errlen, "%s: alloc_trace: block %llu freed twice before any allocation of it",
+                             path, (unsigned long long)pre.pre[i].addr);
+        if (!rc)
+            rc = report_feed(path, events, streams, &b, NULL, err, errlen);
+        trace_end(&b);
+    }
+    in->prelive = pre.npre;
+    free(pre.pre);
     return rc;
 }
 
