@@ -169,9 +169,10 @@ $(FUZZ_BUILD)/libtally-fuzz.a: $(FUZZ_LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c tests/fuzz/*.h)
-# fuzz_report (which includes tools/tally_cli.c) and fuzz_pickle link tally tune's sources.
+# fuzz_report (which includes tools/tally_cli.c) and fuzz_tune_input link tally tune's sources.
 FUZZ_TOOLS   :=
-$(FUZZ_BUILD)/fuzz_report $(FUZZ_BUILD)/fuzz_pickle $(BUILD)/fuzz-replay/fuzz_report $(BUILD)/fuzz-replay/fuzz_pickle: \
+$(FUZZ_BUILD)/fuzz_report $(FUZZ_BUILD)/fuzz_tune_input $(BUILD)/fuzz-replay/fuzz_report \
+	$(BUILD)/fuzz-replay/fuzz_tune_input: \
 	FUZZ_TOOLS := $(TOOL_SRC)
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard tools/*.h tools/*.c) $(FUZZ_BUILD)/libtally-fuzz.a
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $< $(FUZZ_TOOLS) $(FUZZ_BUILD)/libtally-fuzz.a -lpthread -ldl -lm

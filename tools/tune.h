@@ -34,7 +34,7 @@ typedef struct tune_input {
 int tune_input_load(const char *path, int device, tune_input_t *in, char *err, size_t errlen);
 void tune_input_free(tune_input_t *in);
 /* A PyTorch snapshot pickle already in memory (data is taken over and
- * freed); name is for messages. The fuzz target's entry (fuzz_pickle). */
+ * freed); name is for messages. The fuzz target's entry (fuzz_tune_input). */
 int tune_snapshot_parse(unsigned char *data, size_t len, const char *name, tune_input_t *in, char *err,
                         size_t errlen);
 
@@ -67,8 +67,11 @@ typedef struct tune_series {
 int tune_run(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t nrows, int jobs, bool quiet,
              const size_t *want, size_t nwant, tune_series_t *series, char *err, size_t errlen);
 
-/* A tally JSON report's alloc_trace (tune_input.c); as tune_input_load. */
+/* A tally JSON report's alloc_trace (tune_input.c); as tune_input_load.
+ * _parse reads text[0..len) (not taken over); name is for messages. */
 int tune_report_load(const char *path, int device, tune_input_t *in, char *err, size_t errlen);
+int tune_report_parse(const char *text, size_t len, const char *name, int device, tune_input_t *in, char *err,
+                      size_t errlen);
 
 /* --plot (tune.c): the n series as step lines in one SVG at path. */
 int tune_plot_svg(const char *path, const char *title, const tune_series_t *s, const char *const *names, size_t n,

@@ -412,23 +412,33 @@ static int convert(const char *path, const tally_json_t *root, int want, tune_in
     return rc;
 }
 
+int tune_report_parse(const char *text, size_t len, const char *name, int device, tune_input_t *in, char *err,
+                      size_t errlen)
+{
+    memset(in, 0, sizeof *in);
+    in->kind = "tally report";
+    char why[256];
+    size_t at = 0;
+    tally_json_t *root = tally__json_parse(text, len, why, sizeof why, &at);
+    if (!root) {
+        /* The reader's message can quote a key from the input, control characters and all: one line. */
+        for (char *c = why; *c; c++)
+            if ((unsigned char)*c < 0x20)
+                *c = '?';
+        return in_fail(err, errlen, "%s: malformed JSON: %s", name, why);
+    }
+    int rc = convert(name, root, device, in, err, errlen);
+    tally__json_free(root);
+    return rc;
+}
+
 int tune_report_load(const char *path, int device, tune_input_t *in, char *err, size_t errlen)
 {
     size_t len;
     char *text = report_text(path, &len, err, errlen);
     if (!text)
         return -1;
-    char why[256];
-    size_t at = 0;
-    tally_json_t *root = tally__json_parse(text, len, why, sizeof why, &at);
-    int rc;
-    if (!root) {
-        snprintf(err, errlen, "%s: malformed JSON: %s", path, why);
-        rc = -1;
-    } else {
-        rc = convert(path, root, device, in, err, errlen);
-    }
-    tally__json_free(root);
+    int rc = tune_report_parse(text, len, path, device, in, err, errlen);
     free(text);
     return rc;
 }

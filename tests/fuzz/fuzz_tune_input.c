@@ -1,6 +1,7 @@
-/* Fuzz target: tally tune's pickle reader (tools/pickle.c) and the PyTorch
- * snapshot rules on top of it (tools/tune_input.c), which read files a user
- * hands to `tally tune`.
+/* Fuzz target: tally tune's readers of the files a user hands it: the
+ * pickle reader (tools/pickle.c) with the PyTorch snapshot rules on top of
+ * it, and the alloc_trace of a tally report (tools/tune_input.c); an input
+ * starting with '{' goes to the report reader, any other to the snapshot's.
  *
  * On every input: no crash, no read outside the input, nothing leaked.
  * On failure: one line (no newline) naming the input. On success: the trace
@@ -24,7 +25,14 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     tune_input_t in;
     char err[1024];
     err[0] = 0;
-    if (tune_snapshot_parse(copy, size, "input", &in, err, sizeof err)) {
+    int rc;
+    if (size && data[0] == '{') {
+        rc = tune_report_parse((const char *)copy, size, "input", -1, &in, err, sizeof err);
+        free(copy);
+    } else {
+        rc = tune_snapshot_parse(copy, size, "input", &in, err, sizeof err);
+    }
+    if (rc) {
         if (!err[0] || strchr(err, '\n') || strncmp(err, "input", 5) != 0)
             abort();
         tune_input_free(&in);
