@@ -91,9 +91,11 @@ $(BUILD)/lib/libtally.so: $(LIB_OBJ) $(LIB_CXX_OBJ) lib/exports.map
 $(BUILD)/lib/libtally.so.$(SOVERSION): $(BUILD)/lib/libtally.so
 	ln -sf libtally.so $@
 
-$(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(BUILD)/lib/libtally.a
+# tally tune (tools/tune*.c, tools/pickle.c) replays traces with bench/trace.c.
+TOOL_SRC := $(sort $(wildcard tools/tune*.c)) tools/pickle.c bench/trace.c
+$(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(TOOL_SRC) bench/trace.h $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/lib/libtally.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(TOOL_SRC) $(BUILD)/lib/libtally.a $(LDLIBS)
 
 $(BUILD)/bin/demo: tools/demo.c $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
@@ -122,6 +124,9 @@ $(BUILD)/tests/test_driver_h: tests/test_driver_h.c tests/driver_h_names.sh lib/
 	CC="$(CC)" bash tests/driver_h_names.sh lib/cuda/driver.h > $(BUILD)/tests/driver_h_names.h
 	$(CC) $(CFLAGS) -Wno-pedantic $(if $(CUDA_H_DIR),-DTALLY_CUDA_H_CHECK -I$(BUILD)/tests -isystem $(CUDA_H_DIR)) \
 		-o $@ $< -lcmocka $(LDLIBS)
+
+# test_tune compiles tally tune's readers in (tools/, bench/trace.c).
+$(BUILD)/tests/test_tune: $(TOOL_SRC) $(wildcard tools/*.h) bench/trace.h
 
 demo: $(BUILD)/bin/demo $(CLI)
 	$(BUILD)/bin/demo
@@ -280,15 +285,20 @@ $(FUZZ_BUILD)/libtally-fuzz.a: $(FUZZ_LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c tests/fuzz/*.h)
+# fuzz_report (which includes tools/tally_cli.c) and fuzz_tune_input link tally tune's sources.
+FUZZ_TOOLS   :=
+$(FUZZ_BUILD)/fuzz_report $(FUZZ_BUILD)/fuzz_tune_input $(BUILD)/fuzz-replay/fuzz_report \
+	$(BUILD)/fuzz-replay/fuzz_tune_input: \
+	FUZZ_TOOLS := $(TOOL_SRC)
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard tools/*.h tools/*.c) $(FUZZ_BUILD)/libtally-fuzz.a
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $< $(FUZZ_BUILD)/libtally-fuzz.a -lpthread -ldl -lm
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $< $(FUZZ_TOOLS) $(FUZZ_BUILD)/libtally-fuzz.a -lpthread -ldl -lm
 
 # Replay: the same targets with a plain main (tests/fuzz/replay_main.c),
 # against the library of $(BUILD) (so `make asan` replays under ASan).
 REPLAY_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz-replay/%)
 $(BUILD)/fuzz-replay/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(FUZZ_SRC) $(wildcard tools/*.h tools/*.c) $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Wno-pedantic -Itools -o $@ $< tests/fuzz/replay_main.c $(BUILD)/lib/libtally.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Wno-pedantic -Itools -o $@ $< tests/fuzz/replay_main.c $(FUZZ_TOOLS) $(BUILD)/lib/libtally.a $(LDLIBS)
 
 fuzz-replay: $(REPLAY_BINS)
 	@bash tests/fuzz/replay.sh $(BUILD)/fuzz-replay $(FUZZ_NAMES)

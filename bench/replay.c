@@ -404,11 +404,8 @@ static int cmp_double(const void *a, const void *b)
 static int replay(const trace_t *t, int reps, bool check, figures_t *f, char *err, size_t errlen)
 {
     void **ptrs = calloc(t->nalloc ? t->nalloc : 1, sizeof *ptrs);
-    void *streams[64];
     if (!ptrs)
         return snprintf(err, errlen, "out of memory"), -1;
-    for (size_t s = 0; s < t->nstreams; s++)
-        streams[s] = t->stream_ids[s] == 0 ? NULL : (void *)(uintptr_t)(0x100000u + 0x100u * (unsigned)s);
     double ns[64];
     f->oom_event = -1;
     f->varied = false;
@@ -419,24 +416,10 @@ static int replay(const trace_t *t, int reps, bool check, figures_t *f, char *er
             return -1;
         }
         memset(ptrs, 0, t->nalloc * sizeof *ptrs);
-        long oom = -1;
         tally_host_calls_t c0;
         bool counted = r == 0 && tally_host_calls(0, &c0) == 0;
         double t0 = now_ns();
-        for (size_t i = 0; i < t->nev; i++) {
-            const trace_event_t *e = &t->ev[i];
-            if (e->op == 'a') {
-                if (e->size) {
-                    void *p = tally_malloc(e->size, 0, streams[e->stream]);
-                    if (!p && oom < 0)
-                        oom = (long)i;
-                    ptrs[e->slot] = p;
-                }
-            } else {
-                tally_free(ptrs[e->slot]);
-                ptrs[e->slot] = NULL;
-            }
-        }
+        long oom = trace_run(t, ptrs, NULL, NULL);
         ns[r] = (now_ns() - t0) / (double)(t->nev ? t->nev : 1);
         tally_host_calls_t c1;
         if (counted && tally_host_calls(0, &c1) == 0) {

@@ -71,6 +71,8 @@ for f in 2 4 8 12 16 20 32 40; do
 done
 step "hot path through PyTorch's entry points (batch of 64) against mimalloc"
 "$BIN/torchpath-mimalloc" >"$OUT/torchpath.txt"
+step "tally tune: speed, and the cost of trace:true (bench/tune.sh)"
+bash "$HERE/tune.sh" "$BUILD" "$OUT" >"$OUT/tune.md"
 # 4. Instruction counts (noise-free), when valgrind is installed.
 if [ "${TALLY_BENCH_CALLGRIND:-1}" != 0 ] && command -v valgrind >/dev/null && command -v callgrind_annotate >/dev/null; then
   step "instruction counts (callgrind)"
@@ -259,5 +261,7 @@ echo
 echo '```'
 cat "$OUT/torchpath.txt"
 echo '```'
+echo
+cat "$OUT/tune.md"
 echo
 echo "Raw results: $OUT. Wall time of the run: $((end - start)) s."

@@ -2,6 +2,8 @@
  * the id -> dense slot mapping (see trace.h). */
 #include "trace.h"
 
+#include <tally.h>
+
 #include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -128,25 +130,103 @@ static const char *base_name(const char *path)
     return slash ? slash + 1 : path;
 }
 
-int trace_load(const char *path, trace_t *t, char *err, size_t errlen)
+int trace_begin(trace_builder_t *b, trace_t *t, const char *path, char *err, size_t errlen)
 {
     memset(t, 0, sizeof *t);
     snprintf(t->path, sizeof t->path, "%s", path);
     t->name = base_name(t->path);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    live_map_t live;
-    if (map_init(&live, 1024)) {
-        fclose(f);
+    b->t = t;
+    b->cap = 0;
+    b->live = malloc(sizeof(live_map_t));
+    if (!b->live || map_init(b->live, 1024)) {
+        free(b->live);
+        b->live = NULL;
         return fail(err, errlen, "%s: out of memory", path);
     }
-    size_t cap = 0;
+    return 0;
+}
+
+void trace_end(trace_builder_t *b)
+{
+    if (b->live) {
+        map_free(b->live);
+        free(b->live);
+        b->live = NULL;
+    }
+}
+
+int trace_is_live(const trace_builder_t *b, uint64_t id)
+{
+    const live_map_t *live = b->live;
+    return live->slots[map_find(live, id)] != UINT32_MAX;
+}
+
+int trace_add(trace_builder_t *b, char op, uint64_t id, uint64_t size, uint64_t stream, char *err, size_t errlen)
+{
+    trace_t *t = b->t;
+    live_map_t *live = b->live;
+    size_t si = 0;
+    while (si < t->nstreams && t->stream_ids[si] != (long long)stream)
+        si++;
+    if (si == t->nstreams) {
+        if (t->nstreams == sizeof t->stream_ids / sizeof t->stream_ids[0])
+            return fail(err, errlen, "more than %zu distinct streams", sizeof t->stream_ids / sizeof t->stream_ids[0]);
+        t->stream_ids[t->nstreams++] = (long long)stream;
+    }
+    if (t->nev == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        trace_event_t *grown = realloc(t->ev, cap * sizeof *grown);
+        if (!grown)
+            return fail(err, errlen, "out of memory");
+        t->ev = grown;
+        b->cap = cap;
+    }
+    trace_event_t *e = &t->ev[t->nev];
+    e->op = op;
+    e->stream = (uint16_t)si;
+    size_t at = map_find(live, id);
+    bool is_live = live->slots[at] != UINT32_MAX;
+    if (op == 'a') {
+        if (is_live)
+            return fail(err, errlen, "allocation of id %llu, which is already live", (unsigned long long)id);
+        if (t->nalloc >= UINT32_MAX - 1)
+            return fail(err, errlen, "too many allocations");
+        e->slot = (uint32_t)t->nalloc++;
+        e->size = size;
+        if (map_put(live, id, e->slot, size))
+            return fail(err, errlen, "out of memory");
+    } else {
+        if (!is_live)
+            return fail(err, errlen, "free of id %llu, which is not live (never allocated, or freed twice)",
+                        (unsigned long long)id);
+        if (size != 0 && size != live->sizes[at])
+            return fail(err, errlen, "free of id %llu with size %llu, but it was allocated with %llu",
+                        (unsigned long long)id, (unsigned long long)size, (unsigned long long)live->sizes[at]);
+        e->slot = live->slots[at];
+        e->size = live->sizes[at];
+        map_erase(live, at);
+        t->nfree++;
+    }
+    t->nev++;
+    return 0;
+}
+
+int trace_load(const char *path, trace_t *t, char *err, size_t errlen)
+{
+    trace_builder_t b;
+    if (trace_begin(&b, t, path, err, errlen))
+        return -1;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        trace_end(&b);
+        return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    }
     char *line = NULL;
     size_t linecap = 0;
     ssize_t len;
     long lineno = 0;
     int rc = 0;
+    char why[512];
     while ((len = getline(&line, &linecap, f)) >= 0) {
         lineno++;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
@@ -206,65 +286,10 @@ int trace_load(const char *path, trace_t *t, char *err, size_t errlen)
                       (int)(end[3] - field[3]), field[3]);
             break;
         }
-        size_t si = 0;
-        while (si < t->nstreams && t->stream_ids[si] != (long long)stream)
-            si++;
-        if (si == t->nstreams) {
-            if (t->nstreams == sizeof t->stream_ids / sizeof t->stream_ids[0]) {
-                rc = fail(err, errlen, "%s:%ld: more than %zu distinct streams", path, lineno,
-                          sizeof t->stream_ids / sizeof t->stream_ids[0]);
-                break;
-            }
-            t->stream_ids[t->nstreams++] = (long long)stream;
+        if (trace_add(&b, field[0][0], id, size, stream, why, sizeof why)) {
+            rc = fail(err, errlen, "%s:%ld: %s", path, lineno, why);
+            break;
         }
-        if (t->nev == cap) {
-            cap = cap ? cap * 2 : 4096;
-            trace_event_t *grown = realloc(t->ev, cap * sizeof *grown);
-            if (!grown) {
-                rc = fail(err, errlen, "%s:%ld: out of memory", path, lineno);
-                break;
-            }
-            t->ev = grown;
-        }
-        trace_event_t *e = &t->ev[t->nev];
-        e->op = field[0][0];
-        e->stream = (uint16_t)si;
-        size_t at = map_find(&live, id);
-        bool is_live = live.slots[at] != UINT32_MAX;
-        if (e->op == 'a') {
-            if (is_live) {
-                rc = fail(err, errlen, "%s:%ld: allocation of id %llu, which is already live", path, lineno,
-                          (unsigned long long)id);
-                break;
-            }
-            if (t->nalloc >= UINT32_MAX - 1) {
-                rc = fail(err, errlen, "%s:%ld: too many allocations", path, lineno);
-                break;
-            }
-            e->slot = (uint32_t)t->nalloc++;
-            e->size = size;
-            if (map_put(&live, id, e->slot, size)) {
-                rc = fail(err, errlen, "%s:%ld: out of memory", path, lineno);
-                break;
-            }
-        } else {
-            if (!is_live) {
-                rc = fail(err, errlen, "%s:%ld: free of id %llu, which is not live (never allocated, or freed twice)",
-                          path, lineno, (unsigned long long)id);
-                break;
-            }
-            if (size != 0 && size != live.sizes[at]) {
-                rc = fail(err, errlen, "%s:%ld: free of id %llu with size %llu, but it was allocated with %llu", path,
-                          lineno, (unsigned long long)id, (unsigned long long)size,
-                          (unsigned long long)live.sizes[at]);
-                break;
-            }
-            e->slot = live.slots[at];
-            e->size = live.sizes[at];
-            map_erase(&live, at);
-            t->nfree++;
-        }
-        t->nev++;
     }
     if (!rc && ferror(f))
         rc = fail(err, errlen, "%s: read error: %s", path, strerror(errno));
@@ -272,7 +297,7 @@ int trace_load(const char *path, trace_t *t, char *err, size_t errlen)
         rc = fail(err, errlen, "%s:1: empty file (no header)", path);
     free(line);
     fclose(f);
-    map_free(&live);
+    trace_end(&b);
     if (rc)
         trace_free(t);
     return rc;
@@ -283,6 +308,31 @@ void trace_free(trace_t *t)
     free(t->ev);
     t->ev = NULL;
     t->nev = 0;
+}
+
+long trace_run(const trace_t *t, void **ptrs, void (*after)(void *arg, size_t i), void *arg)
+{
+    void *streams[sizeof t->stream_ids / sizeof t->stream_ids[0]];
+    for (size_t s = 0; s < t->nstreams; s++)
+        streams[s] = t->stream_ids[s] == 0 ? NULL : (void *)(uintptr_t)(0x100000u + 0x100u * (unsigned)s);
+    long oom = -1;
+    for (size_t i = 0; i < t->nev; i++) {
+        const trace_event_t *e = &t->ev[i];
+        if (e->op == 'a') {
+            if (e->size) {
+                void *p = tally_malloc(e->size, 0, streams[e->stream]);
+                if (!p && oom < 0)
+                    oom = (long)i;
+                ptrs[e->slot] = p;
+            }
+        } else {
+            tally_free(ptrs[e->slot]);
+            ptrs[e->slot] = NULL;
+        }
+        if (after)
+            after(arg, i);
+    }
+    return oom;
 }
 
 static int cmp_str(const void *a, const void *b)

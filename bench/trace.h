@@ -25,11 +25,36 @@ typedef struct trace {
     long long stream_ids[64]; /* stream id of each dense index */
 } trace_t;
 
+/* Building a trace event by event (what trace_load does for a CSV; tally
+ * tune does it for PyTorch snapshots and tally reports): trace_begin, then
+ * trace_add per event, then trace_end (or trace_free on error). */
+typedef struct trace_builder {
+    trace_t *t;
+    void *live; /* live ids: id -> (slot, size) */
+    size_t cap; /* events allocated in t->ev */
+} trace_builder_t;
+
+int trace_begin(trace_builder_t *b, trace_t *t, const char *path, char *err, size_t errlen);
+/* One event: op 'a' (allocate id with size) or 'f' (free id; size 0 or the
+ * allocation's). On error returns -1 with "what" in err (no file or line). */
+int trace_add(trace_builder_t *b, char op, uint64_t id, uint64_t size, uint64_t stream, char *err, size_t errlen);
+/* Whether id is live in the trace built so far. */
+int trace_is_live(const trace_builder_t *b, uint64_t id);
+void trace_end(trace_builder_t *b);
+
 /* Read and check path. On error returns -1 with "file:line: what" in err
  * (malformed line, unknown op, free of an id that is not live, allocation of
  * an id already live, a free whose size disagrees with its allocation). */
 int trace_load(const char *path, trace_t *t, char *err, size_t errlen);
 void trace_free(trace_t *t);
+
+/* Replay t once through tally on device 0 (tally_replay and tally tune):
+ * each 'a' is tally_malloc(size, 0, stream) (stream id 0 is the default
+ * stream, NULL; others distinct fake pointers), each 'f' a tally_free.
+ * ptrs holds t->nalloc pointers, NULL on entry; blocks left live stay in it.
+ * after(arg, i), when given, runs after event i. Returns the index of the
+ * first allocation tally refused, or -1. */
+long trace_run(const trace_t *t, void **ptrs, void (*after)(void *arg, size_t i), void *arg);
 
 /* Sizes of every allocation event of the .csv files in dir (sorted by file
  * name), appended to *sizes / *n (grown with realloc). Returns the number of

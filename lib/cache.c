@@ -318,6 +318,7 @@ void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
         tally__stat_dec(&d->stats.oversize_allocations, 1);
     tally__ledger_on_free_locked(d, b);
     tally__timeline_block_locked(d, TALLY_EV_FREE, b);
+    tally__trace_block_locked(d, 0, b);
     tally_freed_t *f = &d->freed[d->freed_next++ % TALLY_FREED_RING];
     f->addr = b->addr;
     f->size = b->requested;
@@ -710,5 +711,6 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
     b->ignored = 0;
     tally__ledger_on_alloc_locked(d, b);
     tally__timeline_block_locked(d, TALLY_EV_ALLOC, b);
+    tally__trace_block_locked(d, 1, b);
     return b;
 }

@@ -134,6 +134,7 @@ typedef struct tally_options {
     int home_setting;                   /* as configured: -2 auto, -1 none, or a number */
     int timeline;
     int timeline_events;
+    int trace;                          /* record every alloc and free (alloc_trace.c) */
     int expandable_segments;            /* large pool in one growing range per stream */
     int expandable_grow_chunk_mb;       /* a small block growing its range maps up to this boundary */
     int async_private_pool;             /* async backend: own pool, not the device default */

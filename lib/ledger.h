@@ -91,6 +91,14 @@ static inline void tally__timeline_block_locked(tally_device_t *d, int action, c
         tally__timeline_record_locked(d, action, b->addr, b->size, b->stream, b->tag, b->stage,
                                       (const tally_site_t *)b->site);
 }
+/* Allocation trace (alloc_trace.c, trace:true): every alloc and free in full. */
+void tally__trace_record_locked(tally_device_t *d, int alloc, const tally_block_t *b);
+void tally__trace_write_locked(tally_device_t *d, tally_out_t *o, bool *first);
+static inline void tally__trace_block_locked(tally_device_t *d, int alloc, const tally_block_t *b)
+{
+    if (TALLY_UNLIKELY(TALLY_OPT(trace)))
+        tally__trace_record_locked(d, alloc, b);
+}
 /* Copy out up to max events, oldest first; returns the count. */
 size_t tally__timeline_copy_locked(tally_device_t *d, tally_event_rec_t *out, size_t max);
 /* Events of the device that the ring no longer holds (timeline_events). */

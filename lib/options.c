@@ -89,6 +89,8 @@ static const option_row_t rows[] = {
      "record a bounded timeline of allocation events for plots and snapshots"},
     {"timeline_events", T_INT, OFF(timeline_events), 16, 1 << 24, NULL, false,
      "events kept in the timeline ring"},
+    {"trace", T_BOOL, OFF(trace), 0, 0, NULL, true,
+     "record every allocation and free (time, size, stream) in the JSON report, for tally tune"},
 };
 #define NROWS (sizeof rows / sizeof rows[0])
 _Static_assert(NROWS <= 64, "the seen mask of tally__options_parse holds 64 keys");

@@ -280,6 +280,13 @@ int tally__report_json(tally_out_t *o)
         tally__out_puts(o, "}");
     }
     tally__meta_free(sites.items);
+    tally__out_puts(o, "],\n\"alloc_trace\":[");
+    first = true;
+    for (int i = 0; i < tally__g.ndev; i++) {
+        tally__mutex_lock(&tally__g.dev[i]->lock);
+        tally__trace_write_locked(tally__g.dev[i], o, &first);
+        tally__mutex_unlock(&tally__g.dev[i]->lock);
+    }
     tally__out_puts(o, "]}\n");
     tally__out_flush(o);
     return o->failed ? -TALLY_ENOMEM : 0;

@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cliutil.h"
 #include "json.h"
 #include "report.h"
 #include "tally.h"
@@ -121,54 +122,15 @@ static char dir[PATH_MAX];     /* scratch directory of this run */
 static char tally[PATH_MAX];   /* the binary under test */
 static char fixtures[PATH_MAX];
 
-typedef struct run {
-    int rc;
-    char *out, *err;
-} run_t;
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (cap - n - 1 == 0) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-        }
-    }
-    fclose(f);
-    if (buf)
-        buf[n] = 0;
-    return buf;
-}
-
 /* Run "tally ARGS" (ARGS formatted, passed through the shell). */
 __attribute__((format(printf, 1, 2))) static run_t tally_run(const char *fmt, ...)
 {
-    char args[4096], cmd[4096 + 3 * PATH_MAX + 64], out[PATH_MAX + 8], err[PATH_MAX + 8];
+    char args[4096];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
-    snprintf(out, sizeof out, "%s/stdout", dir);
-    snprintf(err, sizeof err, "%s/stderr", dir);
-    snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>'%s'", tally, args, out, err);
-    int st = system(cmd);
-    run_t r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
-    assert_non_null(r.out);
-    assert_non_null(r.err);
-    return r;
-}
-
-static void run_free(run_t *r)
-{
-    free(r->out);
-    free(r->err);
+    return run_tool(tally, dir, args);
 }
 
 #define HAS(s, sub)                                                                                                \

@@ -6,6 +6,7 @@
  *   tally ledger    the ledger by tag x stage x device, stages, live blocks
  *   tally merge     many ranks' reports as one rank x device picture
  *   tally plot      memory over time, stacked by tag, as SVG or HTML
+ *   tally tune      replay a job's allocations under candidate settings (tune.c)
  *   tally version
  *
  * docs/reports.md describes every output. The tool never initialises the
@@ -16,6 +17,7 @@
 #include "cli_report.h"
 #include "cli_merge.h"
 #include "cli_plot.h"
+#include "tune.h"
 
 /* ---- summary ----------------------------------------------------------------- */
 
@@ -267,6 +269,9 @@ static const char main_help[] =
     "                      memory on a foreign device named\n"
     "  plot FILE.json -o OUT.svg|OUT.html\n"
     "                      memory over time, stacked by tag (needs timeline:true)\n"
+    "  tune [--capacity SIZE] [--json] [--plot OUT.svg] FILE\n"
+    "                      replay a trace CSV, PyTorch snapshot or report under\n"
+    "                      candidate settings; recommend the least reserving\n"
     "  version             print the version\n"
     "\n"
     "'tally COMMAND --help' explains each. Exit status: 0 success, 1 unusable\n"
@@ -292,7 +297,8 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-    } cmds[] = {{"summary", cmd_summary}, {"ledger", cmd_ledger}, {"merge", cmd_merge}, {"plot", cmd_plot}};
+    } cmds[] = {{"summary", cmd_summary}, {"ledger", cmd_ledger}, {"merge", cmd_merge}, {"plot", cmd_plot},
+                  {"tune", tune_main}};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
         if (strcmp(cmd, cmds[i].name) == 0) {
             snprintf(name, sizeof name, "tally %s", cmd);
@@ -300,5 +306,5 @@ int main(int argc, char **argv)
             return cmds[i].fn(argc - 1, argv + 1);
         }
     }
-    return cli_usage("unknown command '%s' (commands: summary, ledger, merge, plot, version)", cmd);
+    return cli_usage("unknown command '%s' (commands: summary, ledger, merge, plot, tune, version)", cmd);
 }

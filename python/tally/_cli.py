@@ -303,15 +303,20 @@ def _find_cli() -> Optional[str]:
     return shutil.which("tally")
 
 
-def _cmd_merge(args) -> int:
+def _run_cli(command: str, args: List[str]) -> int:
+    """Run `tally COMMAND ARGS...` (the C tool) and return its status."""
     cli = _find_cli()
     if not cli:
-        raise CliError("merge: the tally command-line tool was not found (build it with `make`, "
+        raise CliError(f"{command}: the tally command-line tool was not found (build it with `make`, "
                        "or set TALLY_CLI to its path)", 2)
     try:
-        return subprocess.call([cli, "merge", *args.reports])
+        return subprocess.call([cli, command, *args])
     except OSError as e:
-        raise CliError(f"merge: cannot run {cli}: {e.strerror}", 2) from None
+        raise CliError(f"{command}: cannot run {cli}: {e.strerror}", 2) from None
+
+
+def _cmd_merge(args) -> int:
+    return _run_cli("merge", args.reports)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -348,10 +353,20 @@ def _parser() -> argparse.ArgumentParser:
     merge = sub.add_parser("merge", help="merge per-rank JSON reports into one table (runs `tally merge`)")
     merge.add_argument("reports", nargs="+", help="JSON reports, e.g. rank*.json")
     merge.set_defaults(func=_cmd_merge)
+
+    tune = sub.add_parser("tune", add_help=False,
+                          help="replay a trace, PyTorch snapshot or report under candidate allocator "
+                               "settings and recommend one (runs `tally tune`; see tally tune --help)")
+    tune.add_argument("tune_args", nargs=argparse.REMAINDER, metavar="[OPTIONS] FILE",
+                      help="passed to `tally tune` as they are")
+    # main() hands `tune ...` to the C tool before parsing (its options are the tool's).
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["tune"]:
+        return _run_cli("tune", argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -1,0 +1,83 @@
+/* tally tune: replay a job's allocations under candidate settings and
+ * recommend the one that reserves least (docs/tune.md).
+ *
+ *   tune_input.c    the three inputs (CSV trace, PyTorch snapshot pickle,
+ *                   tally JSON report with trace:true) as one trace_t
+ *   tune_run.c      the candidate settings, chosen from the trace, and
+ *                   their replays in forked worker processes
+ *   tune.c          the command: options, table, JSON, recommendation, plot
+ *   pickle.c        the plain-data pickle reader */
+#ifndef TALLY_TOOLS_TUNE_H
+#define TALLY_TOOLS_TUNE_H
+
+#include "../bench/trace.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct tune_input {
+    trace_t trace;
+    const char *kind;         /* "CSV trace", "PyTorch snapshot", "tally report" */
+    size_t prelive;           /* allocations live before recording started (snapshot) */
+    bool has_recorded;        /* a PyTorch snapshot: PyTorch's own reserved figures */
+    int64_t recorded_peak;    /* recorded_peak_reserved_bytes (docs/tune.md) */
+    int64_t recorded_start;   /* reserved when recording began */
+    int64_t recorded_segment_allocs;
+    char recorded_conf[512];  /* allocator_settings.PYTORCH_CUDA_ALLOC_CONF */
+    int64_t capacity;         /* device memory from a report; 0 if unknown */
+    int device;               /* the device whose allocations were taken */
+} tune_input_t;
+
+/* Read FILE, whichever of the three it is (by its first bytes), taking the
+ * allocations of device (-1: the device with the most events). On error
+ * -1 with one line in err naming the file and the problem. */
+int tune_input_load(const char *path, int device, tune_input_t *in, char *err, size_t errlen);
+void tune_input_free(tune_input_t *in);
+/* A PyTorch snapshot pickle already in memory (data is taken over and
+ * freed); name is for messages. The fuzz target's entry (fuzz_tune_input). */
+int tune_snapshot_parse(unsigned char *data, size_t len, const char *name, tune_input_t *in, char *err,
+                        size_t errlen);
+
+/* One candidate and what its replay gave. */
+typedef struct tune_row {
+    char setting[160];     /* PYTORCH_CUDA_ALLOC_CONF / TALLY_CONF keys; "" = PyTorch's default */
+    bool tally_only;       /* a key PyTorch does not have (write it as TALLY_CONF) */
+    const char *why;       /* one phrase: where the candidate comes from */
+    /* results */
+    bool ok;               /* the replay ran (false: the worker failed) */
+    long oom_event;        /* first refused allocation, -1 if none */
+    int64_t peak_reserved, peak_live, backend_calls, num_device_alloc;
+    double seconds;
+    char error[200];
+} tune_row_t;
+
+/* The grid for t: PyTorch's default first. Returns the count (<= max). */
+size_t tune_grid(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t max);
+
+/* Reserved over time of one replay, for --plot: one point per event. */
+typedef struct tune_series {
+    int64_t *reserved; /* nev values */
+    size_t n;
+} tune_series_t;
+
+/* Replay t under each row's setting in up to jobs worker processes (each
+ * configuration needs its own allocator, options being process-wide),
+ * with a progress line on stderr unless quiet. series, when given, receives
+ * the reserved-over-time of rows want[0..nwant). Returns 0, or -1 with err. */
+int tune_run(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t nrows, int jobs, bool quiet,
+             const size_t *want, size_t nwant, tune_series_t *series, char *err, size_t errlen);
+
+/* A tally JSON report's alloc_trace (tune_input.c); as tune_input_load.
+ * _parse reads text[0..len) (not taken over); name is for messages. */
+int tune_report_load(const char *path, int device, tune_input_t *in, char *err, size_t errlen);
+int tune_report_parse(const char *text, size_t len, const char *name, int device, tune_input_t *in, char *err,
+                      size_t errlen);
+
+/* --plot (tune.c): the n series as step lines in one SVG at path. */
+int tune_plot_svg(const char *path, const char *title, const tune_series_t *s, const char *const *names, size_t n,
+                  char *err, size_t errlen);
+
+/* The command (tally tune ...). */
+int tune_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,485 @@
+/* tally tune's inputs as one trace (tune.h): a CSV trace (bench/trace.c
+ * reads it), a PyTorch memory snapshot pickle (read with tools/pickle.c and
+ * turned into events by the rules of docs/tune.md), or a tally JSON report
+ * recorded with trace:true, whose "alloc_trace" array holds, per device,
+ * every allocation and free as four integers (dt_us, id, size, stream
+ * index; id < 0 frees block -id; docs/reports.md). */
+#include "tune.h"
+
+#include "json.h"
+#include "pickle.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int in_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int in_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---- PyTorch snapshot --------------------------------------------------------- */
+
+typedef struct snap_ctx {
+    const char *path;
+    char *err;
+    size_t errlen;
+} snap_ctx_t;
+
+/* An integer member of dict; -1 with a message naming where if absent. */
+static int snap_int(const snap_ctx_t *c, const pk_value_t *dict, const char *key, const char *where, size_t i,
+                    int64_t *out)
+{
+    const pk_value_t *v = pk_get(dict, key);
+    if (!v)
+        return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: %s[%zu]: '%s' is missing", c->path, where, i, key);
+    if (v->type != PK_INT)
+        return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: %s[%zu]: '%s' is a %s, not an integer", c->path,
+                       where, i, key, pk_type_name(v));
+    *out = v->i;
+    return 0;
+}
+
+static const pk_value_t *snap_list(const snap_ctx_t *c, const pk_value_t *v, const char *what)
+{
+    if (!v || v->type != PK_LIST) {
+        in_fail(c->err, c->errlen, "%s: PyTorch snapshot: '%s' is %s, not a list", c->path, what,
+                v ? pk_type_name(v) : "missing");
+        return NULL;
+    }
+    return v;
+}
+
+typedef struct prelive {
+    uint64_t addr, size, stream;
+} prelive_t;
+
+typedef struct snap_events {
+    const pk_value_t *ev; /* the device's trace list */
+    prelive_t *pre;
+    size_t npre, cappre;
+} snap_events_t;
+
+static int add_prelive(snap_events_t *s, uint64_t addr, uint64_t size, uint64_t stream)
+{
+    if (s->npre == s->cappre) {
+        size_t cap = s->cappre ? s->cappre * 2 : 256;
+        prelive_t *g = realloc(s->pre, cap * sizeof *g);
+        if (!g)
+            return -1;
+        s->pre = g;
+        s->cappre = cap;
+    }
+    s->pre[s->npre++] = (prelive_t){addr, size, stream};
+    return 0;
+}
+
+/* Feed the device's alloc / free_requested events to b. With pre != NULL
+ * (first pass) a free of an address not live is an allocation made before
+ * recording: noted in pre, not fed. Segment events update the recorded
+ * reserved memory when rec is given. */
+static int snap_feed(const snap_ctx_t *c, snap_events_t *s, trace_builder_t *b, bool first, tune_input_t *rec)
+{
+    char why[400];
+    int64_t reserved = rec ? rec->recorded_start : 0;
+    for (size_t i = 0; i < s->ev->n; i++) {
+        const pk_value_t *e = s->ev->items[i];
+        const pk_value_t *action = pk_get(e, "action");
+        if (!action || action->type != PK_STR)
+            return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu has no 'action' string",
+                           c->path, i);
+        bool alloc = pk_str_is(action, "alloc"), free_req = pk_str_is(action, "free_requested");
+        bool seg_up = pk_str_is(action, "segment_alloc") || pk_str_is(action, "segment_map");
+        bool seg_down = pk_str_is(action, "segment_free") || pk_str_is(action, "segment_unmap");
+        if (!alloc && !free_req && !seg_up && !seg_down)
+            continue; /* free_completed, snapshot, oom: not the user's allocations */
+        int64_t addr, size, stream = 0;
+        if (snap_int(c, e, "addr", "device_traces event", i, &addr) ||
+            snap_int(c, e, "size", "device_traces event", i, &size))
+            return -1;
+        if (pk_get(e, "stream") && snap_int(c, e, "stream", "device_traces event", i, &stream))
+            return -1;
+        if (size < 0 || stream < 0)
+            return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu: negative size or stream",
+                           c->path, i);
+        if (seg_up || seg_down) {
+            if (rec) {
+                reserved += seg_up ? size : -size;
+                if (reserved > rec->recorded_peak)
+                    rec->recorded_peak = reserved;
+                rec->recorded_segment_allocs += pk_str_is(action, "segment_alloc");
+            }
+            continue;
+        }
+        if (first && free_req && !trace_is_live(b, (uint64_t)addr)) {
+            if (add_prelive(s, (uint64_t)addr, (uint64_t)size, (uint64_t)stream))
+                return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
+            continue;
+        }
+        if (trace_add(b, alloc ? 'a' : 'f', (uint64_t)addr, free_req ? 0 : (uint64_t)size, (uint64_t)stream, why,
+                      sizeof why))
+            return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu (%.*s at address %lld): %s",
+                           c->path, i, (int)action->len, action->s, (long long)addr, why);
+    }
+    return 0;
+}
+
+/* The device's segments: their total size, and (first pass) the blocks
+ * active at dump time that no traced allocation explains. */
+static int snap_segments(const snap_ctx_t *c, const pk_value_t *segs, int device, snap_events_t *s,
+                         const trace_builder_t *b, int64_t *total)
+{
+    *total = 0;
+    for (size_t i = 0; i < segs->n; i++) {
+        const pk_value_t *seg = segs->items[i];
+        int64_t dev = 0, size, stream = 0;
+        if (pk_get(seg, "device") && snap_int(c, seg, "device", "segments", i, &dev))
+            return -1;
+        if (dev != device)
+            continue;
+        if (snap_int(c, seg, "total_size", "segments", i, &size))
+            return -1;
+        if (pk_get(seg, "stream") && snap_int(c, seg, "stream", "segments", i, &stream))
+            return -1;
+        *total += size;
+        const pk_value_t *blocks = snap_list(c, pk_get(seg, "blocks"), "segments[].blocks");
+        if (!blocks)
+            return -1;
+        for (size_t k = 0; k < blocks->n; k++) {
+            const pk_value_t *blk = blocks->items[k];
+            if (!pk_str_is(pk_get(blk, "state"), "active_allocated"))
+                continue;
+            int64_t addr, req;
+            if (snap_int(c, blk, "address", "segments[].blocks", k, &addr) ||
+                snap_int(c, blk, "requested_size", "segments[].blocks", k, &req))
+                return -1;
+            if (!trace_is_live(b, (uint64_t)addr) && add_prelive(s, (uint64_t)addr, (uint64_t)req, (uint64_t)stream))
+                return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
+        }
+    }
+    return 0;
+}
+
+/* Reserved memory the window's segment events added, net. */
+static int64_t snap_segment_net(const pk_value_t *ev)
+{
+    int64_t net = 0;
+    for (size_t i = 0; i < ev->n; i++) {
+        const pk_value_t *a = pk_get(ev->items[i], "action");
+        const pk_value_t *sz = pk_get(ev->items[i], "size");
+        if (!sz || sz->type != PK_INT)
+            continue;
+        if (pk_str_is(a, "segment_alloc") || pk_str_is(a, "segment_map"))
+            net += sz->i;
+        else if (pk_str_is(a, "segment_free") || pk_str_is(a, "segment_unmap"))
+            net -= sz->i;
+    }
+    return net;
+}
+
+/* The device with the most traced events. */
+static int snap_device(const pk_value_t *traces)
+{
+    int best = 0;
+    size_t most = 0;
+    for (size_t i = 0; i < traces->n; i++)
+        if (traces->items[i]->type == PK_LIST && traces->items[i]->n > most) {
+            most = traces->items[i]->n;
+            best = (int)i;
+        }
+    return best;
+}
+
+static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, int device, tune_input_t *in)
+{
+    if (!root || root->type != PK_DICT)
+        return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: the pickle holds a %s, not a dict", c->path,
+                       pk_type_name(root));
+    const pk_value_t *segs = snap_list(c, pk_get(root, "segments"), "segments");
+    const pk_value_t *traces = segs ? snap_list(c, pk_get(root, "device_traces"), "device_traces") : NULL;
+    if (!traces)
+        return -1;
+    if (device >= 0 && (size_t)device >= traces->n)
+        return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: no device %d (device_traces has %zu device%s)",
+                       c->path, device, traces->n, traces->n == 1 ? "" : "s");
+    in->device = device >= 0 ? device : snap_device(traces);
+    snap_events_t s = {0};
+    s.ev = traces->n ? snap_list(c, traces->items[in->device], "device_traces[]") : NULL;
+    if (!s.ev)
+        return traces->n ? -1 : in_fail(c->err, c->errlen, "%s: PyTorch snapshot: 'device_traces' is empty", c->path);
+    const pk_value_t *settings = pk_get(root, "allocator_settings");
+    const pk_value_t *conf = pk_get(settings, "PYTORCH_CUDA_ALLOC_CONF");
+    if (conf && conf->type == PK_STR)
+        snprintf(in->recorded_conf, sizeof in->recorded_conf, "%.*s", (int)conf->len, conf->s);
+
+    /* Pass 1: which allocations were live before recording began. */
+    trace_t scratch;
+    trace_builder_t b;
+    int64_t total = 0;
+    int rc = trace_begin(&b, &scratch, c->path, c->err, c->errlen);
+    if (!rc)
+        rc = snap_feed(c, &s, &b, true, NULL);
+    if (!rc)
+        rc = snap_segments(c, segs, in->device, &s, &b, &total);
+    trace_end(&b);
+    trace_free(&scratch);
+
+    /* Pass 2: those first, then the window. Reserved at the start: the
+     * segments at dump time less what the window allocated, plus what it freed. */
+    if (!rc) {
+        in->recorded_start = total - snap_segment_net(s.ev);
+        in->recorded_peak = in->recorded_start;
+        rc = trace_begin(&b, &in->trace, c->path, c->err, c->errlen);
+        char why[400];
+        for (size_t i = 0; !rc && i < s.npre; i++)
+            if (trace_add(&b, 'a', s.pre[i].addr, s.pre[i].size, s.pre[i].stream, why, sizeof why))
+                rc = in_fail(c->err, c->errlen,
+                             "%s: PyTorch snapshot: two allocations live before recording began share address %llu "
+                             "(freed twice with no allocation between, or freed and still active at dump): %s",
+                             c->path, (unsigned long long)s.pre[i].addr, why);
+        if (!rc)
+            rc = snap_feed(c, &s, &b, false, in);
+        trace_end(&b);
+        in->has_recorded = !rc;
+    }
+    in->prelive = s.npre;
+    free(s.pre);
+    return rc;
+}
+
+int tune_snapshot_parse(unsigned char *data, size_t len, const char *name, tune_input_t *in, char *err,
+                        size_t errlen)
+{
+    memset(in, 0, sizeof *in);
+    in->kind = "PyTorch snapshot";
+    pk_doc_t doc;
+    if (pk_parse(data, len, &doc, name, err, errlen))
+        return -1;
+    snap_ctx_t c = {name, err, errlen};
+    int rc = snapshot_convert(&c, doc.root, -1, in);
+    pk_free(&doc);
+    return rc;
+}
+
+/* ---- tally report with trace:true ----------------------------------------------- */
+
+static char *report_text(const char *path, size_t *len, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0, got;
+    char *buf = malloc(cap);
+    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            char *g = realloc(buf, cap *= 2);
+            if (!g) {
+                free(buf);
+                buf = NULL;
+            }
+            buf = g;
+        }
+    }
+    fclose(f);
+    if (!buf)
+        snprintf(err, errlen, "%s: out of memory", path);
+    *len = n;
+    return buf;
+}
+
+/* One decimal field of an events string, ending at sep (or the string's end). */
+static int event_field(const char **p, const char *end, char sep, int64_t *out)
+{
+    const char *q = *p;
+    bool neg = q < end && *q == '-';
+    q += neg;
+    uint64_t v = 0;
+    const char *digits = q;
+    while (q < end && *q >= '0' && *q <= '9' && v <= (uint64_t)INT64_MAX / 10)
+        v = v * 10 + (uint64_t)(*q++ - '0');
+    if (q == digits || v > (uint64_t)INT64_MAX || (q < end && *q != sep) || (q == end && sep != ' '))
+        return -1;
+    *out = neg ? -(int64_t)v : (int64_t)v;
+    *p = q < end ? q + 1 : q;
+    return 0;
+}
+
+/* Feed the events string to b. With pre (first pass) a free of a block not
+ * live is noted there instead (allocated before tracing began). */
+static int report_feed(const char *path, const tally_json_t *events, const tally_json_t *streams,
+                       trace_builder_t *b, snap_events_t *pre, char *err, size_t errlen)
+{
+    char why[400];
+    const char *p = events->s, *end = events->s + events->len;
+    for (size_t k = 0; p < end; k++) {
+        int64_t v[4], stream = 0;
+        const tally_json_t *sv = NULL;
+        int bad = 0;
+        for (int j = 0; j < 4 && !bad; j++)
+            bad = event_field(&p, end, j < 3 ? ',' : ' ', &v[j]);
+        if (!bad)
+            sv = tally__json_at(streams, (size_t)(v[3] < 0 ? 0 : v[3]));
+        if (bad || v[0] < 0 || v[1] == 0 || v[2] < 0 || v[3] < 0 || !sv || tally__json_int(sv, &stream))
+            return in_fail(err, errlen,
+                           "%s: alloc_trace event %zu: not 'dt,id,size,stream' with dt, size >= 0, id != 0 and a "
+                           "known stream index",
+                           path, k);
+        uint64_t id = (uint64_t)(v[1] < 0 ? -v[1] : v[1]);
+        if (pre && v[1] < 0 && !trace_is_live(b, id)) {
+            if (add_prelive(pre, id, (uint64_t)v[2], (uint64_t)stream))
+                return in_fail(err, errlen, "%s: out of memory", path);
+            continue;
+        }
+        if (trace_add(b, v[1] > 0 ? 'a' : 'f', id, (uint64_t)v[2], (uint64_t)stream, why, sizeof why))
+            return in_fail(err, errlen, "%s: alloc_trace event %zu: %s", path, k, why);
+    }
+    return 0;
+}
+
+static int convert(const char *path, const tally_json_t *root, int want, tune_input_t *in, char *err,
+                   size_t errlen)
+{
+    const tally_json_t *format = tally__json_get(root, "format");
+    if (!format || format->type != TALLY_JSON_STRING || strcmp(format->s, "tally-report") != 0) {
+        snprintf(err, errlen, "%s: not a tally report (no \"format\":\"tally-report\")", path);
+        return -1;
+    }
+    const tally_json_t *traces = tally__json_get(root, "alloc_trace");
+    if (!traces || traces->type != TALLY_JSON_ARRAY || traces->len == 0) {
+        snprintf(err, errlen, "%s: the report holds no allocation trace (record it with TALLY_CONF=trace:true)", path);
+        return -1;
+    }
+    /* The device asked for, else the one with the most events (the longest string). */
+    const tally_json_t *dev = NULL;
+    for (size_t i = 0; i < traces->len; i++) {
+        const tally_json_t *ev = tally__json_get(&traces->items[i], "events");
+        const tally_json_t *best = dev ? tally__json_get(dev, "events") : NULL;
+        int64_t id = -1;
+        tally__json_int(tally__json_get(&traces->items[i], "device"), &id);
+        if (want >= 0 ? id == want : ev && ev->type == TALLY_JSON_STRING && (!best || ev->len > best->len))
+            dev = &traces->items[i];
+    }
+    if (want >= 0 && !dev) {
+        snprintf(err, errlen, "%s: alloc_trace has no device %d (devices that allocated while tracing: %zu)", path,
+                 want, traces->len);
+        return -1;
+    }
+    const tally_json_t *events = dev ? tally__json_get(dev, "events") : NULL;
+    const tally_json_t *streams = dev ? tally__json_get(dev, "streams") : NULL;
+    int64_t device = 0, total = 0;
+    if (!events || events->type != TALLY_JSON_STRING || !streams || streams->type != TALLY_JSON_ARRAY ||
+        tally__json_int(tally__json_get(dev, "device"), &device)) {
+        snprintf(err, errlen, "%s: alloc_trace: each entry needs device, streams and an events string", path);
+        return -1;
+    }
+    if (tally__json_int(tally__json_get(dev, "total_bytes"), &total) == 0)
+        in->capacity = total;
+    in->device = (int)device;
+    /* As with snapshots: frees of blocks allocated before tracing began
+     * (trace switched on at run time) become allocations placed first. */
+    snap_events_t pre = {0};
+    trace_t scratch;
+    trace_builder_t b;
+    int rc = trace_begin(&b, &scratch, path, err, errlen);
+    if (!rc)
+        rc = report_feed(path, events, streams, &b, &pre, err, errlen);
+    trace_end(&b);
+    trace_free(&scratch);
+    if (!rc)
+        rc = trace_begin(&b, &in->trace, path, err, errlen);
+    if (!rc) {
+        char why[400];
+        for (size_t i = 0; !rc && i < pre.npre; i++)
+            if (trace_add(&b, 'a', pre.pre[i].addr, pre.pre[i].size, pre.pre[i].stream, why, sizeof why))
+                rc = in_fail(err, errlen, "%s: alloc_trace: block %llu freed twice before any allocation of it",
+                             path, (unsigned long long)pre.pre[i].addr);
+        if (!rc)
+            rc = report_feed(path, events, streams, &b, NULL, err, errlen);
+        trace_end(&b);
+    }
+    in->prelive = pre.npre;
+    free(pre.pre);
+    return rc;
+}
+
+int tune_report_parse(const char *text, size_t len, const char *name, int device, tune_input_t *in, char *err,
+                      size_t errlen)
+{
+    memset(in, 0, sizeof *in);
+    in->kind = "tally report";
+    char why[256];
+    size_t at = 0;
+    tally_json_t *root = tally__json_parse(text, len, why, sizeof why, &at);
+    if (!root) {
+        /* The reader's message can quote a key from the input, control characters and all: one line. */
+        for (char *c = why; *c; c++)
+            if ((unsigned char)*c < 0x20)
+                *c = '?';
+        return in_fail(err, errlen, "%s: malformed JSON: %s", name, why);
+    }
+    int rc = convert(name, root, device, in, err, errlen);
+    tally__json_free(root);
+    return rc;
+}
+
+int tune_report_load(const char *path, int device, tune_input_t *in, char *err, size_t errlen)
+{
+    size_t len;
+    char *text = report_text(path, &len, err, errlen);
+    if (!text)
+        return -1;
+    int rc = tune_report_parse(text, len, path, device, in, err, errlen);
+    free(text);
+    return rc;
+}
+
+/* ---- any input ------------------------------------------------------------------ */
+
+int tune_input_load(const char *path, int device, tune_input_t *in, char *err, size_t errlen)
+{
+    memset(in, 0, sizeof *in);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return in_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    int first = fgetc(f);
+    while (first == ' ' || first == '\n' || first == '\r' || first == '\t')
+        first = fgetc(f);
+    fclose(f);
+    int rc;
+    if (first == 0x80) {
+        in->kind = "PyTorch snapshot";
+        pk_doc_t doc;
+        rc = pk_load(path, &doc, err, errlen);
+        if (!rc) {
+            snap_ctx_t c = {path, err, errlen};
+            rc = snapshot_convert(&c, doc.root, device, in);
+            pk_free(&doc);
+        }
+    } else if (first == '{') {
+        in->kind = "tally report";
+        rc = tune_report_load(path, device, in, err, errlen);
+    } else {
+        in->kind = "CSV trace";
+        rc = trace_load(path, &in->trace, err, errlen);
+    }
+    if (!rc && in->trace.nalloc == 0)
+        rc = in_fail(err, errlen, "%s: empty trace: no allocations to replay", path);
+    if (rc)
+        tune_input_free(in);
+    return rc;
+}
+
+void tune_input_free(tune_input_t *in)
+{
+    trace_free(&in->trace);
+}
