@@ -110,7 +110,7 @@ $(BUILD)/tests/test_cuda_vmm_replay: tests/test_cuda_vmm_replay.c bench/trace.c 
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -Ibench -o $@ $< bench/trace.c $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.cc $(wildcard tests/*.h) $(BUILD)/lib/libtally.so | $(SETUP)
+$(BUILD)/tests/%: tests/%.cc $(wildcard tests/*.h) $(BUILD)/lib/libtally.so $(BUILD)/lib/libtally.so.$(SOVERSION) | $(SETUP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< -L$(BUILD)/lib -ltally -Wl,-rpath,$(CURDIR)/$(BUILD)/lib -lcmocka $(LDLIBS)
 
