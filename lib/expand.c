@@ -128,7 +128,7 @@ static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, si
         snprintf(why, whylen, "memory fraction limit of %llu bytes reached", (unsigned long long)d->allowed_max);
         return TALLY_ENOMEM;
     }
-    int rc = tally__g.backend->map(d->id, (void *)(s->base + p * PAGE), bytes, why, whylen);
+    int rc = tally__g.backend->map(d->id, (void *)(s->base + p * PAGE), bytes, PAGE, why, whylen);
     if (rc)
         return rc;
     memset(s->ex->mapped + p, 1, n);

@@ -492,7 +492,8 @@ static void test_host_backend_counts_calls_pages_and_runs(void **state)
 
 /* Runs are counted over the pages actually mapped, as the cuda backend
  * makes one cuMemUnmap per run: an unmap over two mapped runs with a hole
- * between is two runs, and pages never mapped are not counted. */
+ * between is two runs, and pages never mapped are not counted; handles are
+ * counted and never cut. */
 static void test_host_backend_counts_unmap_runs_over_holes(void **state)
 {
     (void)state;
@@ -503,9 +504,14 @@ static void test_host_backend_counts_unmap_runs_over_holes(void **state)
     char *at = base;
     tally_host_calls_t c0;
     assert_int_equal(tally_host_calls(1, &c0), 0);
-    assert_int_equal(b->map(1, at, 2 * PAGE, why, sizeof why), 0);
-    assert_int_equal(b->map(1, at + 3 * PAGE, 2 * PAGE, why, sizeof why), 0);
+    size_t free0, free1, total;
+    assert_int_equal(tally_mem_get_info(1, &free0, &total), 0);
+    assert_int_equal(b->map(1, at, 2 * PAGE, PAGE, why, sizeof why), 0);
+    assert_int_equal(b->map(1, at + 3 * PAGE, 2 * PAGE, PAGE, why, sizeof why), 0);
     assert_int_equal(b->unmap(1, at, 8 * PAGE), 0);
+    /* Only the four mapped pages go back to the device's capacity. */
+    assert_int_equal(tally_mem_get_info(1, &free1, &total), 0);
+    EQ(free1, free0);
     tally_host_calls_t c;
     assert_int_equal(tally_host_calls(1, &c), 0);
     EQ(c.map - c0.map, 2);
@@ -513,6 +519,23 @@ static void test_host_backend_counts_unmap_runs_over_holes(void **state)
     EQ(c.unmap - c0.unmap, 1);
     EQ(c.unmap_pages - c0.unmap_pages, 4);
     EQ(c.unmap_runs - c0.unmap_runs, 2);
+    /* Handles of several pages: counted per map call; the backend, as CUDA,
+     * refuses an unmap that would cut one. */
+    assert_int_equal(b->map(1, at, 5 * PAGE, 2 * PAGE, why, sizeof why), 0); /* handles of 2, 2, 1 pages */
+    assert_int_equal(b->map(1, at + 6 * PAGE, PAGE, 3 * PAGE / 2, why, sizeof why), TALLY_EBACKEND);
+    HAS(why, "not a whole number of 2 MiB pages");
+    tally_host_calls_t c1;
+    assert_int_equal(tally_host_calls(1, &c1), 0);
+    EQ(c1.map_handles - c.map_handles, 3);
+    assert_int_equal(b->unmap(1, at + PAGE, 2 * PAGE), TALLY_EBACKEND); /* cuts two */
+    HAS(tally_last_error(), "would cut a physical handle");
+    assert_int_equal(b->unmap(1, at, PAGE), TALLY_EBACKEND);
+    assert_int_equal(b->unmap(1, at + 2 * PAGE, 3 * PAGE), 0); /* the last two handles */
+    assert_int_equal(b->unmap(1, at, 2 * PAGE), 0);
+    tally_host_calls_t c2;
+    assert_int_equal(tally_host_calls(1, &c2), 0);
+    EQ(c2.unmap - c1.unmap, 2);
+    EQ(c2.unmap_pages - c1.unmap_pages, 5);
     assert_int_equal(b->unreserve(1, base, 8 * PAGE), 0);
 }
 
