@@ -312,6 +312,13 @@ static void test_vmm_replay_expandable_same_as_host(void **state)
     replay_both(",expandable_segments:true");
 }
 
+/* Handles from 4 MiB: most pages in multi-page handles, moved whole. */
+static void test_vmm_replay_small_handles_same_as_host(void **state)
+{
+    (void)state;
+    replay_both(",expandable_segments:true,expandable_handle_mb:4");
+}
+
 static void test_vmm_replay_default_same_as_host(void **state)
 {
     (void)state;
@@ -322,6 +329,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vmm_replay_expandable_same_as_host),
+        cmocka_unit_test(test_vmm_replay_small_handles_same_as_host),
         cmocka_unit_test(test_vmm_replay_default_same_as_host),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
