@@ -360,7 +360,7 @@ typedef struct figures {
  * comment at the top). */
 static uint64_t cuda_driver_calls(const tally_host_calls_t *c)
 {
-    return c->alloc + c->free + c->reserve + 3 * c->map_pages + c->map + c->unmap + c->unmap_runs;
+    return c->alloc + c->free + c->reserve + 3 * c->map_handles + c->map + c->unmap + c->unmap_runs;
 }
 
 static void simulate(const trace_t *t, figures_t *f)
@@ -428,7 +428,8 @@ static int replay(const trace_t *t, int reps, bool check, figures_t *f, char *er
                 .alloc = c1.alloc - c0.alloc, .free = c1.free - c0.free, .reserve = c1.reserve - c0.reserve,
                 .unreserve = c1.unreserve - c0.unreserve, .map = c1.map - c0.map,
                 .map_pages = c1.map_pages - c0.map_pages, .unmap = c1.unmap - c0.unmap,
-                .unmap_pages = c1.unmap_pages - c0.unmap_pages, .unmap_runs = c1.unmap_runs - c0.unmap_runs};
+                .unmap_pages = c1.unmap_pages - c0.unmap_pages, .unmap_runs = c1.unmap_runs - c0.unmap_runs,
+                .map_handles = c1.map_handles - c0.map_handles};
         }
         tally_stats_t s;
         if (tally_get_stats(0, &s)) {

@@ -63,11 +63,15 @@ if [ -d "$BUILD/traces" ]; then replay_args+=("$BUILD/traces"); fi
 "$BUILD/bin/tally-replay" --check "${replay_args[@]}" >"$OUT/replay.txt"
 step "replay with expandable segments"
 "$BUILD/bin/tally-replay" --check --conf expandable_segments:true "${replay_args[@]}" >"$OUT/replay-expandable.txt"
-step "PyTorch's expandable segments (model) and the expandable_grow_chunk_mb curve"
+step "PyTorch's expandable segments (model), the expandable_grow_chunk_mb and expandable_handle_mb curves"
 "$BIN/pt-expand-model" "$TRACES" >"$OUT/pt-expandable.txt"
 for f in 2 4 8 12 16 20 32 40; do
   "$BUILD/bin/tally-replay" --reps 1 --quiet --conf "expandable_segments:true,expandable_grow_chunk_mb:$f" "$TRACES" \
     >"$OUT/grow-chunk-$f.txt"
+done
+for h in 0 4 10 20 32 48 64 96 128; do
+  "$BUILD/bin/tally-replay" --reps 1 --quiet --conf "expandable_segments:true,expandable_handle_mb:$h" "$TRACES" \
+    >"$OUT/handle-$h.txt"
 done
 step "hot path through PyTorch's entry points (batch of 64) against mimalloc"
 "$BIN/torchpath-mimalloc" >"$OUT/torchpath.txt"
@@ -214,7 +218,8 @@ US_ALLOC=50 US_VMM=20 US_SYNC=20
 echo "Backend calls (the backend contract): default = segment allocations + frees; tally expandable = map + unmap calls"
 echo "+ small-pool segment allocations + frees; PyTorch expandable (bench/pt_expand.c, a model of its placement) = map calls"
 echo "(it unmaps only at empty_cache / OOM). CUDA driver calls, as the code makes them: default 1 per cuMemAlloc / cuMemFree;"
-echo "tally expandable (lib/cuda/vmm.c) 3n + 1 to map n 2 MiB pages, 1 cuCtxSynchronize + 1 cuMemUnmap per run to unmap,"
+echo "tally expandable (lib/cuda/vmm.c) 3h + 1 to map h physical handles (one per 2 MiB page, one per run of new pages for"
+echo "blocks >= expandable_handle_mb), 1 cuCtxSynchronize + 1 cuMemUnmap per run to unmap,"
 echo "1 per range reserved; PyTorch expandable (ExpandableSegment) 2n + 1 to map n pages (2 MiB small pool, 20 MiB large),"
 echo "1 per range reserved. Estimated GPU time (assumed costs, not measured on a GPU: cuMemAlloc or cuMemFree ${US_ALLOC} us,"
 echo "each other driver call ${US_VMM} us, a synchronise on an idle device ${US_SYNC} us; see docs/benchmarks.md)."
@@ -252,6 +257,18 @@ for f in 2 4 8 12 16 20 32 40; do
   FILENAME ~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); dc[t]=$8+$9; dd[t]=$22 }
   FILENAME !~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); if (!(t in dc)) next; n++; r+=$7; c=$8+$9; sc+=c; sd+=dc[t]; sx+=$22; sdd+=dd[t]; if (dc[t] && c/dc[t] > w) w=c/dc[t] }
   END { if (n) printf "| %s | %.4f | %d | %.2f | %.1f | %d | %.1f |\n", f, r/n, sc, sd ? sc/sd : 0, w, sx, sdd ? sx/sdd : 0 }' "$OUT/replay.txt" "$OUT/grow-chunk-$f.txt"
+done
+echo
+echo "### expandable_handle_mb: the trade-off (recorded traces, 1 repetition; 64 is the default, 0 a handle per 2 MiB page)"
+echo
+echo "| expandable_handle_mb | mean res/live | worst trace res/live | backend calls (sum) | CUDA driver calls (sum) | x default driver calls |"
+echo "|---:|---:|---:|---:|---:|---:|"
+for h in 0 4 10 20 32 48 64 96 128; do
+  awk -F'|' -v h="$h" '
+  FILENAME ~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); dd[t]=$22 }
+  FILENAME !~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); if (!(t in dd)) next; n++; q=$6/$5; r+=q; if (q > w) { w=q; wt=t }
+    sc+=$8+$9; sx+=$22; sdd+=dd[t] }
+  END { if (n) printf "| %s | %.4f | %.4f (%s) | %d | %d | %.1f |\n", h, r/n, w, wt, sc, sx, sdd ? sx/sdd : 0 }' "$OUT/replay.txt" "$OUT/handle-$h.txt"
 done
 echo
 echo "## Hot path through PyTorch's entry points (tally_torch_alloc / tally_torch_free against mimalloc)"

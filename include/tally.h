@@ -350,6 +350,7 @@ typedef struct tally_host_calls {
     uint64_t reserve, unreserve;   /* address ranges (expandable segments) */
     uint64_t map, map_pages;       /* map calls, pages they mapped */
     uint64_t unmap, unmap_pages, unmap_runs;
+    uint64_t map_handles;          /* physical handles the map calls laid out (one per page, or larger) */
 } tally_host_calls_t;
 TALLY_API int tally_host_calls(int device, tally_host_calls_t *out);
 

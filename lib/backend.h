@@ -66,11 +66,15 @@ typedef struct tally_backend {
      * reserve size bytes of addresses without memory; map / unmap memory
      * at an address inside a reservation (map counts against capacity and
      * can fail with TALLY_ENOMEM); give a reservation back. Sizes are whole
-     * 2 MiB pages; one map call may cover many pages, and an unmap may cover
-     * part of an earlier map's range or several of them (on CUDA: one
-     * physical handle per page, docs/architecture.md). */
+     * 2 MiB pages. map lays the range out in physical handles of `handle`
+     * bytes each (a multiple of 2 MiB; the last one may be shorter): 2 MiB
+     * is a handle per page, handle >= size one handle for the whole call
+     * (on CUDA: one cuMemCreate and one cuMemMap per handle). An unmap
+     * covers whole handles only, of one or several map calls (CUDA unmaps a
+     * mapping only whole); both backends refuse any other unmap
+     * (docs/architecture.md). */
     int (*reserve)(int device, size_t size, void **ptr, char *why, size_t whylen);
-    int (*map)(int device, void *ptr, size_t size, char *why, size_t whylen);
+    int (*map)(int device, void *ptr, size_t size, size_t handle, char *why, size_t whylen);
     int (*unmap)(int device, void *ptr, size_t size);
     int (*unreserve)(int device, void *ptr, size_t size);
     void (*shutdown)(void);

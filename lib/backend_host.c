@@ -13,9 +13,12 @@
  * Every call is counted per device (tally_host_calls): allocations and
  * frees, reservations, map calls and the 2 MiB pages they map, unmap calls
  * with the pages they unmap and the runs of neighbouring mapped pages among
- * them. A bitmap per reservation says which pages are mapped, so unmap
- * counts what lib/cuda/vmm.c would do for the same call (one cuMemUnmap per
- * run): a replay on this backend gives the driver calls of the cuda one. */
+ * them, and the physical handles each map lays out (backend.h: handles of
+ * `handle` bytes). Per reservation it knows which pages are mapped and the
+ * handle each belongs to, so unmap counts what lib/cuda/vmm.c would do for
+ * the same call (one cuMemUnmap per run) and refuses, as CUDA does, an
+ * unmap that would cut a handle: a replay on this backend gives the driver
+ * calls of the cuda one. */
 #include "backend.h"
 
 #include <errno.h>
@@ -49,11 +52,13 @@ static uint64_t fail_countdown, fail_every;
 
 #define HOST_PAGE ((size_t)2 << 20)
 
-/* A reservation and which of its pages are mapped (for the counts). */
+/* A reservation, which of its pages are mapped and their handles. */
 typedef struct host_range {
     uintptr_t base;
     size_t npages;
     uint8_t *mapped;
+    uint32_t *hstart; /* mapped page: the first page of its handle */
+    uint32_t *hlen;   /* first page of a handle: its pages */
     struct host_range *next;
 } host_range_t;
 
@@ -68,9 +73,28 @@ static host_range_t *range_locked(int device, uintptr_t a)
     return NULL;
 }
 
-/* Count a map (on) or unmap (off) of [ptr, ptr + size): pages whose state
- * changes and, for unmap, the runs of neighbouring mapped pages. */
-static void count_pages(int device, void *ptr, size_t size, bool on)
+/* Whether an unmap of [ptr, ptr + size) would cut a handle (part of it
+ * inside the range, part outside): CUDA refuses such an unmap. */
+static bool cuts_handle(int device, void *ptr, size_t size)
+{
+    tally__mutex_lock(&host_lock);
+    uintptr_t a = (uintptr_t)ptr;
+    host_range_t *r = range_locked(device, a);
+    bool cut = false;
+    if (r && (a - r->base) % HOST_PAGE == 0) {
+        size_t p = (a - r->base) / HOST_PAGE, end = p + size / HOST_PAGE;
+        for (size_t q = p; q < end && q < r->npages && !cut; q++)
+            if (r->mapped[q])
+                cut = r->hstart[q] < p || r->hstart[q] + r->hlen[r->hstart[q]] > end;
+    }
+    tally__mutex_unlock(&host_lock);
+    return cut;
+}
+
+/* Count a map (on, in handles of hpages pages) or unmap (off) of [ptr,
+ * ptr + size): pages whose state changes, handles laid out and, for unmap,
+ * the runs of neighbouring mapped pages. */
+static size_t count_pages(int device, void *ptr, size_t size, size_t hpages, bool on)
 {
     tally__mutex_lock(&host_lock);
     tally_host_calls_t *c = &counts[device];
@@ -87,6 +111,12 @@ static void count_pages(int device, void *ptr, size_t size, bool on)
             runs += !on && was && !prev;
             prev = was;
             r->mapped[q] = on;
+            if (on) {
+                size_t h = p + (q - p) / hpages * hpages;
+                r->hstart[q] = (uint32_t)h;
+                if (q == h)
+                    r->hlen[h] = (uint32_t)(p + n - h < hpages ? p + n - h : hpages);
+            }
         }
     } else { /* not a reservation: count the call as one run of size */
         changed = n;
@@ -95,12 +125,14 @@ static void count_pages(int device, void *ptr, size_t size, bool on)
     if (on) {
         c->map++;
         c->map_pages += changed;
+        c->map_handles += (n + hpages - 1) / hpages;
     } else {
         c->unmap++;
         c->unmap_pages += changed;
         c->unmap_runs += runs;
     }
     tally__mutex_unlock(&host_lock);
+    return changed;
 }
 
 static int host_init(const tally_options_t *opt, char *why, size_t whylen)
@@ -193,18 +225,22 @@ static int host_reserve(int device, size_t size, void **ptr, char *why, size_t w
 {
     host_range_t *r = tally__meta_calloc(sizeof *r);
     uint8_t *mapped = tally__meta_calloc(size / HOST_PAGE + 1);
-    void *p = r && mapped ? mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
-                          : MAP_FAILED;
+    uint32_t *hstart = tally__meta_calloc((size / HOST_PAGE + 1) * sizeof *hstart);
+    uint32_t *hlen = tally__meta_calloc((size / HOST_PAGE + 1) * sizeof *hlen);
+    bool meta = r && mapped && hstart && hlen;
+    void *p = meta ? mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) : MAP_FAILED;
     if (p == MAP_FAILED) {
-        const char *err = r && mapped ? strerror(errno) : "out of host memory";
+        const char *err = meta ? strerror(errno) : "out of host memory";
         snprintf(why, whylen, "reserving %zu bytes of address space failed: %s", size, err);
         tally__meta_free(r);
         tally__meta_free(mapped);
+        tally__meta_free(hstart);
+        tally__meta_free(hlen);
         return TALLY_ENOMEM;
     }
     tally__mutex_lock(&host_lock);
-    *r = (host_range_t){.base = (uintptr_t)p, .npages = size / HOST_PAGE, .mapped = mapped,
-                        .next = host_ranges[device]};
+    *r = (host_range_t){.base = (uintptr_t)p, .npages = size / HOST_PAGE, .mapped = mapped, .hstart = hstart,
+                        .hlen = hlen, .next = host_ranges[device]};
     host_ranges[device] = r;
     counts[device].reserve++;
     tally__mutex_unlock(&host_lock);
@@ -214,8 +250,12 @@ static int host_reserve(int device, size_t size, void **ptr, char *why, size_t w
 
 /* Mapping counts against the device's capacity, as an allocation does; in
  * backed mode the pages become usable. */
-static int host_map(int device, void *ptr, size_t size, char *why, size_t whylen)
+static int host_map(int device, void *ptr, size_t size, size_t handle, char *why, size_t whylen)
 {
+    if (handle < HOST_PAGE || handle % HOST_PAGE) {
+        snprintf(why, whylen, "map: handle size %zu is not a whole number of 2 MiB pages", handle);
+        return TALLY_EBACKEND;
+    }
     int rc = charge(device, size, why, whylen);
     if (rc)
         return rc;
@@ -226,20 +266,25 @@ static int host_map(int device, void *ptr, size_t size, char *why, size_t whylen
         snprintf(why, whylen, "mprotect of %zu bytes failed: %s", size, strerror(errno));
         return TALLY_ENOMEM;
     }
-    count_pages(device, ptr, size, true);
+    count_pages(device, ptr, size, handle / HOST_PAGE, true);
     return 0;
 }
 
 static int host_unmap(int device, void *ptr, size_t size)
 {
+    if (cuts_handle(device, ptr, size)) {
+        tally__fail(TALLY_EBACKEND, "device %d: unmap of [%p, +%zu) would cut a physical handle", device, ptr, size);
+        return TALLY_EBACKEND;
+    }
     if (mode == TALLY_HOST_BACKED) {
         madvise(ptr, size, MADV_DONTNEED);
         mprotect(ptr, size, PROT_NONE);
     }
+    /* Only the pages that were mapped go back to the device. */
+    size_t pages = count_pages(device, ptr, size, 1, false);
     tally__mutex_lock(&host_lock);
-    used[device] -= size;
+    used[device] -= pages * HOST_PAGE;
     tally__mutex_unlock(&host_lock);
-    count_pages(device, ptr, size, false);
     return 0;
 }
 
@@ -256,6 +301,8 @@ static int host_unreserve(int device, void *ptr, size_t size)
     tally__mutex_unlock(&host_lock);
     if (r) {
         tally__meta_free(r->mapped);
+        tally__meta_free(r->hstart);
+        tally__meta_free(r->hlen);
         tally__meta_free(r);
     }
     return munmap(ptr, size) == 0 ? 0 : TALLY_EBACKEND;

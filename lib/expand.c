@@ -21,8 +21,20 @@
  * cache.c prefers a free block already on mapped pages among the few after
  * the best fit.
  *
- * Requires a backend with reserve / map / unmap (host today). Runs with the
- * device lock held. */
+ * Physical handles: a map call lays its pages out in handles (backend.h),
+ * and a handle can only be unmapped whole (CUDA's cuMemUnmap). Small blocks
+ * get a handle per 2 MiB page; a block of at least expandable_handle_mb
+ * (64 MiB) maps each run of its new pages as one handle, so a large block
+ * costs one cuMemCreate + cuMemMap instead of one per page (pages mapped
+ * ahead of it go in a call of their own, a handle per page). Per page the
+ * region knows its handle (first page, length, idle pages); a handle is
+ * "spare" when every page of it is idle, and only spare handles are ever
+ * unmapped: stealing, trimming and the undo of a failed map take whole
+ * spare handles, and the idle pages of a handle that still holds a live
+ * block stay mapped until it is spare.
+ *
+ * Requires a backend with reserve / map / unmap (host and cuda). Runs with
+ * the device lock held. */
 #include "ledger.h"
 
 #include <stdio.h>
@@ -33,9 +45,14 @@
 
 struct tally_expand {
     size_t npages, nmapped, idle; /* idle: mapped pages no live block touches */
+    size_t spare;                 /* pages of handles whose every page is idle */
     uint8_t *mapped;
-    uint32_t *live;      /* live (active) blocks touching each page */
-    uint64_t *idle_bits; /* bit p: page p is mapped and no live block touches it */
+    uint32_t *live;       /* live (active) blocks touching each page */
+    uint64_t *idle_bits;  /* bit p: page p is mapped and no live block touches it */
+    uint64_t *spare_bits; /* bit p: page p is mapped and its whole handle is idle */
+    uint32_t *hstart;     /* mapped page: the first page of its handle */
+    uint32_t *hlen;       /* first page of a handle: its pages */
+    uint32_t *hidle;      /* first page of a handle: its idle pages */
 };
 
 static inline void idle_set(tally_expand_t *ex, size_t p)
@@ -46,6 +63,61 @@ static inline void idle_set(tally_expand_t *ex, size_t p)
 static inline void idle_clear(tally_expand_t *ex, size_t p)
 {
     ex->idle_bits[p >> 6] &= ~(1ull << (p & 63));
+}
+
+static inline bool is_spare(const tally_expand_t *ex, size_t p)
+{
+    return ex->spare_bits[p >> 6] >> (p & 63) & 1;
+}
+
+/* Mark handle h (its first page) spare or not. */
+static void spare_handle(tally_expand_t *ex, size_t h, bool on)
+{
+    size_t n = ex->hlen[h];
+    for (size_t q = h; q < h + n; q++) {
+        if (on)
+            ex->spare_bits[q >> 6] |= 1ull << (q & 63);
+        else
+            ex->spare_bits[q >> 6] &= ~(1ull << (q & 63));
+    }
+    if (on)
+        ex->spare += n;
+    else
+        ex->spare -= n;
+}
+
+/* Mapped page p: the last live block on it went (idle) or the first came. */
+static void page_idle(tally_expand_t *ex, size_t p)
+{
+    ex->idle++;
+    idle_set(ex, p);
+    size_t h = ex->hstart[p];
+    if (++ex->hidle[h] == ex->hlen[h])
+        spare_handle(ex, h, true);
+}
+
+static void page_live(tally_expand_t *ex, size_t p)
+{
+    ex->idle--;
+    idle_clear(ex, p);
+    size_t h = ex->hstart[p];
+    if (ex->hidle[h]-- == ex->hlen[h])
+        spare_handle(ex, h, false);
+}
+
+/* The first spare page at or after p, or npages. A scan of words. */
+static size_t next_spare(const tally_expand_t *ex, size_t p)
+{
+    size_t words = ex->npages / 64 + 1, w = p >> 6;
+    if (p >= ex->npages)
+        return ex->npages;
+    uint64_t m = ex->spare_bits[w] & (~0ull << (p & 63));
+    while (!m && ++w < words)
+        m = ex->spare_bits[w];
+    if (!m)
+        return ex->npages;
+    size_t q = w * 64 + (size_t)__builtin_ctzll(m);
+    return q < ex->npages ? q : ex->npages;
 }
 
 /* Highest reserved bytes each device has reached (never reset). */
@@ -83,13 +155,22 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
     uint8_t *mapped = tally__meta_calloc(npages);
     uint32_t *live = tally__meta_calloc(npages * sizeof *live);
     uint64_t *idle_bits = tally__meta_calloc((npages / 64 + 1) * sizeof *idle_bits);
-    tally_block_t *b = s && ex && mapped && live && idle_bits ? new_block(d) : NULL;
+    uint64_t *spare_bits = tally__meta_calloc((npages / 64 + 1) * sizeof *spare_bits);
+    uint32_t *hstart = tally__meta_calloc(npages * sizeof *hstart);
+    uint32_t *hlen = tally__meta_calloc(npages * sizeof *hlen);
+    uint32_t *hidle = tally__meta_calloc(npages * sizeof *hidle);
+    bool meta = s && ex && mapped && live && idle_bits && spare_bits && hstart && hlen && hidle;
+    tally_block_t *b = meta ? new_block(d) : NULL;
     if (!b) {
         tally__meta_free(s);
         tally__meta_free(ex);
         tally__meta_free(mapped);
         tally__meta_free(live);
         tally__meta_free(idle_bits);
+        tally__meta_free(spare_bits);
+        tally__meta_free(hstart);
+        tally__meta_free(hlen);
+        tally__meta_free(hidle);
         tally__g.backend->unreserve(d->id, base, va);
         snprintf(why, whylen, "out of host memory for an expandable segment");
         return TALLY_ENOMEM;
@@ -98,6 +179,10 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
     ex->mapped = mapped;
     ex->live = live;
     ex->idle_bits = idle_bits;
+    ex->spare_bits = spare_bits;
+    ex->hstart = hstart;
+    ex->hlen = hlen;
+    ex->hidle = hidle;
     s->base = (uintptr_t)base;
     s->size = va;
     s->stream = stream;
@@ -118,9 +203,10 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
     return 0;
 }
 
-/* Map pages [p, p + n) in one backend call; the last `ahead` of them are
- * mapped ahead of need and do not raise the high-water mark. */
-static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, size_t ahead, char *why,
+/* Map pages [p, p + n) in one backend call, in handles of hp pages (the
+ * last may be shorter); the last `ahead` of them are mapped ahead of need
+ * and do not raise the high-water mark. The new pages are idle (spare). */
+static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, size_t hp, size_t ahead, char *why,
                    size_t whylen)
 {
     size_t bytes = n * PAGE;
@@ -128,14 +214,22 @@ static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, si
         snprintf(why, whylen, "memory fraction limit of %llu bytes reached", (unsigned long long)d->allowed_max);
         return TALLY_ENOMEM;
     }
-    int rc = tally__g.backend->map(d->id, (void *)(s->base + p * PAGE), bytes, why, whylen);
+    int rc = tally__g.backend->map(d->id, (void *)(s->base + p * PAGE), bytes, hp * PAGE, why, whylen);
     if (rc)
         return rc;
-    memset(s->ex->mapped + p, 1, n);
-    for (size_t q = p; q < p + n; q++)
-        idle_set(s->ex, q);
-    s->ex->idle += n;
-    s->ex->nmapped += n;
+    tally_expand_t *ex = s->ex;
+    memset(ex->mapped + p, 1, n);
+    for (size_t h = p; h < p + n; h += hp) {
+        size_t k = p + n - h < hp ? p + n - h : hp;
+        ex->hlen[h] = ex->hidle[h] = (uint32_t)k;
+        for (size_t q = h; q < h + k; q++) {
+            ex->hstart[q] = (uint32_t)h;
+            idle_set(ex, q);
+        }
+        spare_handle(ex, h, true);
+    }
+    ex->idle += n;
+    ex->nmapped += n;
     d->reserved += bytes;
     if (d->reserved - ahead * PAGE > high_water[d->id])
         high_water[d->id] = d->reserved - ahead * PAGE;
@@ -144,57 +238,62 @@ static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, si
     return 0;
 }
 
-/* Unmap pages [p, p + n) (all mapped) in one backend call. */
+/* Unmap pages [p, p + n) in one backend call: whole spare handles only. */
 static void unmap_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n)
 {
     size_t bytes = n * PAGE;
+    tally_expand_t *ex = s->ex;
     d->stats.num_device_free++;
     tally__g.backend->unmap(d->id, (void *)(s->base + p * PAGE), bytes);
-    memset(s->ex->mapped + p, 0, n);
+    for (size_t h = p; h < p + n;) {
+        size_t k = ex->hlen[h] ? ex->hlen[h] : 1; /* h is a handle's first page */
+        if (is_spare(ex, h))
+            spare_handle(ex, h, false);
+        ex->hlen[h] = ex->hidle[h] = 0;
+        h += k;
+    }
     for (size_t q = p; q < p + n; q++)
-        idle_clear(s->ex, q);
-    s->ex->idle -= n; /* only idle pages are ever unmapped while mapped blocks live */
-    s->ex->nmapped -= n;
+        idle_clear(ex, q);
+    memset(ex->mapped + p, 0, n);
+    ex->idle -= n; /* only idle pages are ever unmapped while mapped blocks live */
+    ex->nmapped -= n;
     d->reserved -= bytes;
     tally__stat_pool_dec(d->stats.reserved_bytes, TALLY_POOL_LARGE, (int64_t)bytes);
 }
 
-/* Unmap up to want idle pages of every region, skipping [keep_lo, keep_hi]
- * of segment keep, in runs of neighbouring pages. Returns the pages
- * unmapped. The idle bitmap makes this a scan of words, not pages. */
+/* Whether handle h (its first page) of segment s has a page in [lo, hi]
+ * of segment keep: the pages of the block being placed stay. */
+static inline bool kept(const tally_expand_t *ex, const tally_segment_t *s, size_t h, const tally_segment_t *keep,
+                        size_t lo, size_t hi)
+{
+    return s == keep && h <= hi && h + ex->hlen[h] > lo;
+}
+
+/* Unmap at least want idle pages (fewer if there are not enough) of every
+ * region, in address order, in runs of neighbouring spare handles; handles
+ * with a page in [keep_lo, keep_hi] of segment keep stay. Returns the
+ * pages unmapped. The spare bitmap makes this a scan of words, not pages. */
 static size_t unmap_idle(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo, size_t keep_hi)
 {
     size_t done = 0;
     for (tally_segment_t *s = d->segments; s && done < want; s = s->next) {
         tally_expand_t *ex = s->ex;
-        if (!ex || !ex->idle)
+        if (!ex || !ex->spare)
             continue;
-        size_t words = ex->npages / 64 + 1;
-        for (size_t w = 0; w < words && done < want && ex->idle; w++) {
-            while (ex->idle_bits[w] && done < want) {
-                size_t p = w * 64 + (size_t)__builtin_ctzll(ex->idle_bits[w]);
-                if (s == keep && p >= keep_lo && p <= keep_hi) {
-                    /* Pages of the block being placed stay; look past them. */
-                    uint64_t mask = ex->idle_bits[w];
-                    size_t q = p;
-                    while (q <= keep_hi && q < (w + 1) * 64) {
-                        mask &= ~(1ull << (q & 63));
-                        q++;
-                    }
-                    if (!mask)
-                        break;
-                    p = w * 64 + (size_t)__builtin_ctzll(mask);
-                    if (p >= keep_lo && p <= keep_hi)
-                        break;
-                }
-                size_t n = 1;
-                while (p + n < ex->npages && done + n < want &&
-                       (ex->idle_bits[(p + n) >> 6] >> ((p + n) & 63) & 1) &&
-                       !(s == keep && p + n >= keep_lo && p + n <= keep_hi))
-                    n++;
-                unmap_run(d, s, p, n);
-                done += n;
+        size_t p = 0;
+        while (done < want && (p = next_spare(ex, p)) < ex->npages) {
+            p = ex->hstart[p];
+            size_t n = 0;
+            while (p + n < ex->npages && done + n < want && is_spare(ex, p + n) &&
+                   !kept(ex, s, p + n, keep, keep_lo, keep_hi))
+                n += ex->hlen[p + n];
+            if (!n) { /* a handle of the block being placed */
+                p += ex->hlen[p];
+                continue;
             }
+            unmap_run(d, s, p, n);
+            done += n;
+            p += n;
         }
     }
     return done;
@@ -213,21 +312,16 @@ static int run_longer(const void *a, const void *b)
     return (x->p > y->p) - (x->p < y->p);
 }
 
-static inline bool is_idle(const tally_expand_t *ex, size_t p)
-{
-    return ex->idle_bits[p >> 6] >> (p & 63) & 1;
-}
-
 /* Take back at least want idle pages (fewer if there are not enough) in
- * whole runs of neighbouring idle pages, the longest runs first: one unmap
- * call each. Pages [keep_lo, keep_hi] of segment keep are left alone.
- * Returns the pages unmapped. */
+ * whole runs of neighbouring spare handles, the longest runs first: one
+ * unmap call each. Handles with a page in [keep_lo, keep_hi] of segment
+ * keep are left alone. Returns the pages unmapped. */
 static size_t steal_runs(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo, size_t keep_hi)
 {
     size_t cap = 0, nr = 0;
     for (tally_segment_t *s = d->segments; s; s = s->next)
         if (s->ex)
-            cap += s->ex->idle;
+            cap += s->ex->spare;
     if (!cap || !want)
         return 0;
     idle_run_t *runs = tally__meta_alloc(cap * sizeof *runs);
@@ -235,26 +329,18 @@ static size_t steal_runs(tally_device_t *d, size_t want, const tally_segment_t *
         return unmap_idle(d, want, keep, keep_lo, keep_hi);
     for (tally_segment_t *s = d->segments; s; s = s->next) {
         tally_expand_t *ex = s->ex;
-        if (!ex || !ex->idle)
+        if (!ex || !ex->spare)
             continue;
-        size_t words = ex->npages / 64 + 1;
         size_t p = 0;
-        while (p < ex->npages) {
-            /* Next idle page at or after p: a scan of words. */
-            size_t w = p >> 6;
-            uint64_t m = w < words ? ex->idle_bits[w] & (~0ull << (p & 63)) : 0;
-            while (!m && ++w < words)
-                m = ex->idle_bits[w];
-            if (!m)
-                break;
-            p = w * 64 + (size_t)__builtin_ctzll(m);
-            if (s == keep && p >= keep_lo && p <= keep_hi) {
-                p = keep_hi + 1;
+        while ((p = next_spare(ex, p)) < ex->npages) {
+            p = ex->hstart[p];
+            size_t n = 0;
+            while (p + n < ex->npages && is_spare(ex, p + n) && !kept(ex, s, p + n, keep, keep_lo, keep_hi))
+                n += ex->hlen[p + n];
+            if (!n) {
+                p += ex->hlen[p];
                 continue;
             }
-            size_t n = 1;
-            while (p + n < ex->npages && is_idle(ex, p + n) && !(s == keep && p + n == keep_lo))
-                n++;
             runs[nr++] = (idle_run_t){s, p, n};
             p += n;
         }
@@ -303,8 +389,17 @@ static size_t map_ahead_pages(const tally_device_t *d, const tally_block_t *b, s
     return n;
 }
 
-/* Back the block's pages with memory and count it on them. Idle pages
- * elsewhere are unmapped first, as many as pages are needed. map_more:
+/* Pages per physical handle for a run of n new pages of block b: the
+ * whole run when b is at least expandable_handle_mb, else 1 (a handle per
+ * page). */
+static size_t handle_pages(const tally_block_t *b, size_t n)
+{
+    size_t min_mb = (size_t)TALLY_OPT(expandable_handle_mb);
+    return min_mb && n > 1 && b->size >= min_mb << 20 ? n : 1;
+}
+
+/* Back the block's pages with memory and count it on them. Spare handles
+ * elsewhere are unmapped first, as many pages as are needed. map_more:
  * also map pages past the block (map_ahead_pages); the retry after an OOM
  * maps the block's own pages only. Returns 0 or the backend's error; on
  * error nothing changed. */
@@ -330,32 +425,43 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more,
         size_t n = 1;
         while (p + n <= last && !ex->mapped[p + n])
             n++;
-        size_t ahead = 0;
+        size_t ahead = 0, more = 0;
         if (p + n > last && map_more)
-            n += map_ahead_pages(d, b, last, n, &ahead);
-        int rc = map_run(d, s, p, n, ahead, why, whylen);
+            more = map_ahead_pages(d, b, last, n, &ahead);
+        size_t hp = handle_pages(b, n);
+        int rc;
+        if (hp > 1) {
+            /* The block's pages in large handles; pages mapped ahead in a
+             * call of their own, a handle per page (a failure there only
+             * leaves them unmapped). */
+            rc = map_run(d, s, p, n, hp, 0, why, whylen);
+            if (!rc && more) {
+                char ignored[128];
+                map_run(d, s, p + n, more, 1, ahead, ignored, sizeof ignored);
+            }
+        } else {
+            rc = map_run(d, s, p, n + more, 1, ahead, why, whylen);
+        }
         if (rc) {
-            /* Undo this block's new pages (no live block touches them). */
-            for (size_t q = first; q < p; q++) {
-                if (ex->mapped[q] && !ex->live[q]) {
-                    size_t k = 1;
-                    while (q + k < p && ex->mapped[q + k] && !ex->live[q + k])
-                        k++;
-                    unmap_run(d, s, q, k);
-                    q += k - 1;
+            /* Undo this block's new pages: the spare handles on its pages
+             * before p (no live block touches them). */
+            for (size_t q = first; q < p;) {
+                if (!is_spare(ex, q)) {
+                    q++;
+                    continue;
                 }
+                size_t h = ex->hstart[q], k = ex->hlen[h];
+                unmap_run(d, s, h, k);
+                q = h + k;
             }
             return rc;
         }
         /* Newly mapped: idle until the loop below counts the block. */
-        p += n;
+        p += n + more;
     }
-    for (size_t p = first; p <= last; p++) {
-        if (ex->live[p]++ == 0) {
-            ex->idle--;
-            idle_clear(ex, p);
-        }
-    }
+    for (size_t p = first; p <= last; p++)
+        if (ex->live[p]++ == 0)
+            page_live(ex, p);
     return 0;
 }
 
@@ -376,12 +482,9 @@ void tally__expand_unref_locked(tally_block_t *b)
     tally_segment_t *s = b->seg;
     size_t first, last;
     page_span(s, b, &first, &last);
-    for (size_t p = first; p <= last; p++) {
-        if (--s->ex->live[p] == 0) {
-            s->ex->idle++;
-            idle_set(s->ex, p);
-        }
-    }
+    for (size_t p = first; p <= last; p++)
+        if (--s->ex->live[p] == 0)
+            page_idle(s->ex, p);
 }
 
 /* Unmap every idle page (empty_cache, stage-end release). */
@@ -414,6 +517,10 @@ size_t tally__expand_release_locked(tally_device_t *d, tally_segment_t *s)
     tally__meta_free(ex->mapped);
     tally__meta_free(ex->live);
     tally__meta_free(ex->idle_bits);
+    tally__meta_free(ex->spare_bits);
+    tally__meta_free(ex->hstart);
+    tally__meta_free(ex->hlen);
+    tally__meta_free(ex->hidle);
     tally__meta_free(ex);
     s->ex = NULL;
     return bytes;
@@ -425,7 +532,8 @@ size_t tally__expand_mapped_bytes(const tally_segment_t *s)
 }
 
 /* Pages and counts against the blocks: every active block's pages mapped,
- * live counts equal a recount, idle equals mapped pages nobody touches. */
+ * live counts equal a recount, idle equals mapped pages nobody touches,
+ * handles tile the mapped pages and the spare ones are wholly idle. */
 int tally__expand_check_locked(const tally_segment_t *s, char *why, size_t whylen)
 {
     const tally_expand_t *ex = s->ex;
@@ -466,6 +574,47 @@ int tally__expand_check_locked(const tally_segment_t *s, char *why, size_t whyle
     if (!rc && (mapped != ex->nmapped || idle != ex->idle)) {
         snprintf(why, whylen, "segment %p: %zu pages mapped (%zu counted), %zu idle (%zu counted)", (void *)s->base,
                  mapped, ex->nmapped, idle, ex->idle);
+        rc = -1;
+    }
+    /* Handles: mapped pages tile into handles (first page, length, idle
+     * pages); a page is spare exactly when its whole handle is idle. */
+    size_t spare = 0;
+    for (size_t h = 0; h < ex->npages && !rc;) {
+        bool bit = is_spare(ex, h);
+        if (!ex->mapped[h]) {
+            if (bit || ex->hlen[h]) {
+                snprintf(why, whylen, "unmapped page %zu of segment %p is %s", h, (void *)s->base,
+                         bit ? "spare" : "the first page of a handle");
+                rc = -1;
+            }
+            h++;
+            continue;
+        }
+        size_t n = ex->hlen[h], idle_pages = 0;
+        if (ex->hstart[h] != h || n == 0 || h + n > ex->npages) {
+            snprintf(why, whylen, "page %zu of segment %p: handle at page %u of %zu pages where one should begin", h,
+                     (void *)s->base, ex->hstart[h], n);
+            rc = -1;
+            break;
+        }
+        for (size_t q = h; q < h + n && !rc; q++) {
+            if (!ex->mapped[q] || ex->hstart[q] != h || (q > h && ex->hlen[q]) || is_spare(ex, q) != bit) {
+                snprintf(why, whylen, "page %zu of segment %p is not part of its handle at page %zu (%zu pages)",
+                         q, (void *)s->base, h, n);
+                rc = -1;
+            }
+            idle_pages += !live[q];
+        }
+        if (!rc && (idle_pages != ex->hidle[h] || bit != (idle_pages == n))) {
+            snprintf(why, whylen, "handle at page %zu of segment %p: %zu of %zu pages idle, %u counted, spare %d",
+                     h, (void *)s->base, idle_pages, n, ex->hidle[h], bit);
+            rc = -1;
+        }
+        spare += bit ? n : 0;
+        h += n;
+    }
+    if (!rc && spare != ex->spare) {
+        snprintf(why, whylen, "segment %p: %zu spare pages, %zu counted", (void *)s->base, spare, ex->spare);
         rc = -1;
     }
     tally__meta_free(live);

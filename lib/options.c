@@ -55,6 +55,9 @@ static const option_row_t rows[] = {
     {"expandable_grow_chunk_mb", T_INT, OFF(expandable_grow_chunk_mb), 2, 1024, NULL, true,
      "expandable segments: a block under 10 MiB that grows its range maps pages up to the next multiple "
      "of this many MiB, in one call (2: only its own pages)"},
+    {"expandable_handle_mb", T_INT, OFF(expandable_handle_mb), 0, 1 << 20, NULL, true,
+     "expandable segments: a block of at least this many MiB maps its new pages as one physical handle "
+     "(0: a handle per 2 MiB page everywhere)"},
     {"garbage_collection_threshold", T_DOUBLE, OFF(gc_threshold), 0, 1, NULL, true,
      "with a memory fraction set, reclaim old cached blocks above this share of it (0 < t < 1)"},
     {"roundup_power2_divisions", T_ROUNDUP, OFF(roundup_divisions), 0, 0, NULL, false,
@@ -106,6 +109,7 @@ void tally__options_default(tally_options_t *o)
     o->max_non_split_rounding = (uint64_t)20 << 20;
     o->gc_threshold = 0;
     o->expandable_grow_chunk_mb = 20;
+    o->expandable_handle_mb = 0; /* off: least memory (docs/benchmarks.md, run G) */
     for (int i = 0; i < TALLY_ROUNDUP_INTERVALS; i++)
         o->roundup_divisions[i] = 0;
     o->ledger = 1;

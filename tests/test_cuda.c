@@ -30,6 +30,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -498,14 +499,14 @@ static void body_failed_event(void)
 
 struct watchdog {
     struct cu_hold *hold;
-    volatile int fired;
+    _Atomic int fired; /* read by the test while the watchdog may write it */
 };
 
 static void *watchdog_main(void *arg)
 {
     struct watchdog *w = arg;
     usleep(2000000);
-    w->fired = 1;
+    atomic_store(&w->fired, 1);
     cu_release(w->hold);
     return NULL;
 }
@@ -527,7 +528,7 @@ static void body_failed_record_waits_for_stream_only(void)
     pthread_t t;
     EXPECT(pthread_create(&t, NULL, watchdog_main, &w) == 0);
     tally_free(p); /* the record on s1 fails */
-    EXPECT(!w.fired);
+    EXPECT(!atomic_load(&w.fired));
     EXPECT(pthread_join(t, NULL) == 0);
     CU_EXPECT(cu.cuStreamSynchronize(busy));
     EXPECT(tally_check() == 0);

@@ -4,7 +4,8 @@
  * (figures the stand-in fixes exactly, such as the driver's free memory
  * after a map, are compared exactly only on the stand-in).
  *
- *   map, unmap (a sub-range of one map call), refusals   test_vmm_backend_*
+ *   map, unmap (a sub-range of one map call), refusals,  test_vmm_backend_*
+ *   multi-page handles, unmaps that would cut one
  *   a device without virtual memory management            test_vmm_unsupported_device_refused
  *   peers granted access (tally_pool_peer_access)         test_vmm_peer_access
  *   idle pages moving, release by empty_cache             test_vmm_idle_pages_and_release
@@ -46,7 +47,7 @@ static void body_backend_map_unmap(int fd)
     NEED(r != NULL && (uintptr_t)r % PAGE == 0);
     NEED(used_since(base, 0) || !cu_is_standin());
     char *p = r;
-    NEED(be->map(0, p, 3 * PAGE, why, sizeof why) == 0);
+    NEED(be->map(0, p, 3 * PAGE, PAGE, why, sizeof why) == 0);
     NEED(used_since(base, 3 * PAGE));
     NEED(tally__cu_vmm_mapped_bytes(0) == 3 * PAGE);
     /* Give back the middle page of what one call mapped. */
@@ -54,20 +55,37 @@ static void body_backend_map_unmap(int fd)
     NEED(used_since(base, 2 * PAGE));
     NEED(tally__cu_vmm_mapped_bytes(0) == 2 * PAGE);
     /* Refusals, each one line naming the problem; nothing changes. */
-    NEED(be->map(0, p, 2 * PAGE, why, sizeof why) == TALLY_EBACKEND);
+    NEED(be->map(0, p, 2 * PAGE, PAGE, why, sizeof why) == TALLY_EBACKEND);
     NEED(strstr(why, "is already mapped") != NULL);
-    NEED(be->map(0, p + 4096, PAGE, why, sizeof why) == TALLY_EBACKEND);
+    NEED(be->map(0, p + 4096, PAGE, PAGE, why, sizeof why) == TALLY_EBACKEND);
     NEED(strstr(why, "whole number of 2 MiB pages") != NULL);
-    NEED(be->map(0, p + 66 * MiB, PAGE, why, sizeof why) == TALLY_EBACKEND);
+    NEED(be->map(0, p + 66 * MiB, PAGE, PAGE, why, sizeof why) == TALLY_EBACKEND);
     NEED(strstr(why, "not inside a reservation of device 0") != NULL);
     NEED(tally__cu_vmm_mapped_bytes(0) == 2 * PAGE);
     /* The hole maps again; the last page of the range too. */
-    NEED(be->map(0, p + PAGE, PAGE, why, sizeof why) == 0);
-    NEED(be->map(0, p + 64 * MiB, PAGE, why, sizeof why) == 0);
+    NEED(be->map(0, p + PAGE, PAGE, PAGE, why, sizeof why) == 0);
+    NEED(be->map(0, p + 64 * MiB, PAGE, PAGE, why, sizeof why) == 0);
     NEED(used_since(base, 4 * PAGE));
     /* An unmap over mapped and unmapped pages unmaps the mapped ones. */
     NEED(be->unmap(0, p + 2 * PAGE, 10 * PAGE) == 0);
     NEED(tally__cu_vmm_mapped_bytes(0) == 3 * PAGE);
+    /* Handles of several pages: one cuMemCreate + cuMemMap each (the
+     * driver's free memory drops by whole handles); an unmap that would cut
+     * one is refused before CUDA sees it (cuMemUnmap 'cannot unmap a
+     * sub-range'; the stand-in refuses it too); whole handles go. */
+    NEED(be->map(0, p + 8 * PAGE, 5 * PAGE, 3 * PAGE, why, sizeof why) == 0); /* handles of 3 and 2 pages */
+    NEED(used_since(base, 8 * PAGE));
+    NEED(be->map(0, p + 20 * PAGE, PAGE, 3 * MiB, why, sizeof why) == TALLY_EBACKEND);
+    NEED(strstr(why, "not a whole number of 2 MiB pages") != NULL);
+    NEED(be->unmap(0, p + 9 * PAGE, PAGE) == TALLY_EBACKEND);
+    NEED(strstr(tally_last_error(), "would cut a physical handle") != NULL);
+    NEED(be->unmap(0, p + 8 * PAGE, 4 * PAGE) == TALLY_EBACKEND);
+    NEED(tally__cu_vmm_mapped_bytes(0) == 8 * PAGE);
+    NEED(be->unmap(0, p + 11 * PAGE, 2 * PAGE) == 0); /* the second handle alone */
+    NEED(used_since(base, 6 * PAGE));
+    NEED(be->unmap(0, p + 8 * PAGE, 3 * PAGE) == 0);
+    NEED(tally__cu_vmm_mapped_bytes(0) == 3 * PAGE);
+    NEED(used_since(base, 3 * PAGE));
     /* The caller had no current context and still has none. */
     CUcontext cur = (CUcontext)1;
     NEED(cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == NULL);

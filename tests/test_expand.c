@@ -492,7 +492,8 @@ static void test_host_backend_counts_calls_pages_and_runs(void **state)
 
 /* Runs are counted over the pages actually mapped, as the cuda backend
  * makes one cuMemUnmap per run: an unmap over two mapped runs with a hole
- * between is two runs, and pages never mapped are not counted. */
+ * between is two runs, and pages never mapped are not counted; handles are
+ * counted and never cut. */
 static void test_host_backend_counts_unmap_runs_over_holes(void **state)
 {
     (void)state;
@@ -503,9 +504,14 @@ static void test_host_backend_counts_unmap_runs_over_holes(void **state)
     char *at = base;
     tally_host_calls_t c0;
     assert_int_equal(tally_host_calls(1, &c0), 0);
-    assert_int_equal(b->map(1, at, 2 * PAGE, why, sizeof why), 0);
-    assert_int_equal(b->map(1, at + 3 * PAGE, 2 * PAGE, why, sizeof why), 0);
+    size_t free0, free1, total;
+    assert_int_equal(tally_mem_get_info(1, &free0, &total), 0);
+    assert_int_equal(b->map(1, at, 2 * PAGE, PAGE, why, sizeof why), 0);
+    assert_int_equal(b->map(1, at + 3 * PAGE, 2 * PAGE, PAGE, why, sizeof why), 0);
     assert_int_equal(b->unmap(1, at, 8 * PAGE), 0);
+    /* Only the four mapped pages go back to the device's capacity. */
+    assert_int_equal(tally_mem_get_info(1, &free1, &total), 0);
+    EQ(free1, free0);
     tally_host_calls_t c;
     assert_int_equal(tally_host_calls(1, &c), 0);
     EQ(c.map - c0.map, 2);
@@ -513,7 +519,181 @@ static void test_host_backend_counts_unmap_runs_over_holes(void **state)
     EQ(c.unmap - c0.unmap, 1);
     EQ(c.unmap_pages - c0.unmap_pages, 4);
     EQ(c.unmap_runs - c0.unmap_runs, 2);
+    /* Handles of several pages: counted per map call; the backend, as CUDA,
+     * refuses an unmap that would cut one. */
+    assert_int_equal(b->map(1, at, 5 * PAGE, 2 * PAGE, why, sizeof why), 0); /* handles of 2, 2, 1 pages */
+    assert_int_equal(b->map(1, at + 6 * PAGE, PAGE, 3 * PAGE / 2, why, sizeof why), TALLY_EBACKEND);
+    HAS(why, "not a whole number of 2 MiB pages");
+    tally_host_calls_t c1;
+    assert_int_equal(tally_host_calls(1, &c1), 0);
+    EQ(c1.map_handles - c.map_handles, 3);
+    assert_int_equal(b->unmap(1, at + PAGE, 2 * PAGE), TALLY_EBACKEND); /* cuts two */
+    HAS(tally_last_error(), "would cut a physical handle");
+    assert_int_equal(b->unmap(1, at, PAGE), TALLY_EBACKEND);
+    assert_int_equal(b->unmap(1, at + 2 * PAGE, 3 * PAGE), 0); /* the last two handles */
+    assert_int_equal(b->unmap(1, at, 2 * PAGE), 0);
+    tally_host_calls_t c2;
+    assert_int_equal(tally_host_calls(1, &c2), 0);
+    EQ(c2.unmap - c1.unmap, 2);
+    EQ(c2.unmap_pages - c1.unmap_pages, 5);
     assert_int_equal(b->unreserve(1, base, 8 * PAGE), 0);
+}
+
+/* ---- physical handles: large blocks map one handle, given back only whole ---- */
+
+static void handles_from(int mb)
+{
+    char conf[64];
+    snprintf(conf, sizeof conf, "expandable_handle_mb:%d", mb);
+    assert_int_equal(tally_configure(conf), 0);
+}
+
+/* End of a handle test: every block of dev freed, empty_cache gives all
+ * back; the default threshold again. */
+static void all_back(int dev)
+{
+    tally_empty_cache(dev);
+    EQ(stats(dev).reserved_bytes[TALLY_POOL_ALL].current, 0);
+    handles_from(64);
+}
+
+/* A block of at least expandable_handle_mb maps its pages as one handle;
+ * a smaller one gets a handle per page. */
+static void test_large_block_maps_one_handle(void **state)
+{
+    (void)state;
+    handles_from(8);
+    tally_host_calls_t c0 = host_calls();
+    void *big = tally_malloc(10 * MiB, 0, stream_a); /* five pages, one handle */
+    assert_non_null(big);
+    tally_host_calls_t c1 = host_calls();
+    EQ(c1.map - c0.map, 1);
+    EQ(c1.map_pages - c0.map_pages, 5);
+    EQ(c1.map_handles - c0.map_handles, 1);
+    void *small = tally_malloc(6 * MiB, 0, stream_a); /* three pages, three handles */
+    assert_non_null(small);
+    tally_host_calls_t c2 = host_calls();
+    EQ(c2.map_pages - c1.map_pages, 3);
+    EQ(c2.map_handles - c1.map_handles, 3);
+    CHECK_OK();
+    tally_free(big);
+    tally_free(small);
+    all_back(0);
+}
+
+/* A handle whose pages are partly idle stays mapped, through empty_cache
+ * too; once all its pages are idle it goes in one unmap, and the range at
+ * empty_cache when every block is free. */
+static void test_partly_idle_handle_stays_mapped(void **state)
+{
+    (void)state;
+    handles_from(8);
+    void *a = tally_malloc(16 * MiB, 0, stream_a); /* pages 0-7: one handle */
+    assert_non_null(a);
+    tally_free(a);
+    void *b = tally_malloc(4 * MiB, 0, stream_a); /* best fit: a's hole, pages 0-1 */
+    assert_ptr_equal(b, a);
+    tally_host_calls_t c0 = host_calls();
+    tally_empty_cache(0);
+    tally_host_calls_t c1 = host_calls();
+    /* With a handle per page, pages 2-7 would go here. */
+    EQ(c1.unmap - c0.unmap, 0);
+    EQ(stats(0).reserved_bytes[TALLY_POOL_LARGE].current, 16 * MiB);
+    CHECK_OK();
+    tally_free(b);
+    CHECK_OK();
+    tally_empty_cache(0); /* all free: the handle goes whole, then the range */
+    tally_host_calls_t c2 = host_calls();
+    EQ(c2.unmap - c1.unmap, 1);
+    EQ(c2.unmap_pages - c1.unmap_pages, 8);
+    EQ(c2.unreserve - c1.unreserve, 1);
+    all_back(0);
+}
+
+/* Pages are taken from holes in whole spare handles only: a spare handle
+ * goes in one unmap call; the idle pages of a handle still holding a live
+ * block are not taken, and reserved memory grows instead. */
+static void test_steal_takes_whole_handles_only(void **state)
+{
+    (void)state;
+    handles_from(8);
+    void *a = tally_malloc(16 * MiB, 0, stream_a); /* pages 0-7: one handle */
+    void *x = tally_malloc(4 * MiB, 0, stream_a);  /* pages 8-9 */
+    assert_non_null(a);
+    assert_non_null(x);
+    tally_free(a); /* the handle is spare */
+    tally_host_calls_t c0 = host_calls();
+    void *d = tally_malloc(20 * MiB, 0, stream_a); /* past x: 10 new pages over the mark */
+    assert_non_null(d);
+    tally_host_calls_t c1 = host_calls();
+    EQ(c1.unmap - c0.unmap, 1);
+    EQ(c1.unmap_pages - c0.unmap_pages, 8);
+    CHECK_OK();
+    tally_free(d);
+    tally_free(x);
+    tally_empty_cache(0);
+    /* Again, with a small block left in the handle's first pages. */
+    a = tally_malloc(16 * MiB, 0, stream_a);
+    x = tally_malloc(4 * MiB, 0, stream_a);
+    tally_free(a);
+    void *b = tally_malloc(4 * MiB, 0, stream_a); /* pages 0-1 of the handle */
+    assert_ptr_equal(b, a);
+    tally_host_calls_t c2 = host_calls();
+    d = tally_malloc(20 * MiB, 0, stream_a);
+    assert_non_null(d);
+    tally_host_calls_t c3 = host_calls();
+    EQ(c3.unmap - c2.unmap, 0); /* pages 2-7 are idle but their handle is not */
+    EQ(stats(0).reserved_bytes[TALLY_POOL_LARGE].current, (16 + 4 + 20) * MiB);
+    CHECK_OK();
+    tally_free(b);
+    tally_free(d);
+    tally_free(x);
+    all_back(0);
+}
+
+/* Out of memory inside a range: a handle pinned by a small live block
+ * cannot be given back, so a request that needs its memory in another
+ * stream's range fails (state intact); once the small block is freed the
+ * handle goes and the request fits. Device 1 has 256 MiB. */
+static void test_oom_inside_range_with_handles(void **state)
+{
+    (void)state;
+    handles_from(8);
+    tally_set_sink(discard, NULL);
+    void *a = tally_malloc(100 * MiB, 1, stream_a); /* pages 0-49: one handle */
+    void *x = tally_malloc(4 * MiB, 1, stream_a);   /* pages 50-51 */
+    assert_non_null(a);
+    assert_non_null(x);
+    tally_free(a);
+    void *b = tally_malloc(4 * MiB, 1, stream_a); /* pins the handle */
+    assert_ptr_equal(b, a);
+    tally_stats_t before = stats(1);
+    void *stream_b = (void *)0x200;
+    void *q = tally_malloc(160 * MiB, 1, stream_b); /* 100 + 4 + 160 MiB > 256 */
+    tally_stats_t after = stats(1);
+    tally_free(q);
+    assert_null(q);
+    EQ(after.num_ooms, before.num_ooms + 1);
+    EQ(after.reserved_bytes[TALLY_POOL_LARGE].current, 104 * MiB);
+    CHECK_OK();
+    tally_free(b);
+    q = tally_malloc(160 * MiB, 1, stream_b);
+    assert_non_null(q);
+    CHECK_OK();
+    tally_free(q);
+    tally_free(x);
+    tally_set_sink(NULL, NULL);
+    all_back(1);
+}
+
+/* The random workload and injected map failures with handles from 4 MiB:
+ * tally_check verifies the handle invariants after every step. */
+static void test_random_workload_with_handles(void **state)
+{
+    handles_from(4);
+    test_random_workload_keeps_invariants(state);
+    test_injected_map_failures_leave_state_intact(state);
+    handles_from(64);
 }
 
 static void test_options_show_the_key(void **state)
@@ -549,6 +729,11 @@ int main(void)
         cmocka_unit_test_setup(test_chunk_past_capacity_does_not_fail_a_block_that_fits, reset),
         cmocka_unit_test_setup(test_host_backend_counts_calls_pages_and_runs, reset),
         cmocka_unit_test_setup(test_host_backend_counts_unmap_runs_over_holes, reset),
+        cmocka_unit_test_setup(test_large_block_maps_one_handle, reset),
+        cmocka_unit_test_setup(test_partly_idle_handle_stays_mapped, reset),
+        cmocka_unit_test_setup(test_steal_takes_whole_handles_only, reset),
+        cmocka_unit_test_setup(test_oom_inside_range_with_handles, reset),
+        cmocka_unit_test_setup(test_random_workload_with_handles, reset),
         cmocka_unit_test(test_options_show_the_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

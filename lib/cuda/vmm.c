@@ -9,34 +9,36 @@
  *   (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) and that its
  *   allocation granularity (cuMemGetAllocationGranularity, minimum) divides
  *   the cache's 2 MiB page; otherwise it refuses with one line saying so.
- * - map of n pages: per page, cuMemCreate (2 MiB of pinned memory on the
- *   device) + cuMemMap at its address + cuMemRelease of the handle; then one
- *   cuMemSetAccess (read-write for the device) over the n pages. 3n + 1
- *   driver calls.
- * - unmap of a range: cuCtxSynchronize (work still queued may use the pages:
- *   a block is reused in stream order, so the last block on a page may have
- *   been freed while its kernels run), then one cuMemUnmap per run of
- *   mapped pages in the range. 2 driver calls for one run.
+ * - map of n pages in handles of `handle` bytes (backend.h): per handle,
+ *   cuMemCreate (that much pinned memory on the device) + cuMemMap at its
+ *   address + cuMemRelease of the handle; then one cuMemSetAccess
+ *   (read-write for the device) over the n pages. 3h + 1 driver calls for h
+ *   handles: 3n + 1 with a handle per page, 4 with one handle.
+ * - unmap of a range: refused (nothing unmapped) if it would cut a handle;
+ *   else cuCtxSynchronize (work still queued may use the pages: a block is
+ *   reused in stream order, so the last block on a page may have been freed
+ *   while its kernels run), then one cuMemUnmap per run of mapped pages in
+ *   the range. 2 driver calls for one run.
  * - unreserve: unmap what is still mapped, then cuMemAddressFree.
  *
- * Handles: one per 2 MiB page, released right after it is mapped. CUDA
- * frees a handle's memory once it is released and no longer mapped
- * (cuMemRelease: 'The memory allocation will be freed when all outstanding
- * mappings to the memory are unmapped'), so the mapping alone keeps the
- * page, and unmapping it gives the page back: no handle is ever kept, and
- * unmap needs no cuMemRelease. One handle per page because a mapping can
- * only be unmapped whole (cuMemUnmap 'cannot unmap a sub-range') and
- * mapped only from offset 0 of its handle, while expand.c gives back any
- * page of what one map call mapped; a handle per run would have to be
- * unmapped whole and its live pages copied elsewhere. One cuMemUnmap may
+ * Handles: each released right after it is mapped. CUDA frees a handle's
+ * memory once it is released and no longer mapped (cuMemRelease: 'The
+ * memory allocation will be freed when all outstanding mappings to the
+ * memory are unmapped'), so the mapping alone keeps the memory, and
+ * unmapping it gives the memory back: no handle is ever kept, and unmap
+ * needs no cuMemRelease. A mapping can only be unmapped whole (cuMemUnmap
+ * 'cannot unmap a sub-range') and mapped only from offset 0 of its handle,
+ * so lib/expand.c gives back whole handles only: pages of a multi-page
+ * handle go back together once none holds a live block. One cuMemUnmap may
  * cover several whole mappings (the stand-in allows it; NVIDIA's
- * vectorAddMMAP sample unmaps pages mapped one by one with one call); if the
- * driver refuses (CUDA_ERROR_INVALID_VALUE), the run is unmapped page by
- * page.
+ * vectorAddMMAP sample unmaps chunks mapped one by one with one call); if
+ * the driver refuses (CUDA_ERROR_INVALID_VALUE), the run is unmapped
+ * mapping by mapping.
  *
- * A bitmap per reservation says which pages are mapped, so a map over a
- * mapped page or an unmap of pages that are not mapped is refused (or
- * skipped) before CUDA sees it, and unreserve knows what is left.
+ * Two bitmaps per reservation say which pages are mapped and which begin a
+ * handle, so a map over a mapped page, an unmap that would cut a handle, or
+ * an unmap of pages that are not mapped is refused (or skipped) before CUDA
+ * sees it, and unreserve knows what is left.
  *
  * Every call runs in the device's primary context (the guard of
  * context.c: pushed only when another context, or none, is current) in the
@@ -66,6 +68,7 @@ typedef struct vmm_range {
     uintptr_t base;
     size_t size, npages;
     uint64_t *mapped; /* bit p: page p is mapped */
+    uint64_t *start;  /* bit p: page p is mapped and the first page of its handle */
     struct vmm_range *next;
 } vmm_range_t;
 
@@ -81,6 +84,12 @@ static bool bit(const vmm_range_t *r, size_t p)
     return r->mapped[p >> 6] >> (p & 63) & 1;
 }
 
+static bool starts(const vmm_range_t *r, size_t p)
+{
+    return r->start[p >> 6] >> (p & 63) & 1;
+}
+
+/* Pages [p, p + n) mapped (on: as one handle) or unmapped. */
 static void set_bits(vmm_range_t *r, size_t p, size_t n, bool on)
 {
     for (size_t q = p; q < p + n; q++) {
@@ -88,7 +97,17 @@ static void set_bits(vmm_range_t *r, size_t p, size_t n, bool on)
             r->mapped[q >> 6] |= 1ull << (q & 63);
         else
             r->mapped[q >> 6] &= ~(1ull << (q & 63));
+        r->start[q >> 6] &= ~(1ull << (q & 63));
     }
+    if (on && n)
+        r->start[p >> 6] |= 1ull << (p & 63);
+}
+
+/* Whether unmapping [p, p + n) would cut a handle: the first page mapped
+ * but not a handle's first, or the page after it mapped and not one. */
+static bool cuts_handle(const vmm_range_t *r, size_t p, size_t n)
+{
+    return (bit(r, p) && !starts(r, p)) || (p + n < r->npages && bit(r, p + n) && !starts(r, p + n));
 }
 
 /* Read-write access for device, then for each device in mask; the count. */
@@ -208,9 +227,10 @@ int tally__cu_vmm_reserve(int device, size_t size, void **ptr, char *why, size_t
     size_t npages = size / VMM_PAGE + (size % VMM_PAGE != 0);
     vmm_range_t *r = tally__meta_calloc(sizeof *r);
     uint64_t *bits = tally__meta_calloc((npages / 64 + 1) * sizeof *bits);
+    uint64_t *start = tally__meta_calloc((npages / 64 + 1) * sizeof *start);
     CUdeviceptr base = 0;
     CUresult cr = CUDA_SUCCESS;
-    if (!r || !bits) {
+    if (!r || !bits || !start) {
         snprintf(why, whylen, "out of host memory for a reservation of %zu bytes", size);
         rc = TALLY_ENOMEM;
     } else if ((cr = tally__cu.cuMemAddressReserve(&base, npages * VMM_PAGE, VMM_PAGE, 0, 0)) != CUDA_SUCCESS) {
@@ -220,17 +240,19 @@ int tally__cu_vmm_reserve(int device, size_t size, void **ptr, char *why, size_t
     if (rc) {
         tally__meta_free(r);
         tally__meta_free(bits);
+        tally__meta_free(start);
         return rc;
     }
     *r = (vmm_range_t){.base = (uintptr_t)base, .size = npages * VMM_PAGE, .npages = npages, .mapped = bits,
-                       .next = ranges[device]};
+                       .start = start, .next = ranges[device]};
     ranges[device] = r;
     *ptr = (void *)(uintptr_t)base;
     return 0;
 }
 
-/* Unmap pages [p, p + n) of r (all mapped) in one call, else page by page.
- * In the device's context. Returns the first failure, or CUDA_SUCCESS. */
+/* Unmap pages [p, p + n) of r (all mapped, whole handles) in one call,
+ * else mapping by mapping. In the device's context. Returns the first
+ * failure, or CUDA_SUCCESS. */
 static CUresult unmap_run(int device, vmm_range_t *r, size_t p, size_t n)
 {
     CUdeviceptr at = (CUdeviceptr)(r->base + p * VMM_PAGE);
@@ -238,12 +260,16 @@ static CUresult unmap_run(int device, vmm_range_t *r, size_t p, size_t n)
     if (res == CUDA_ERROR_INVALID_VALUE && n > 1) {
         /* A driver that takes one whole mapping per call. */
         res = CUDA_SUCCESS;
-        for (size_t i = 0; i < n; i++) {
-            CUresult one = tally__cu.cuMemUnmap(at + i * VMM_PAGE, VMM_PAGE);
+        for (size_t i = 0; i < n;) {
+            size_t k = 1;
+            while (i + k < n && !starts(r, p + i + k))
+                k++;
+            CUresult one = tally__cu.cuMemUnmap(at + i * VMM_PAGE, k * VMM_PAGE);
             if (one == CUDA_SUCCESS)
-                set_bits(r, p + i, 1, false);
+                set_bits(r, p + i, k, false);
             else if (res == CUDA_SUCCESS)
                 res = one;
+            i += k;
         }
         if (res != CUDA_SUCCESS)
             tally__cu_fail(res, "cuMemUnmap", device);
@@ -285,13 +311,18 @@ static CUresult unmap_pages(int device, vmm_range_t *r, size_t p, size_t n, bool
     return res;
 }
 
-int tally__cu_vmm_map(int device, void *ptr, size_t size, char *why, size_t whylen)
+int tally__cu_vmm_map(int device, void *ptr, size_t size, size_t handle, char *why, size_t whylen)
 {
     vmm_range_t *r;
     size_t p, n;
     int rc = pages_of(device, ptr, size, &r, &p, &n, "map", why, whylen);
     if (rc)
         return rc;
+    if (handle < VMM_PAGE || handle % VMM_PAGE) {
+        snprintf(why, whylen, "map: handle size %zu is not a whole number of 2 MiB pages", handle);
+        return TALLY_EBACKEND;
+    }
+    size_t hp = handle / VMM_PAGE;
     for (size_t q = p; q < p + n; q++) {
         if (bit(r, q)) {
             snprintf(why, whylen, "map: page at %p of device %d is already mapped", (void *)(r->base + q * VMM_PAGE),
@@ -305,22 +336,22 @@ int tally__cu_vmm_map(int device, void *ptr, size_t size, char *why, size_t whyl
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     tally__cu.cuThreadExchangeStreamCaptureMode(&mode);
     CUmemAllocationProp prop = page_prop(device);
-    size_t done = 0;
-    for (; done < n && !rc; done++) {
+    for (size_t done = 0; done < n && !rc; done += hp) {
         CUdeviceptr at = (CUdeviceptr)(r->base + (p + done) * VMM_PAGE);
+        size_t k = n - done < hp ? n - done : hp;
         CUmemGenericAllocationHandle h = 0;
-        CUresult cr = tally__cu.cuMemCreate(&h, VMM_PAGE, &prop, 0);
+        CUresult cr = tally__cu.cuMemCreate(&h, k * VMM_PAGE, &prop, 0);
         if (cr != CUDA_SUCCESS) {
             rc = tally__cu_why(cr, "cuMemCreate", why, whylen);
             break;
         }
-        cr = tally__cu.cuMemMap(at, VMM_PAGE, 0, h, 0);
+        cr = tally__cu.cuMemMap(at, k * VMM_PAGE, 0, h, 0);
         if (cr != CUDA_SUCCESS) {
             tally__cu.cuMemRelease(h);
             rc = tally__cu_why(cr, "cuMemMap", why, whylen);
             break;
         }
-        set_bits(r, p + done, 1, true);
+        set_bits(r, p + done, k, true);
         /* The mapping keeps the memory; unmapping it frees it. */
         cr = tally__cu.cuMemRelease(h);
         if (cr != CUDA_SUCCESS)
@@ -368,6 +399,10 @@ int tally__cu_vmm_unmap(int device, void *ptr, size_t size)
         tally__fail(rc, "device %d: %s", device, why);
         return rc;
     }
+    if (cuts_handle(r, p, n)) {
+        tally__fail(TALLY_EBACKEND, "device %d: unmap of [%p, +%zu) would cut a physical handle", device, ptr, size);
+        return TALLY_EBACKEND;
+    }
     CUresult freed = CUDA_SUCCESS;
     return give_back(device, r, p, n, false, &freed);
 }
@@ -391,6 +426,7 @@ int tally__cu_vmm_unreserve(int device, void *ptr, size_t size)
     }
     *link = r->next;
     tally__meta_free(r->mapped);
+    tally__meta_free(r->start);
     tally__meta_free(r);
     return rc;
 }

@@ -9,11 +9,13 @@
 /* cuMemAddressReserve of size rounded up to 2 MiB pages; the first call on
  * a device checks that it supports virtual memory management. */
 int tally__cu_vmm_reserve(int device, size_t size, void **ptr, char *why, size_t whylen);
-/* Map 2 MiB pages over [ptr, ptr + size) of a reservation: a handle per
- * page (cuMemCreate, cuMemMap, cuMemRelease), one cuMemSetAccess.
- * TALLY_ENOMEM when the device is full (nothing stays mapped). */
-int tally__cu_vmm_map(int device, void *ptr, size_t size, char *why, size_t whylen);
-/* Wait for the device, then unmap the mapped pages of [ptr, ptr + size). */
+/* Map [ptr, ptr + size) of a reservation in handles of `handle` bytes (the
+ * last may be shorter): per handle cuMemCreate, cuMemMap, cuMemRelease; one
+ * cuMemSetAccess. TALLY_ENOMEM when the device is full (nothing stays
+ * mapped). */
+int tally__cu_vmm_map(int device, void *ptr, size_t size, size_t handle, char *why, size_t whylen);
+/* Wait for the device, then unmap the mapped pages of [ptr, ptr + size);
+ * refused if that would cut a handle. */
 int tally__cu_vmm_unmap(int device, void *ptr, size_t size);
 /* Unmap what is left of a reservation and free its addresses. */
 int tally__cu_vmm_unreserve(int device, void *ptr, size_t size);
