@@ -799,13 +799,18 @@ static void test_persistent_tags_are_runtime_configurable(void **state)
     LU_OK(tally_tag_push("weights-extra")); /* not "weights": a whole-name match */
     void *b = lu_malloc(MB, 0);
     LU_OK(tally_tag_pop());
+    LU_OK(tally_tag_push("weight")); /* a prefix of "weights": not it either */
+    void *c = lu_malloc(3 * MB, 0);
+    LU_OK(tally_tag_pop());
     LU_OK(tally_stage_end("pers"));
     lu_cap_end();
     LU_LACKS(lu_cap_text(), "tag kv-cache");
     LU_HAS(lu_cap_text(), "stage pers ended with 1.0 MiB still live under tag weights-extra on device 0 (1 block)");
+    LU_HAS(lu_cap_text(), "stage pers ended with 3.0 MiB still live under tag weight on device 0 (1 block)");
     LU_OK(tally_configure("persistent_tags:weights|optimizer"));
     tally_free(a);
     tally_free(b);
+    tally_free(c);
 }
 
 static void test_nested_stage_survivors_count_in_the_outer(void **state)
