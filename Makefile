@@ -183,3 +183,12 @@ test-c: fuzz-replay
 clean-fuzz:
 	rm -rf $(FUZZ_BUILD)
 clean: clean-fuzz
+
+# ---- mutation testing ----
+# make mutate   applies each one-line mutation of tests/mutate/mutations.txt
+#               to a scratch copy of the tree, runs the C tests, prints the
+#               survivors and the score (minutes; not part of .ci/run).
+#               MUTATE_ONLY=REGEX runs the matching entries only.
+.PHONY: mutate
+mutate:
+	@nice -n 10 bash tests/mutate/mutate.sh '$(MUTATE_ONLY)'
