@@ -446,6 +446,52 @@ static void test_segment_size_boundary_at_10MiB(void **state)
     free_then_empty(all, 4, 40 * MiB);
 }
 
+/* Among free small blocks of one size the lowest address is taken, however
+ * the bin's tree is shaped: 16 holes of 1 KiB are refilled in address order. */
+static void test_small_best_fit_lowest_address_in_a_bin(void **state)
+{
+    (void)state;
+    void *p[32];
+    for (int i = 0; i < 32; i++)
+        p[i] = tu_malloc(1000, 0, S3);
+    for (int i = 0; i < 32; i += 2)
+        tu_free(p[i]);
+    for (int i = 0; i < 32; i += 2) {
+        tu_ctx("hole %d", i);
+        void *q = tu_malloc(1000, 0, S3);
+        assert_ptr_equal(q, p[i]);
+        p[i] = q;
+    }
+    tu_ctx("%s", "");
+    free_then_empty(p, 32, 2 * MiB);
+}
+
+/* The age of a cached block counts look-ups only while garbage collection
+ * is on (a memory fraction is set): blocks freed apart while it was off
+ * are equally old, so all go in one pass once it is on. */
+static void test_gc_ages_stand_still_without_a_fraction(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_configure("garbage_collection_threshold:0.5"), 0);
+    void *a = tu_malloc(8 * GiB, 0, S1);
+    void *b = tu_malloc(8 * GiB, 0, S1);
+    tu_free(a);
+    for (int i = 0; i < 8; i++) /* look-ups while gc is off */
+        tu_free(tu_malloc(2 * MiB, 0, S2));
+    tu_free(b);
+    void *x = tu_malloc(5 * GiB, 0, S3);
+    assert_int_equal(tally_set_memory_fraction(0.5, 0), 0); /* threshold 20 GiB */
+    tally_stats_t s0 = tu_stats(0);
+    EQ(s0.reserved_bytes[0].current, 21 * GiB + 20 * MiB);
+    void *y = tu_malloc(1 * GiB, 0, S4); /* 1 GiB + 20 MiB over: every equal-aged block goes */
+    tally_stats_t s1 = tu_stats(0);
+    EQ(s1.num_device_free - s0.num_device_free, 3);
+    EQ(s1.reserved_bytes[0].current, 6 * GiB);
+    void *all[] = {x, y};
+    assert_int_equal(tally_set_memory_fraction(1.0, 0), 0);
+    free_then_empty(all, 2, 6 * GiB);
+}
+
 /* ---- out of memory ---------------------------------------------------------- */
 
 static void test_oom_on_capacity_counts_and_reports(void **state)
@@ -760,6 +806,8 @@ int main(void)
         cmocka_unit_test_setup(test_memory_fraction_zero_allows_no_new_segments, setup_clean),
         cmocka_unit_test_setup(test_gc_releases_old_cached_blocks_above_threshold, setup_clean),
         cmocka_unit_test_setup(test_gc_releases_blocks_at_the_mean_age, setup_clean),
+        cmocka_unit_test_setup(test_gc_ages_stand_still_without_a_fraction, setup_clean),
+        cmocka_unit_test_setup(test_small_best_fit_lowest_address_in_a_bin, setup_clean),
     };
     return cmocka_run_group_tests_name("cache", tests, NULL, NULL);
 }

@@ -124,6 +124,29 @@ static void test_out_of_memory_at_capacity(void **state)
     tally_free(q);
 }
 
+/* A memory fraction caps what the pages take: 64 MiB of device 1's 256. */
+static void test_memory_fraction_caps_mapped_pages(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_set_memory_fraction(0.25, 1), 0);
+    void *p = tally_malloc(48 * MiB, 1, stream_a);
+    assert_non_null(p);
+    tally_stats_t before = stats(1);
+    void *q = tally_malloc(32 * MiB, 1, stream_a); /* 48 + 32 > 64 */
+    assert_null(q);
+    HAS(tally_last_error(), "out of memory");
+    tally_stats_t after = stats(1);
+    EQ(after.num_ooms, before.num_ooms + 1);
+    assert_true(after.reserved_bytes[0].current <= (int64_t)(64 * MiB));
+    q = tally_malloc(16 * MiB, 1, stream_a); /* 48 + 16 = 64: fits */
+    assert_non_null(q);
+    EQ(stats(1).reserved_bytes[0].current, 64 * MiB);
+    CHECK_OK();
+    tally_free(p);
+    tally_free(q);
+    assert_int_equal(tally_set_memory_fraction(1.0, 1), 0);
+}
+
 static void test_injected_map_failures_leave_state_intact(void **state)
 {
     (void)state;
@@ -208,6 +231,7 @@ int main(void)
         cmocka_unit_test_setup(test_empty_cache_unmaps_idle_pages, reset),
         cmocka_unit_test_setup(test_streams_get_their_own_region, reset),
         cmocka_unit_test_setup(test_out_of_memory_at_capacity, reset),
+        cmocka_unit_test_setup(test_memory_fraction_caps_mapped_pages, reset),
         cmocka_unit_test_setup(test_injected_map_failures_leave_state_intact, reset),
         cmocka_unit_test_setup(test_random_workload_keeps_invariants, reset),
         cmocka_unit_test(test_options_show_the_key),

@@ -434,21 +434,57 @@ static void test_release_available_not_enough_then_oom(void **state)
 
 /* Oversize blocks cached on another stream are not candidates; the full
  * release path frees them. */
+/* What the full release path leaves in the statistics between s0 and s1:
+ * one segment freed, one sync of all streams, one counted retry, no OOM. */
+static void expect_full_release(const tally_stats_t *s0, const tally_stats_t *s1)
+{
+    EQ(s1->num_device_free - s0->num_device_free, 1);
+    EQ(s1->num_sync_all_streams - s0->num_sync_all_streams, 1);
+    EQ(s1->num_alloc_retries - s0->num_alloc_retries, 1);
+    EQ(s1->num_ooms - s0->num_ooms, 0);
+}
+
+/* A cached oversize block on cached_on; 30 MiB twice on asked_on under the
+ * 100 MiB cap: the second needs the block released, which only the full
+ * release does (release_available_cached_blocks keeps to the stream). */
+static void other_stream_case(void *cached_on, void *asked_on)
+{
+    tu_free(tu_malloc(50 * MiB, 0, cached_on));
+    void *b = tu_malloc(30 * MiB, 0, asked_on);
+    tally_stats_t s0 = tu_stats(0);
+    void *c = tu_malloc(30 * MiB, 0, asked_on);
+    assert_non_null(c);
+    tally_stats_t s1 = tu_stats(0);
+    expect_full_release(&s0, &s1);
+    tu_free(b);
+    tu_free(c);
+    CHECK_OK();
+    tally_empty_cache(0);
+}
+
 static void test_release_available_ignores_other_streams(void **state)
 {
     (void)state;
     assert_int_equal(tally_set_memory_fraction(FRACTION_100MiB, 0), 0);
-    tu_free(tu_malloc(50 * MiB, 0, S2));
-    void *b = tu_malloc(30 * MiB, 0, S1);
+    other_stream_case(S2, S1);
+    /* The other way round: the cached block's stream orders before the
+     * request's, where the search for the largest blocks starts. */
+    other_stream_case(S1, S2);
+}
+
+/* Releasing oversize blocks that together fall short is not a success: the
+ * allocation goes on to the full release (sync) and the counted retry even
+ * though, after an injected OOM, the backend would now have room. */
+static void test_release_available_short_goes_on_to_full_release(void **state)
+{
+    (void)state;
+    tu_free(tu_malloc(50 * MiB, 0, S1));
     tally_stats_t s0 = tu_stats(0);
-    void *c = tu_malloc(30 * MiB, 0, S1);
+    assert_int_equal(tally_host_fail_alloc(1, 0), 0);
+    void *c = tu_malloc(60 * MiB, 0, S1); /* no 60 MiB block; 50 is not enough */
     assert_non_null(c);
     tally_stats_t s1 = tu_stats(0);
-    EQ(s1.num_device_free - s0.num_device_free, 1);
-    EQ(s1.num_sync_all_streams - s0.num_sync_all_streams, 1);
-    EQ(s1.num_alloc_retries - s0.num_alloc_retries, 1);
-    EQ(s1.num_ooms - s0.num_ooms, 0);
-    tu_free(b);
+    expect_full_release(&s0, &s1);
     tu_free(c);
     CHECK_OK();
 }
@@ -513,6 +549,7 @@ int main(void)
         cmocka_unit_test_setup(test_release_available_frees_several_largest_blocks, setup_clean),
         cmocka_unit_test_setup(test_release_available_not_enough_then_oom, setup_clean),
         cmocka_unit_test_setup(test_release_available_ignores_other_streams, setup_clean),
+        cmocka_unit_test_setup(test_release_available_short_goes_on_to_full_release, setup_clean),
         cmocka_unit_test_setup(test_memory_fraction_key_applies_at_runtime, setup_clean),
         cmocka_unit_test_setup(test_memory_fraction_key_reapplies_to_every_device, setup_clean),
     };
