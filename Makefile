@@ -195,5 +195,6 @@ clean: clean-fuzz
 #               survivors and the score (minutes; not part of .ci/run).
 #               MUTATE_ONLY=REGEX runs the matching entries only.
 .PHONY: mutate
+mutate: export MUTATE_ONLY := $(MUTATE_ONLY)
 mutate:
-	@nice -n 10 bash tests/mutate/mutate.sh '$(MUTATE_ONLY)'
+	@nice -n 10 bash tests/mutate/mutate.sh

@@ -2,7 +2,8 @@
 # make mutate: one-line mutation testing.
 #
 # Each entry of tests/mutate/mutations.txt (tab-separated: file, a fragment
-# of one original line, its replacement, the behaviour the change breaks) is
+# of one original line, its replacement, the behaviour the change breaks,
+# and optionally "equivalent: why" for a mutation shown to behave the same) is
 # applied alone to a scratch copy of the tree, built into its own build
 # directory (a copy of a pristine build, so only the mutated file and what
 # links it are rebuilt), and the C test binaries are run: first those that
@@ -11,10 +12,14 @@
 # every binary survives. A binary that runs past MUTATE_TIMEOUT seconds
 # (default 120) is killed and counts as "killed (timeout)". An entry whose
 # fragment is not found, or is found more than once, is reported as a stale
-# mutation and left out of the score (never counted as killed).
+# mutation and left out of the score (never counted as killed). An entry
+# marked equivalent that survives is left out of the score too and listed
+# with its reason; one that is killed is counted, and flagged so the mark
+# can go.
 #
 #   bash tests/mutate/mutate.sh [REGEX]   only entries whose file and
-#                                         description match REGEX (bash =~)
+#                                         description match REGEX (bash =~;
+#                                         also MUTATE_ONLY=REGEX, as make passes it)
 # Environment: MUTATE_LIST (the list), MUTATE_TIMEOUT, MUTATE_KEEP=1 keeps
 # the scratch directory, MUTATE_JOBS (make -j, default 2), MUTATE_CHECK=1
 # only checks that every entry applies (no build, no tests).
@@ -24,7 +29,7 @@ list=${MUTATE_LIST:-$root/tests/mutate/mutations.txt}
 coverage=$root/tests/mutate/coverage.txt
 limit=${MUTATE_TIMEOUT:-120}
 jobs=${MUTATE_JOBS:-2}
-pattern=${1:-}
+pattern=${1:-${MUTATE_ONLY:-}}
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/tally-mutate.XXXXXX")
 cleanup() { [ "${MUTATE_KEEP:-0}" = 1 ] || rm -rf "$scratch"; }
@@ -70,9 +75,9 @@ order_for() {
     done
 }
 
-total=0 killed=0 stale=0 n=0
-survivors=""
-while IFS=$'\t' read -r file orig repl what || [ -n "$file" ]; do
+total=0 killed=0 stale=0 n=0 equiv=0
+survivors="" equivalents=""
+while IFS=$'\t' read -r file orig repl what note || [ -n "$file" ]; do
     case "$file" in '' | '#'*) continue ;; esac
     n=$((n + 1))
     if [ -n "$pattern" ] && ! [[ "$file $what" =~ $pattern ]]; then continue; fi
@@ -139,6 +144,11 @@ PY
     if [ -n "$verdict" ]; then
         killed=$((killed + 1))
         echo "$label: $verdict"
+        case "${note:-}" in equivalent*) echo "    (listed as equivalent, yet killed: drop the mark)" ;; esac
+    elif [[ "${note:-}" == equivalent* ]]; then
+        equiv=$((equiv + 1))
+        echo "$label: survived (listed as ${note})"
+        equivalents="$equivalents#$n $file: $what"$'\n'"    ${note}"$'\n'
     else
         echo "$label: SURVIVED"
         survivors="$survivors#$n $file: $what"$'\n'"    '$orig' -> '$repl'"$'\n'
@@ -147,16 +157,22 @@ done <"$list"
 rm -rf "$src/build-m"
 
 echo
+if [ -n "$equivalents" ]; then
+    echo "equivalent (survived as listed, left out of the score):"
+    printf '%s' "$equivalents"
+fi
 if [ -n "$survivors" ]; then
     echo "survivors:"
     printf '%s' "$survivors"
 fi
 [ "$stale" -gt 0 ] && echo "stale or malformed entries (not counted): $stale"
+scored=$((total - equiv))
 if [ "$check" = 1 ]; then
     echo "mutate: $total entries apply"
-elif [ "$total" -gt 0 ]; then
-    echo "mutate: $killed of $total killed ($((killed * 1000 / total / 10)).$((killed * 1000 / total % 10))%)"
+elif [ "$scored" -gt 0 ]; then
+    echo "mutate: $killed of $scored killed ($((killed * 1000 / scored / 10)).$((killed * 1000 / scored % 10))%);" \
+        "$equiv equivalent left out, $((scored - killed)) survived, $stale stale"
 else
-    echo "mutate: no mutation applied"
+    echo "mutate: no mutation scored"
 fi
-[ "$total" -gt 0 ] && [ "$killed" -eq "$total" ] && [ "$stale" -eq 0 ]
+[ "$scored" -gt 0 ] && [ "$killed" -eq "$scored" ] && [ "$stale" -eq 0 ]
