@@ -12,11 +12,12 @@
  * bad fractions), peak and accumulated resets, backend fault injection
  * (tally_host_fail_alloc), runtime tally_configure, every report writer
  * (ledger, leaks, summary, stats JSON, options: discarded; the JSON report
- * to a temporary file, then parsed), block_info and mem_get_info.
+ * to a temporary file, then parsed, once per 64 inputs), block_info and
+ * mem_get_info.
  *
  * After every call: each device's allocation.all.current equals the model's
- * live blocks on it; the call's return value and error
- * are the ones the model predicts (bad arguments are refused with the right
+ * live blocks on it; the call's return value and error are the ones the
+ * model predicts (bad arguments are refused with the right
  * code and change nothing; a failed malloc of a valid request is an OOM,
  * counted once in num_ooms and reported on the sink). A new block is
  * 512-aligned and overlaps no live block; block_info gives its size, device,
