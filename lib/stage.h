@@ -4,7 +4,12 @@
 
 #include "ledger.h"
 
+/* Ended stages kept for the reports (a ring). The fuzz build keeps fewer
+ * (Makefile: FUZZ_CFLAGS), so the ring wraps within a few inputs and the
+ * JSON report fuzz_api reads back stays small. */
+#ifndef TALLY_STAGE_HISTORY
 #define TALLY_STAGE_HISTORY 256
+#endif
 
 /* Live bytes of one (tag, device, allocation site) that outlived a stage. */
 typedef struct tally_survivor {

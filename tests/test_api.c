@@ -104,9 +104,11 @@ static void test_configure_before_init_rejects_bad_values(void **state)
         {"garbage_collection_threshold:1", "garbage_collection_threshold", "'1'"},
         {"garbage_collection_threshold:-0.1", "garbage_collection_threshold", "'-0.1'"},
         {"host_capacity:abc", "host_capacity", "'abc'"},
+        {"host_capacity:1000.5", "host_capacity", "'1000.5'"}, /* half a byte */
         {"roundup_power2_divisions:3", "roundup_power2_divisions", "'3'"},
         {"roundup_power2_divisions:[256:3]", "roundup_power2_divisions", "'3'"},
         {"roundup_power2_divisions:[100:4]", "roundup_power2_divisions", "'100'"},
+        {"roundup_power2_divisions:[4:2,4:8]", "roundup_power2_divisions", "must increase"},
         {"memory_fraction:1.5", "memory_fraction", "'1.5'"},
         {"backend:tpu", "backend", "'tpu'"},
         {"host_devices:0", "host_devices", "'0'"},
@@ -464,9 +466,13 @@ static void test_reset_accumulated_zeroes_counts(void **state)
     tu_reset();
     void *a = tu_malloc(4096, 1, S1);
     tu_free(tu_malloc(4096, 1, S1));
+    cap_begin();
+    assert_null(tally_malloc(100 * GiB, 1, S1)); /* an OOM: counted, then reset */
+    cap_end();
     tally_empty_cache(1);
     tally_stats_t s = tu_stats(1);
     assert_true(s.allocation[0].allocated > 0 && s.num_device_alloc > 0 && s.num_sync_all_streams > 0);
+    assert_true(s.num_ooms > 0 && s.num_alloc_retries > 0);
     int64_t peak = s.allocation[0].peak;
     assert_int_equal(tally_reset_accumulated_stats(1), 0);
     s = tu_stats(1);

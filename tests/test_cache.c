@@ -385,6 +385,113 @@ static void test_empty_cache_releases_whole_segments_only(void **state)
     CHECK_OK();
 }
 
+/* Free the blocks; then empty_cache(0) releases exactly expect bytes. */
+static void free_then_empty(void **blocks, size_t n, size_t expect)
+{
+    for (size_t i = 0; i < n; i++)
+        tu_free(blocks[i]);
+    EQ(tally_empty_cache(0), expect);
+    CHECK_OK();
+}
+
+/* A free block at the head of a segment whose next block is live is not a
+ * whole segment: empty_cache keeps it (small and large pool). */
+static void test_empty_cache_keeps_segment_with_free_head(void **state)
+{
+    (void)state;
+    void *a = tu_malloc(1000, 0, S1);
+    void *b = tu_malloc(1000, 0, S1);
+    void *p = tu_malloc(5 * MiB, 0, S1);
+    void *q = tu_malloc(5 * MiB, 0, S1);
+    EQ((uintptr_t)b - (uintptr_t)a, 1024);
+    EQ((uintptr_t)q - (uintptr_t)p, 5 * MiB);
+    tu_free(a);
+    tu_free(p);
+    tally_stats_t s0 = tu_stats(0);
+    EQ(s0.reserved_bytes[0].current, 22 * MiB);
+    EQ(tally_empty_cache(0), 0);
+    tally_stats_t s1 = tu_stats(0);
+    EQ(s1.reserved_bytes[0].current, 22 * MiB);
+    EQ(s1.num_device_free, s0.num_device_free);
+    CHECK_OK();
+    /* Both heads are reused in place. */
+    void *a2 = tu_malloc(1000, 0, S1);
+    void *p2 = tu_malloc(5 * MiB, 0, S1);
+    assert_ptr_equal(a2, a);
+    assert_ptr_equal(p2, p);
+    void *all[] = {a2, p2, b, q};
+    free_then_empty(all, 4, 22 * MiB);
+}
+
+/* Segment sizes either side of 10 MiB, seen through reuse: a request under
+ * 10 MiB takes a 20 MiB segment that serves a second one; a request of
+ * 10 MiB takes a segment of its own size, so a second needs a new one. */
+static void test_segment_size_boundary_at_10MiB(void **state)
+{
+    (void)state;
+    tally_stats_t s0 = tu_stats(0);
+    void *a = tu_malloc(10 * MiB - 512, 0, S1);
+    void *b = tu_malloc(10 * MiB - 512, 0, S1);
+    tally_stats_t s1 = tu_stats(0);
+    EQ(s1.num_device_alloc - s0.num_device_alloc, 1);
+    EQ(s1.reserved_bytes[0].current - s0.reserved_bytes[0].current, 20 * MiB);
+    EQ((uintptr_t)b - (uintptr_t)a, 10 * MiB - 512);
+    void *c = tu_malloc(10 * MiB, 0, S2);
+    void *d = tu_malloc(10 * MiB, 0, S2);
+    tally_stats_t s2 = tu_stats(0);
+    EQ(s2.num_device_alloc - s1.num_device_alloc, 2);
+    EQ(s2.reserved_bytes[0].current - s1.reserved_bytes[0].current, 20 * MiB);
+    EQ(tu_info(b).size, 10 * MiB + 512); /* the 1 KiB tail is too small to split off */
+    void *all[] = {a, b, c, d};
+    free_then_empty(all, 4, 40 * MiB);
+}
+
+/* Among free small blocks of one size the lowest address is taken, however
+ * the bin's tree is shaped: 16 holes of 1 KiB are refilled in address order. */
+static void test_small_best_fit_lowest_address_in_a_bin(void **state)
+{
+    (void)state;
+    void *p[32];
+    for (int i = 0; i < 32; i++)
+        p[i] = tu_malloc(1000, 0, S3);
+    for (int i = 0; i < 32; i += 2)
+        tu_free(p[i]);
+    for (int i = 0; i < 32; i += 2) {
+        tu_ctx("hole %d", i);
+        void *q = tu_malloc(1000, 0, S3);
+        assert_ptr_equal(q, p[i]);
+        p[i] = q;
+    }
+    tu_ctx("%s", "");
+    free_then_empty(p, 32, 2 * MiB);
+}
+
+/* The age of a cached block counts look-ups only while garbage collection
+ * is on (a memory fraction is set): blocks freed apart while it was off
+ * are equally old, so all go in one pass once it is on. */
+static void test_gc_ages_stand_still_without_a_fraction(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_configure("garbage_collection_threshold:0.5"), 0);
+    void *a = tu_malloc(8 * GiB, 0, S1);
+    void *b = tu_malloc(8 * GiB, 0, S1);
+    tu_free(a);
+    for (int i = 0; i < 8; i++) /* look-ups while gc is off */
+        tu_free(tu_malloc(2 * MiB, 0, S2));
+    tu_free(b);
+    void *x = tu_malloc(5 * GiB, 0, S3);
+    assert_int_equal(tally_set_memory_fraction(0.5, 0), 0); /* threshold 20 GiB */
+    tally_stats_t s0 = tu_stats(0);
+    EQ(s0.reserved_bytes[0].current, 21 * GiB + 20 * MiB);
+    void *y = tu_malloc(1 * GiB, 0, S4); /* 1 GiB + 20 MiB over: every equal-aged block goes */
+    tally_stats_t s1 = tu_stats(0);
+    EQ(s1.num_device_free - s0.num_device_free, 3);
+    EQ(s1.reserved_bytes[0].current, 6 * GiB);
+    void *all[] = {x, y};
+    assert_int_equal(tally_set_memory_fraction(1.0, 0), 0);
+    free_then_empty(all, 2, 6 * GiB);
+}
+
 /* ---- out of memory ---------------------------------------------------------- */
 
 static void test_oom_on_capacity_counts_and_reports(void **state)
@@ -647,6 +754,46 @@ static void test_gc_releases_old_cached_blocks_above_threshold(void **state)
     CHECK_OK();
 }
 
+/* The age rule: with ages 6, 4 and 2 (mean 4) a block exactly at the mean
+ * age goes in the same pass as the older one, even though the older one
+ * alone would cover the target; the youngest stays. Ages count large-pool
+ * look-ups since the block became free. */
+static void test_gc_releases_blocks_at_the_mean_age(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_configure("garbage_collection_threshold:0.5"), 0);
+    assert_int_equal(tally_set_memory_fraction(0.5, 0), 0); /* threshold 20 GiB */
+    void *a = tu_malloc(4 * GiB, 0, S1);                     /* look-up 1 */
+    void *b = tu_malloc(4 * GiB, 0, S1);                     /* 2 */
+    void *c = tu_malloc(4 * GiB, 0, S1);                     /* 3 */
+    tu_free(a);                                              /* base 3 */
+    void *x1 = tu_malloc(2 * MiB, 0, S3);                    /* 4: a split segment, never whole */
+    void *x2 = tu_malloc(2 * MiB, 0, S3);                    /* 5 */
+    tu_free(b);                                              /* base 5 */
+    void *x3 = tu_malloc(2 * MiB, 0, S3);                    /* 6 */
+    void *x4 = tu_malloc(2 * MiB, 0, S3);                    /* 7 */
+    tu_free(c);                                              /* base 7 */
+    void *y = tu_malloc(8 * GiB, 0, S4); /* 8: 12 GiB + 20 MiB reserved: under, nothing goes */
+    tally_stats_t s0 = tu_stats(0);
+    EQ(s0.reserved_bytes[0].current, 20 * GiB + 20 * MiB);
+    EQ(s0.num_device_free, tu_stats(0).num_device_free);
+    /* 9: 20 MiB over; ages a 6, b 4, c 2: a and b go. */
+    void *z = tu_malloc(1 * GiB, 0, S4);
+    tally_stats_t s1 = tu_stats(0);
+    EQ(s1.num_device_free - s0.num_device_free, 2);
+    EQ(s1.reserved_bytes[0].current, 13 * GiB + 20 * MiB);
+    void *c2 = tu_malloc(4 * GiB, 0, S1); /* c is still cached */
+    assert_ptr_equal(c2, c);
+    EQ(tu_stats(0).num_device_alloc, s1.num_device_alloc);
+    CHECK_OK();
+    void *all[] = {x1, x2, x3, x4, y, z, c2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tu_free(all[i]);
+    assert_int_equal(tally_set_memory_fraction(1.0, 0), 0);
+    tally_empty_cache(0);
+    CHECK_OK();
+}
+
 int main(void)
 {
     tu_conf("backend:host,host_devices:2,host_capacity:80GiB,host_mode:virtual");
@@ -661,6 +808,8 @@ int main(void)
         cmocka_unit_test_setup(test_block_freed_on_one_stream_not_reused_on_another, setup_clean),
         cmocka_unit_test_setup(test_devices_are_independent, setup_clean),
         cmocka_unit_test_setup(test_empty_cache_releases_whole_segments_only, setup_clean),
+        cmocka_unit_test_setup(test_empty_cache_keeps_segment_with_free_head, setup_clean),
+        cmocka_unit_test_setup(test_segment_size_boundary_at_10MiB, setup_clean),
         cmocka_unit_test_setup(test_oom_on_capacity_counts_and_reports, setup_clean),
         cmocka_unit_test_setup(test_oom_injected_once_retry_succeeds, setup_clean),
         cmocka_unit_test_setup(test_oom_injected_always_fails_and_leaves_state, setup_clean),
@@ -668,6 +817,9 @@ int main(void)
         cmocka_unit_test_setup(test_memory_fraction_rejects_bad_values, setup_clean),
         cmocka_unit_test_setup(test_memory_fraction_zero_allows_no_new_segments, setup_clean),
         cmocka_unit_test_setup(test_gc_releases_old_cached_blocks_above_threshold, setup_clean),
+        cmocka_unit_test_setup(test_gc_releases_blocks_at_the_mean_age, setup_clean),
+        cmocka_unit_test_setup(test_gc_ages_stand_still_without_a_fraction, setup_clean),
+        cmocka_unit_test_setup(test_small_best_fit_lowest_address_in_a_bin, setup_clean),
     };
     return cmocka_run_group_tests_name("cache", tests, NULL, NULL);
 }

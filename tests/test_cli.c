@@ -109,8 +109,9 @@ static int child_rank(void)
     tally_tag_pop();
     tally_stage_end("load");
     tally_stage_begin("train");
-    tally_tag_push("weights");
-    (void)must(256 * MiB, home);
+    tally_tag_push("weights"); /* two blocks, so live blocks and rows differ */
+    (void)must(128 * MiB, home);
+    (void)must(128 * MiB, home);
     tally_tag_pop();
     tally_stage_end("train");
     return 0;
@@ -528,7 +529,7 @@ static void test_merge_four_ranks(void **state)
         fail_msg("rank 0's checkpoint is on its home device, yet it is flagged:\n%s", r.out);
     /* Totals across ranks. */
     HAS(r.out, "load                      4.0 GiB      4.0 GiB            4      4\n");
-    HAS(r.out, "weights                   1.0 GiB      1.0 GiB            4      4\n");
+    HAS(r.out, "weights                   1.0 GiB      1.0 GiB            8      4\n");
     HAS(r.out, "checkpoint                4.0 GiB      4.0 GiB            4      4\n");
     run_free(&r);
 }
@@ -624,6 +625,65 @@ static void test_merge_missing_rank(void **state)
     EXPECT_RC(r, 0);
     HAS(r.out, "tally merge: 2 reports, ranks 0, 2 (world size 4)\nmissing: ranks 1, 3\n");
     HAS(r.out, "rank 2 holds 1.0 GiB on device 0");
+    run_free(&r);
+}
+
+/* Copy the report from, with its "devices" array listed last to first (a
+ * report another writer could make; the schema does not fix the order). */
+static void write_reversed_devices(const char *from, const char *to)
+{
+    char *s = slurp(from);
+    assert_non_null(s);
+    char *a = strstr(s, "\"devices\":[");
+    assert_non_null(a);
+    a += strlen("\"devices\":[");
+    char *end = strstr(a, "],\n\"ledger\"");
+    assert_non_null(end);
+    const char *items[16];
+    size_t lens[16];
+    int n = 0;
+    for (char *p = a; n < 16;) {
+        char *next = strstr(p + 1, ",\n {\"device\":");
+        if (!next || next > end)
+            next = end;
+        items[n] = p == a ? p : p + 1;
+        lens[n] = (size_t)(next - items[n]);
+        n++;
+        if (next == end)
+            break;
+        p = next;
+    }
+    FILE *f = fopen(to, "w");
+    assert_non_null(f);
+    fwrite(s, 1, (size_t)(a - s), f);
+    for (int i = n - 1; i >= 0; i--) {
+        if (i != n - 1)
+            fputc(',', f);
+        fwrite(items[i], 1, lens[i], f);
+    }
+    fputs(end, f);
+    fclose(f);
+    free(s);
+}
+
+/* The device columns are in device order whatever order the reports list
+ * their devices in. */
+static void test_merge_device_columns_in_order(void **state)
+{
+    (void)state;
+    char from[PATH_MAX + 16], sub[PATH_MAX + 16], to[PATH_MAX + 32];
+    snprintf(from, sizeof from, "%s/rank0.json", dir);
+    snprintf(sub, sizeof sub, "%s/reversed", dir);
+    snprintf(to, sizeof to, "%s/rank0.json", sub);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    write_reversed_devices(from, to);
+    run_t r = tally_run("merge '%s' '%s/rank1.json'", to, dir);
+    if (r.rc != 0)
+        fail_msg("exit status %d; stderr:\n%s", r.rc, r.err);
+    const char *d0 = strstr(r.out, "device 0"), *d3 = strstr(r.out, "device 3");
+    if (!d0 || !d3 || d0 > d3)
+        fail_msg("device columns out of order:\n%s", r.out);
+    HAS(r.out, "rank 1 holds 1.0 GiB on device 0: stage load, tag checkpoint (its home device is 1)\n");
     run_free(&r);
 }
 
@@ -910,6 +970,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ledger_rejects_stats),
         cmocka_unit_test(test_merge_four_ranks),
         cmocka_unit_test(test_merge_json),
+        cmocka_unit_test(test_merge_device_columns_in_order),
         cmocka_unit_test(test_merge_duplicate_rank),
         cmocka_unit_test(test_merge_missing_rank),
         cmocka_unit_test(test_plot_svg),

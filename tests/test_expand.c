@@ -128,6 +128,63 @@ static void test_out_of_memory_at_capacity(void **state)
     tally_free(q);
 }
 
+/* A memory fraction caps what the pages take: 64 MiB of device 1's 256. */
+static void test_memory_fraction_caps_mapped_pages(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_set_memory_fraction(0.25, 1), 0);
+    void *p = tally_malloc(48 * MiB, 1, stream_a);
+    assert_non_null(p);
+    tally_stats_t before = stats(1);
+    void *q = tally_malloc(32 * MiB, 1, stream_a); /* 48 + 32 > 64 */
+    assert_null(q);
+    HAS(tally_last_error(), "out of memory");
+    tally_stats_t after = stats(1);
+    EQ(after.num_ooms, before.num_ooms + 1);
+    assert_true(after.reserved_bytes[0].current <= (int64_t)(64 * MiB));
+    q = tally_malloc(16 * MiB, 1, stream_a); /* 48 + 16 = 64: fits */
+    assert_non_null(q);
+    EQ(stats(1).reserved_bytes[0].current, 64 * MiB);
+    CHECK_OK();
+    tally_free(p);
+    tally_free(q);
+    assert_int_equal(tally_set_memory_fraction(1.0, 1), 0);
+}
+
+/* Reserved memory can fall below its high-water mark without empty_cache:
+ * garbage collection (run for a small-pool request) gives back a whole free
+ * region. Up to the mark, new pages are then mapped without taking the idle
+ * pages of other regions. */
+static void test_pages_below_the_mark_leave_idle_pages_alone(void **state)
+{
+    (void)state;
+    void *stream_b = (void *)0x200, *stream_c = (void *)0x300;
+    assert_int_equal(tally_configure("garbage_collection_threshold:0.1"), 0);
+    assert_int_equal(tally_set_memory_fraction(0.25, 1), 0); /* 64 MiB; gc above 6.4 MiB */
+    void *b1 = tally_malloc(4 * MiB, 1, stream_b);
+    void *b2 = tally_malloc(4 * MiB, 1, stream_b);
+    void *a = tally_malloc(8 * MiB, 1, stream_a);
+    assert_true(b1 && b2 && a);
+    tally_free(a);  /* stream a's region: whole and free, 4 idle pages */
+    tally_free(b2); /* stream b: 2 idle pages behind b1 */
+    EQ(stats(1).reserved_bytes[0].current, 16 * MiB);
+    void *small = tally_malloc(1000, 1, stream_c); /* gc gives region a back */
+    assert_non_null(small);
+    tally_stats_t s0 = stats(1);
+    EQ(s0.reserved_bytes[0].current, 8 * MiB + 2 * MiB);
+    void *a2 = tally_malloc(4 * MiB, 1, stream_a); /* 2 new pages, under the mark of 16 MiB */
+    assert_non_null(a2);
+    tally_stats_t s1 = stats(1);
+    EQ(s1.num_device_free - s0.num_device_free, 0); /* b's idle pages stay */
+    EQ(s1.reserved_bytes[0].current, 14 * MiB);
+    CHECK_OK();
+    tally_free(a2);
+    tally_free(small);
+    tally_free(b1);
+    assert_int_equal(tally_set_memory_fraction(1.0, 1), 0);
+    CHECK_OK();
+}
+
 static void test_injected_map_failures_leave_state_intact(void **state)
 {
     (void)state;
@@ -717,6 +774,8 @@ int main(void)
         cmocka_unit_test_setup(test_empty_cache_unmaps_idle_pages, reset),
         cmocka_unit_test_setup(test_streams_get_their_own_region, reset),
         cmocka_unit_test_setup(test_out_of_memory_at_capacity, reset),
+        cmocka_unit_test_setup(test_memory_fraction_caps_mapped_pages, reset),
+        cmocka_unit_test_setup(test_pages_below_the_mark_leave_idle_pages_alone, reset),
         cmocka_unit_test_setup(test_injected_map_failures_leave_state_intact, reset),
         cmocka_unit_test_setup(test_random_workload_keeps_invariants, reset),
         cmocka_unit_test_setup(test_idle_pages_below_the_mark_cost_no_call, reset),

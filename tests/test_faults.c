@@ -584,12 +584,34 @@ static void test_bad_input_report_paths(void **state)
     cap_begin();
     EQ(tally_write_report(NULL), -TALLY_EINVAL);
     HAS(tally_last_error(), "report_path is not set");
+    /* The limit applies to the expanded path. %r is the rank: with RANK at
+     * 1000000 (7 digits, whatever the process id) 200 copies of it take
+     * 1400 bytes and do not fit in 1024; with RANK 0 the same 400-byte
+     * pattern gives a 200-byte name that does. */
+    const char *rank0 = getenv("RANK");
+    char saved_rank[32] = "";
+    if (rank0)
+        snprintf(saved_rank, sizeof saved_rank, "%s", rank0);
     char longpath[700];
-    memset(longpath, 0, sizeof longpath);
-    for (int i = 0; i < 300; i++)
-        strcat(longpath, "%p");
-    EQ(tally_write_report(longpath), -TALLY_EINVAL); /* 300 pids do not fit in 1024 bytes */
-    HAS(tally_last_error(), "tally_write_report: path '%p%p");
+    int at = snprintf(longpath, sizeof longpath, "%s/%%p", dir);
+    for (int i = 0; i < 200; i++)
+        at += snprintf(longpath + at, sizeof longpath - (size_t)at, "%%r");
+    setenv("RANK", "1000000", 1);
+    EQ(tally_write_report(longpath), -TALLY_EINVAL);
+    HAS(tally_last_error(), "tally_write_report: path '");
+    HAS(tally_last_error(), "/%p%r%r");
+    HAS(tally_last_error(), "is too long");
+    setenv("RANK", "0", 1);
+    EQ(tally_write_report(longpath), 0);
+    char written[320];
+    at = snprintf(written, sizeof written, "%s/%d", dir, (int)getpid());
+    for (int i = 0; i < 200; i++)
+        at += snprintf(written + at, sizeof written - (size_t)at, "0");
+    assert_int_equal(unlink(written), 0);
+    if (rank0)
+        setenv("RANK", saved_rank, 1);
+    else
+        unsetenv("RANK");
     EQ(tally_write_report(dir), -TALLY_EIO);
     EQ(tally_write_report("/nonexistent-tally-dir/r.json"), -TALLY_EIO);
     cap_end();

@@ -799,13 +799,73 @@ static void test_persistent_tags_are_runtime_configurable(void **state)
     LU_OK(tally_tag_push("weights-extra")); /* not "weights": a whole-name match */
     void *b = lu_malloc(MB, 0);
     LU_OK(tally_tag_pop());
+    LU_OK(tally_tag_push("weight")); /* a prefix of "weights": not it either */
+    void *c = lu_malloc(3 * MB, 0);
+    LU_OK(tally_tag_pop());
     LU_OK(tally_stage_end("pers"));
     lu_cap_end();
     LU_LACKS(lu_cap_text(), "tag kv-cache");
     LU_HAS(lu_cap_text(), "stage pers ended with 1.0 MiB still live under tag weights-extra on device 0 (1 block)");
+    LU_HAS(lu_cap_text(), "stage pers ended with 3.0 MiB still live under tag weight on device 0 (1 block)");
     LU_OK(tally_configure("persistent_tags:weights|optimizer"));
     tally_free(a);
     tally_free(b);
+    tally_free(c);
+}
+
+/* One tag in 300 stages is 300 ledger rows: a row is found by tag and
+ * stage, never by tag alone (the table probes past rows of the same tag). */
+static void test_ledger_rows_are_per_tag_and_stage(void **state)
+{
+    (void)state;
+    enum { N = 300 };
+    static void *blocks[N];
+    lu_cap_begin();
+    LU_OK(tally_tag_push("one-tag"));
+    for (int i = 0; i < N; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "rows-%d", i);
+        LU_OK(tally_stage_begin(name));
+        blocks[i] = lu_malloc(512 * (size_t)(i + 1), 0);
+        LU_OK(tally_stage_end(name));
+    }
+    LU_OK(tally_tag_pop());
+    lu_cap_end();
+    LU_CHECK_OK();
+    for (int i = 0; i < N; i += 37) {
+        char name[32];
+        snprintf(name, sizeof name, "rows-%d", i);
+        LU_STREQ(tally_stage_name(lu_info(blocks[i]).stage), name);
+    }
+    free_all(blocks, N);
+    LU_CHECK_OK();
+}
+
+/* Sizes in the text reports: bytes below 1 KiB, then one decimal in the
+ * largest binary unit that keeps the number at least 1. */
+static void test_text_reports_size_units(void **state)
+{
+    (void)state;
+    static const struct {
+        uint64_t bytes;
+        const char *text;
+    } cases[] = {
+        {0, "0 B"},
+        {1023, "1023 B"},
+        {1024, "1.0 KiB"},
+        {1000 * 1024, "1000.0 KiB"},
+        {1536 * 1024, "1.5 MiB"},
+        {(uint64_t)1023 << 20, "1023.0 MiB"},
+        {(uint64_t)5 << 30, "5.0 GiB"},
+        {(uint64_t)3 << 40, "3.0 TiB"},
+        {(uint64_t)2 << 50, "2.0 PiB"},
+        {(uint64_t)4096 << 50, "4096.0 PiB"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char buf[32];
+        tally__fmt_bytes(cases[i].bytes, buf, sizeof buf);
+        LU_STREQ(buf, cases[i].text);
+    }
 }
 
 static void test_nested_stage_survivors_count_in_the_outer(void **state)
@@ -1441,6 +1501,10 @@ static void test_json_report_has_the_documented_keys(void **state)
                 fail_msg("stats keys not sorted: %s before %s", st->members[k - 1].key, st->members[k].key);
         }
         tally_stats_t s = lu_stats((int)i);
+        const tally_json_t *u = lu_jget(&devs->items[i], "utilisation");
+        assert_int_equal(u->type, TALLY_JSON_NUMBER);
+        if (!(u->d > s.utilisation - 1e-6 && u->d < s.utilisation + 1e-6))
+            fail_msg("device %zu: utilisation %.9f in the report, %.9f in the stats", i, u->d, s.utilisation);
         LU_EQ(lu_jint(st, "allocated_bytes.all.current"), s.allocated_bytes[0].current);
         LU_EQ(lu_jint(st, "reserved_bytes.all.current"), s.reserved_bytes[0].current);
         LU_EQ(lu_jint(st, "allocation.all.current"), s.allocation[0].current);
@@ -1697,6 +1761,8 @@ int main(int argc, char **argv)
         T(test_counters_agree_under_threads),
         T(test_stage_survivors_grouped_largest_first),
         T(test_persistent_tags_are_runtime_configurable),
+        T(test_ledger_rows_are_per_tag_and_stage),
+        T(test_text_reports_size_units),
         T(test_nested_stage_survivors_count_in_the_outer),
         T(test_stage_peaks_include_nested_stages),
         T(test_release_at_stage_end_drops_reserved),

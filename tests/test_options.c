@@ -96,9 +96,59 @@ static void test_divisions_single_number_in_a_child(void **state)
         {3000, 3072},             /* step 2048 / 4 = 512 */
         {700 * KiB, 768 * KiB},   /* step 128 KiB */
         {33 * GiB + 1, 40 * GiB}, /* step 32 GiB / 4 = 8 GiB */
+        /* On a division boundary a size keeps its size. */
+        {1280 * KiB, 1280 * KiB}, /* 1 MiB + 256 KiB */
+        {2560, 2560},             /* 2048 + 512 */
+        {6 * MiB, 6 * MiB},       /* 4 MiB + 2 * 1 MiB */
     };
     child_rounding("backend:host,host_mode:virtual,roundup_power2_divisions:4", cases,
                    sizeof cases / sizeof cases[0]);
+}
+
+/* host_capacity's units: KB, MB, GB, TB are powers of 1000; KiB, MiB, GiB,
+ * TiB (and K, M, G, T) powers of 1024. Each child initialises with one value
+ * and reports the device total the backend gives. */
+static void test_host_capacity_units_in_children(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *value;
+        uint64_t total;
+    } cases[] = {
+        {"3000", 3000},
+        {"100KB", 100000},
+        {"100MB", 100000000},
+        {"3GB", 3000000000},
+        {"2TB", 2000000000000},
+        {"100KiB", 100 * 1024},
+        {"100MiB", 100 * 1048576},
+        {"3GiB", 3 * (uint64_t)1073741824},
+        {"2TiB", 2 * (uint64_t)1099511627776},
+        {"1.5G", 1610612736},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char conf[128];
+        snprintf(conf, sizeof conf, "backend:host,host_mode:virtual,host_devices:1,host_capacity:%s",
+                 cases[i].value);
+        fflush(NULL);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            tu_conf(conf);
+            size_t free_b = 0, total = 0;
+            CHILD_REQUIRE(tally_mem_get_info(0, &free_b, &total) == 0);
+            if (total != cases[i].total) {
+                fprintf(stderr, "child (%s): total %zu, expected %llu\n", conf, total,
+                        (unsigned long long)cases[i].total);
+                _exit(1);
+            }
+            _exit(0);
+        }
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            fail_msg("child with TALLY_CONF=%s failed: status %d (its message is above)", conf, status);
+    }
 }
 
 /* The first list entry also covers every smaller interval, and slots no
@@ -139,14 +189,17 @@ typedef struct round_case {
 static const round_case_t round_cases[] = {
     {2048, 2048, TALLY_POOL_SMALL, 2 * MiB},              /* not above 512 * 4 */
     {2049, 2560, TALLY_POOL_SMALL, 2 * MiB},              /* step 512 */
+    {2560, 2560, TALLY_POOL_SMALL, 2 * MiB},              /* on a step: kept */
     {9000, 10240, TALLY_POOL_SMALL, 2 * MiB},             /* step 2048 (plain: 9216) */
     {700 * KiB, 768 * KiB, TALLY_POOL_SMALL, 2 * MiB},    /* step 128 KiB (plain: 700 KiB) */
     {MiB + 1, 1280 * KiB, TALLY_POOL_LARGE, 20 * MiB},    /* step 256 KiB */
     {1200 * KiB, 1280 * KiB, TALLY_POOL_LARGE, 20 * MiB}, /* the notes' example */
+    {1280 * KiB, 1280 * KiB, TALLY_POOL_LARGE, 20 * MiB}, /* on a step: kept */
     {3 * MiB + 1, 3 * MiB + 512, TALLY_POOL_LARGE, 20 * MiB}, /* slot 1: off */
     {32 * MiB + 1, 32 * MiB + 512, TALLY_POOL_LARGE, 34 * MiB}, /* slot 5: off */
     {64 * MiB, 64 * MiB, TALLY_POOL_LARGE, 64 * MiB},     /* power of two */
     {65 * MiB, 72 * MiB, TALLY_POOL_LARGE, 72 * MiB},     /* slot 6: step 8 MiB */
+    {80 * MiB, 80 * MiB, TALLY_POOL_LARGE, 80 * MiB},     /* on a step: kept */
     {100 * MiB, 104 * MiB, TALLY_POOL_LARGE, 104 * MiB},
     {129 * MiB, 192 * MiB, TALLY_POOL_LARGE, 192 * MiB},  /* slot 7: step 64 MiB */
     {GiB + 1, 1536 * MiB, TALLY_POOL_LARGE, 1536 * MiB},  /* slot 10 */
@@ -258,6 +311,29 @@ static void test_cached_oversize_block_not_used_for_smaller_request(void **state
     CHECK_OK();
 }
 
+/* The limit itself is oversize: a cached free block of exactly 40 MiB is not
+ * used for a 30 MiB request (and so never split); a 40 MiB request takes it. */
+static void test_block_of_exactly_max_split_is_oversize(void **state)
+{
+    (void)state;
+    void *a = tu_malloc(40 * MiB, 0, S2);
+    EQ(tu_info(a).size, 40 * MiB);
+    EQ(tu_stats(0).oversize_allocations.current, 1);
+    tu_free(a);
+    int64_t allocs = tu_stats(0).num_device_alloc;
+    void *b = tu_malloc(30 * MiB, 0, S2);
+    assert_ptr_not_equal(b, a);
+    EQ(tu_info(b).size, 30 * MiB);
+    EQ(tu_stats(0).num_device_alloc - allocs, 1);
+    EQ(tu_stats(0).inactive_split[0].current, 0);
+    void *c = tu_malloc(40 * MiB, 0, S2);
+    assert_ptr_equal(c, a);
+    EQ(tu_stats(0).num_device_alloc - allocs, 1);
+    tu_free(b);
+    tu_free(c);
+    CHECK_OK();
+}
+
 /* A cached oversize block serves a request at most
  * max_non_split_rounding (20 MiB) smaller than itself, whole. */
 static void test_oversize_reuse_allowance_is_20MiB(void **state)
@@ -358,21 +434,57 @@ static void test_release_available_not_enough_then_oom(void **state)
 
 /* Oversize blocks cached on another stream are not candidates; the full
  * release path frees them. */
+/* What the full release path leaves in the statistics between s0 and s1:
+ * one segment freed, one sync of all streams, one counted retry, no OOM. */
+static void expect_full_release(const tally_stats_t *s0, const tally_stats_t *s1)
+{
+    EQ(s1->num_device_free - s0->num_device_free, 1);
+    EQ(s1->num_sync_all_streams - s0->num_sync_all_streams, 1);
+    EQ(s1->num_alloc_retries - s0->num_alloc_retries, 1);
+    EQ(s1->num_ooms - s0->num_ooms, 0);
+}
+
+/* A cached oversize block on cached_on; 30 MiB twice on asked_on under the
+ * 100 MiB cap: the second needs the block released, which only the full
+ * release does (release_available_cached_blocks keeps to the stream). */
+static void other_stream_case(void *cached_on, void *asked_on)
+{
+    tu_free(tu_malloc(50 * MiB, 0, cached_on));
+    void *b = tu_malloc(30 * MiB, 0, asked_on);
+    tally_stats_t s0 = tu_stats(0);
+    void *c = tu_malloc(30 * MiB, 0, asked_on);
+    assert_non_null(c);
+    tally_stats_t s1 = tu_stats(0);
+    expect_full_release(&s0, &s1);
+    tu_free(b);
+    tu_free(c);
+    CHECK_OK();
+    tally_empty_cache(0);
+}
+
 static void test_release_available_ignores_other_streams(void **state)
 {
     (void)state;
     assert_int_equal(tally_set_memory_fraction(FRACTION_100MiB, 0), 0);
-    tu_free(tu_malloc(50 * MiB, 0, S2));
-    void *b = tu_malloc(30 * MiB, 0, S1);
+    other_stream_case(S2, S1);
+    /* The other way round: the cached block's stream orders before the
+     * request's, where the search for the largest blocks starts. */
+    other_stream_case(S1, S2);
+}
+
+/* Releasing oversize blocks that together fall short is not a success: the
+ * allocation goes on to the full release (sync) and the counted retry even
+ * though, after an injected OOM, the backend would now have room. */
+static void test_release_available_short_goes_on_to_full_release(void **state)
+{
+    (void)state;
+    tu_free(tu_malloc(50 * MiB, 0, S1));
     tally_stats_t s0 = tu_stats(0);
-    void *c = tu_malloc(30 * MiB, 0, S1);
+    assert_int_equal(tally_host_fail_alloc(1, 0), 0);
+    void *c = tu_malloc(60 * MiB, 0, S1); /* no 60 MiB block; 50 is not enough */
     assert_non_null(c);
     tally_stats_t s1 = tu_stats(0);
-    EQ(s1.num_device_free - s0.num_device_free, 1);
-    EQ(s1.num_sync_all_streams - s0.num_sync_all_streams, 1);
-    EQ(s1.num_alloc_retries - s0.num_alloc_retries, 1);
-    EQ(s1.num_ooms - s0.num_ooms, 0);
-    tu_free(b);
+    expect_full_release(&s0, &s1);
     tu_free(c);
     CHECK_OK();
 }
@@ -425,16 +537,19 @@ int main(void)
     tu_conf(CONF_MAIN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_divisions_single_number_in_a_child), /* first: fork before init */
+        cmocka_unit_test(test_host_capacity_units_in_children), /* also before init */
         cmocka_unit_test(test_divisions_list_first_entry_covers_smaller_sizes),
         cmocka_unit_test_setup(test_divisions_list_rounds_per_interval, setup_clean),
         cmocka_unit_test_setup(test_write_options_shows_the_effective_config, setup_clean),
         cmocka_unit_test_setup(test_oversize_block_not_split_and_counted, setup_clean),
         cmocka_unit_test_setup(test_cached_oversize_block_not_used_for_smaller_request, setup_clean),
+        cmocka_unit_test_setup(test_block_of_exactly_max_split_is_oversize, setup_clean),
         cmocka_unit_test_setup(test_oversize_reuse_allowance_is_20MiB, setup_clean),
         cmocka_unit_test_setup(test_release_available_frees_one_oversize_block, setup_clean),
         cmocka_unit_test_setup(test_release_available_frees_several_largest_blocks, setup_clean),
         cmocka_unit_test_setup(test_release_available_not_enough_then_oom, setup_clean),
         cmocka_unit_test_setup(test_release_available_ignores_other_streams, setup_clean),
+        cmocka_unit_test_setup(test_release_available_short_goes_on_to_full_release, setup_clean),
         cmocka_unit_test_setup(test_memory_fraction_key_applies_at_runtime, setup_clean),
         cmocka_unit_test_setup(test_memory_fraction_key_reapplies_to_every_device, setup_clean),
     };

@@ -12,17 +12,25 @@
  * bad fractions), peak and accumulated resets, backend fault injection
  * (tally_host_fail_alloc), runtime tally_configure, every report writer
  * (ledger, leaks, summary, stats JSON, options: discarded; the JSON report
- * to a temporary file, then parsed), block_info and mem_get_info.
+ * to a temporary file, then parsed, once per 64 inputs), block_info and
+ * mem_get_info.
  *
- * After every call: tally_check() == 0; each device's allocation.all.current
- * equals the model's live blocks on it; the call's return value and error
- * are the ones the model predicts (bad arguments are refused with the right
+ * After every call: each device's allocation.all.current equals the model's
+ * live blocks on it; the call's return value and error are the ones the
+ * model predicts (bad arguments are refused with the right
  * code and change nothing; a failed malloc of a valid request is an OOM,
  * counted once in num_ooms and reported on the sink). A new block is
  * 512-aligned and overlaps no live block; block_info gives its size, device,
  * stream, tag and stage. At the end of each input everything is freed and
  * undone, and each device must be empty: no allocation, no active block, no
  * reserved byte, and the backend's free memory equal to its total.
+ *
+ * tally_check() (every segment, every non-empty pool bin, every ledger row)
+ * runs after every CHECK_EVERY-th call, after the last call of an input and
+ * after the clean-up. Run after every call it was three quarters of the
+ * time (docs/testing.md); a broken invariant stays broken, so checking every
+ * few calls still catches it, a few calls later. FUZZ_API_CHECK_EVERY=N
+ * overrides the interval (1: after every call, to find the exact call).
  *
  * A violation prints the operation number and aborts (a libFuzzer crash).
  * FUZZ_API_TRACE=1 prints each operation (for minimising a crash by hand). */
@@ -44,6 +52,7 @@
 #define MAXFREED 64
 #define DEPTH 64 /* tag stack (lib/ledger.c) and stage stack (lib/stage.c) */
 #define MAXOPS 4000
+#define CHECK_EVERY 16 /* calls between tally_check()s (see above) */
 
 #ifndef CONF /* fuzz_api_expand.c sets its own */
 #define CONF                                                                                                       \
@@ -88,6 +97,11 @@ static struct model {
 } M;
 
 static bool trace;
+static long check_every = CHECK_EVERY;
+static long last_check; /* the call after which tally_check() last ran */
+#define REPORT_EVERY 64  /* inputs between JSON reports read back (op_reports) */
+static long inputs;       /* inputs run by this process */
+static long report_input; /* the input that last read the JSON report back */
 static bool utf8_strict; /* FUZZ_STRICT=1: known bugs fail too */
 static char tmpdir[256];
 
@@ -370,10 +384,13 @@ static void expect_info(const live_t *l, bool check_names, const char *tag, cons
     }
 }
 
-static void check_all(bool every_block)
+static void check_all(bool full, bool every_block)
 {
-    if (tally_check() != 0)
-        violated("tally_check: %s", tally_last_error());
+    if (full) {
+        if (tally_check() != 0)
+            violated("tally_check (last clean after op %ld): %s", last_check, tally_last_error());
+        last_check = M.op;
+    }
     for (int d = 0; d < NDEV; d++) {
         tally_stats_t s = stats(d);
         REQUIRE(s.allocation[0].current == live_on(d), "device %d: allocation.all.current %lld, model has %lld", d,
@@ -780,8 +797,15 @@ static void op_reports(reader_t *r)
         break;
     }
     default: { /* the JSON report, read back */
-        if (!tmpdir[0])
+        /* The report holds every ledger row (tag, stage) the process has
+         * made, so it grows to tens of KB and writing and parsing it took
+         * 3.6 ms, longer than the rest of an input. It is written and read
+         * back at most once per REPORT_EVERY inputs (the first input of the
+         * process included, so a replay does it): the rows it shows then
+         * hold every name the inputs in between used. */
+        if (!tmpdir[0] || (report_input && inputs - report_input < REPORT_EVERY))
             break;
+        report_input = inputs;
         char path[300];
         snprintf(path, sizeof path, "%s/report.json", tmpdir);
         RC(tally_write_report(path), 0);
@@ -790,6 +814,9 @@ static void op_reports(reader_t *r)
         static char buf[1 << 22];
         size_t n = fread(buf, 1, sizeof buf, f);
         fclose(f);
+        static const char head[] = "{\"format\":\"tally-report\"";
+        REQUIRE(n > sizeof head && memcmp(buf, head, sizeof head - 1) == 0, "the JSON report does not start %s",
+                head);
         char err[200];
         tally_json_t *root = tally__json_parse(buf, n, err, sizeof err, NULL);
         REQUIRE(root != NULL, "the JSON report does not parse: %s", err);
@@ -858,7 +885,7 @@ static void cleanup(void)
     for (int d = 0; d < NDEV; d++)
         RC(tally_set_memory_fraction(1.0, d), 0);
     tally_empty_cache(-1);
-    check_all(false);
+    check_all(true, false);
     for (int d = 0; d < NDEV; d++) {
         tally_stats_t s = stats(d);
         REQUIRE(s.allocation[0].current == 0 && s.active[0].current == 0 && s.reserved_bytes[0].current == 0 &&
@@ -890,6 +917,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     const char *conf = getenv("FUZZ_API_CONF");
     setenv("TALLY_CONF", conf && *conf ? conf : CONF, 1);
     trace = getenv("FUZZ_API_TRACE") != NULL;
+    const char *every = getenv("FUZZ_API_CHECK_EVERY");
+    if (every && atol(every) > 0)
+        check_every = atol(every);
     const char *s = getenv("FUZZ_STRICT");
     utf8_strict = s && *s == '1';
     tally_set_sink(sink, NULL);
@@ -918,15 +948,17 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
 {
     reader_t r = {data, size, 0};
     memset(&M, 0, sizeof M);
+    last_check = 0;
+    inputs++;
     srand(1);
     while (r.i < r.n && M.op < MAXOPS) {
         M.op++;
         M.opcode = (int)(u8(&r) % NOPS);
         sink_clear();
         ops[M.opcode](&r);
-        check_all(M.op % 64 == 0);
+        check_all(M.op % check_every == 0, M.op % 64 == 0);
     }
-    check_all(true);
+    check_all(true, true);
     cleanup();
     if (tmpdir[0]) {
         char path[300];
