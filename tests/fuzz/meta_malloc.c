@@ -12,6 +12,14 @@
 
 static _Atomic size_t meta_bytes;
 
+/* malloc locks for itself (and glibc's fork handling keeps it consistent);
+ * the fork handlers (lib/fork.c) still take the heap's lock in their order. */
+static tally_mutex_t heap_lock = TALLY_MUTEX_INIT;
+tally_mutex_t *tally__heap_lock(void)
+{
+    return &heap_lock;
+}
+
 void *tally__meta_alloc(size_t size)
 {
     void *p = malloc(size ? size : 1);
