@@ -39,12 +39,14 @@ case $kind in
   *)
     echo "setup: unknown kind '$kind' (valid: test, bench)" >&2; exit 2 ;;
 esac
-# Optional runtime libraries (loaded with dlopen): libdw names file:line in
-# reports, libunwind is the fast unwinder. Without them those tests skip;
-# as root they are installed with the rest.
+# Optional: runtime libraries loaded with dlopen (libdw names file:line in
+# reports, libunwind is the fast unwinder) and pkg-config (the install
+# check builds with it). Without them those tests skip; as root they are
+# installed with the rest.
 if [ "$kind" = test ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   ldconfig -p 2>/dev/null | grep -q 'libdw\.so\.1 ' || need libdw1
   ldconfig -p 2>/dev/null | grep -q 'libunwind\.so\.8 ' || need libunwind8
+  command -v pkg-config >/dev/null 2>&1 || need pkg-config
 fi
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
