@@ -1,5 +1,6 @@
-/* Helpers for the ownership-ledger tests (test_ledger, test_scenarios,
- * test_exit). Self-contained: assertions, a growing capture sink, text
+/* Helpers for the ownership-ledger tests (test_tags_stages, test_ledger_counters,
+ * test_stage_reports, test_free_misuse, test_oom_and_leak_reports,
+ * test_json_report, test_scenarios, test_exit). Self-contained: assertions, a growing capture sink, text
  * buffers, files, the library's JSON reader, and child processes that
  * re-execute the test binary (/proc/self/exe --child ROLE) with their own
  * TALLY_CONF and environment, so each child starts tally from scratch.
@@ -32,6 +33,7 @@
 
 #include "tally.h"
 #include "json.h" /* the library's internal reader (tests link libtally.a) */
+#include "stage.h" /* tally__stage_open, tally__g: lu_setup_clean's clean-up */
 
 #define LU_KiB ((size_t)1 << 10)
 #define LU_MiB ((size_t)1 << 20)
@@ -502,5 +504,69 @@ static inline int lu_child_main(const char *name, const lu_role_t *roles)
             _exit(98);                                                                                            \
         }                                                                                                         \
     } while (0)
+
+/* ---- the ledger suites' common ground ------------------------------------- */
+
+/* Two simulated 80 GiB devices in virtual mode (never touched), weights and
+ * optimizer declared persistent. */
+#define LU_LEDGER_CONF                                                                                            \
+    "backend:host,host_devices:2,host_mode:virtual,host_capacity:80GiB,persistent_tags:weights|optimizer"
+
+static inline void lu_null_sink(void *arg, const char *text, size_t len)
+{
+    (void)arg;
+    (void)text;
+    (void)len;
+}
+
+/* Each test starts with no tag pushed, no stage open, nothing live and an
+ * empty cache, even when an earlier test failed half-way. */
+static inline int lu_setup_clean(void **state)
+{
+    (void)state;
+    tally_init();
+    tally_set_sink(lu_null_sink, NULL);
+    while (tally_tag_pop() == 0)
+        ;
+    uint32_t open[64];
+    int n = tally__stage_open(open, 64);
+    for (int i = n - 1; i >= 0; i--)
+        tally_stage_end(tally_stage_name(open[i]));
+    for (int d = 0; d < tally__g.ndev; d++) {
+        tally_ptrmap_t *m = &tally__g.dev[d]->map;
+        size_t k = 0, cnt = 0;
+        uintptr_t *left = malloc((m->count + 1) * sizeof *left);
+        for (k = 0; k <= m->mask && left; k++)
+            if (m->keys[k])
+                left[cnt++] = m->keys[k];
+        for (k = 0; k < cnt; k++)
+            tally_free((void *)left[k]);
+        free(left);
+    }
+    tally_set_sink(NULL, NULL);
+    tally_empty_cache(-1);
+    return 0;
+}
+
+static inline void lu_free_all(void **ptrs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        tally_free(ptrs[i]);
+}
+
+/* A ledger suite's main, after its --child dispatch: no rank in the
+ * environment, LU_LEDGER_CONF, each test after lu_setup_clean. */
+static inline int lu_ledger_run(const char *name, const struct CMUnitTest *tests, size_t n)
+{
+    unsetenv("RANK");
+    unsetenv("LOCAL_RANK");
+    unsetenv("WORLD_SIZE");
+    setenv("TALLY_CONF", LU_LEDGER_CONF, 1);
+    int failed = _cmocka_run_group_tests(name, tests, n, NULL, NULL);
+    lu_tmpdir_cleanup();
+    return failed;
+}
+#define LU_LEDGER_RUN(name, tests) lu_ledger_run(name, tests, sizeof(tests) / sizeof((tests)[0]))
+#define LU_T(f) cmocka_unit_test_setup(f, lu_setup_clean)
 
 #endif /* TALLY_LEDGERUTIL_H */

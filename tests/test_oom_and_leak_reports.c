@@ -1,0 +1,238 @@
+/* The ownership ledger: the OOM report names who holds the device (in
+ * a child process, this binary re-executed with a 64 MiB device), and the
+ * leak report groups blocks by allocation site (backtraces) or by owner.
+ *
+ * Two simulated 80 GiB devices in virtual mode (LU_LEDGER_CONF); every test
+ * frees what it takes and leaves no tag pushed and no stage open. */
+#include "ledgerutil.h"
+
+#define MB LU_MiB
+
+/* ---- out of memory (in a child with a 64 MiB device) ------------------------- */
+
+static int child_oom(void)
+{
+    LU_REQUIRE(tally_stage_begin("fill") == 0);
+    LU_REQUIRE(tally_tag_push("big-holder") == 0);
+    void *big = tally_malloc(30 * MB, 0, NULL); /* 30 MiB segment */
+    LU_REQUIRE(tally_tag_pop() == 0);
+    LU_REQUIRE(tally_stage_begin("inner-fill") == 0);
+    LU_REQUIRE(tally_tag_push("scratch") == 0);
+    void *scratch = tally_malloc(12 * MB, 0, NULL); /* 12 MiB segment, freed: released on retry */
+    LU_REQUIRE(tally_tag_pop() == 0);
+    LU_REQUIRE(tally_tag_push("small-holder") == 0);
+    void *small = tally_malloc(5 * MB, 0, NULL); /* 20 MiB segment, 15 cached */
+    LU_REQUIRE(tally_tag_pop() == 0);
+    LU_REQUIRE(big && small && scratch);
+    tally_free(scratch);
+    LU_REQUIRE(tally_stage_end("inner-fill") == 0);
+    fprintf(stderr, "--- before the failing allocation\n");
+    void *p = tally_malloc(16 * MB, 0, NULL);
+    tally_stats_t s;
+    tally_get_stats(0, &s);
+    printf("result=%s\n", p ? "non-null" : "null");
+    printf("error=%s\n", tally_last_error());
+    printf("num_ooms=%lld\n", (long long)s.num_ooms);
+    printf("check=%d\n", tally_check());
+    void *q = tally_malloc(MB, 0, NULL); /* still serves what fits */
+    printf("after=%s\n", q ? "non-null" : "null");
+    tally_free(q);
+    tally_free(small);
+    tally_free(big);
+    LU_REQUIRE(tally_stage_end("fill") == 0);
+    return 0;
+}
+
+static void test_oom_report_names_the_holders(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    lu_child_run(&c, "oom", "backend:host,host_devices:1,host_capacity:64MiB,host_mode:virtual,leak_report:off", NULL);
+    LU_CHILD_EXIT(&c, 0);
+    LU_HAS(c.out, "result=null\n");
+    LU_HAS(c.out, "error=out of memory");
+    LU_HAS(c.out, "num_ooms=1\n");
+    LU_HAS(c.out, "check=0\n");
+    LU_HAS(c.out, "after=non-null\n");
+    const char *e = strstr(c.err, "--- before the failing allocation");
+    assert_non_null(e);
+    LU_HAS(e, "tally: out of memory on device 0: asked 16777216 bytes (16.0 MiB");
+    LU_HAS(e, "simulated device 0 is full");
+    LU_HAS(e, "tally:   reserved 50.0 MiB, of which 15.0 MiB cached and unallocated");
+    LU_HAS(e, "of 64.0 MiB");
+    LU_HAS(e, "tally:   who holds device 0:");
+    const char *l1 = "tally:     30.0 MiB in 1 block: tag big-holder, stage fill\n";
+    const char *l2 = "tally:     5.0 MiB in 1 block: tag small-holder, stage inner-fill\n";
+    LU_HAS(e, l1);
+    LU_HAS(e, l2);
+    assert_true(lu_pos(e, l1) < lu_pos(e, l2));
+    LU_LACKS(e, "tag scratch"); /* it holds nothing now */
+    lu_child_free(&c);
+}
+
+/* ---- allocation sites ---------------------------------------------------------- */
+
+/* Two allocation sites. Each allocates n blocks from one call instruction
+ * (the same full backtrace for all n). */
+__attribute__((noinline)) static void site_one(size_t size, int n, void **out)
+{
+    for (int i = 0; i < n; i++) {
+        out[i] = tally_malloc(size, 0, NULL);
+        __asm__ volatile("" ::: "memory");
+    }
+}
+
+static volatile int site_two_calls;
+
+/* Different code from site_one, so the compiler cannot fold the two. */
+__attribute__((noinline)) static void site_two(size_t size, int n, void **out)
+{
+    for (int i = 0; i < n; i++) {
+        site_two_calls++;
+        out[i] = tally_malloc(size, 0, NULL);
+        __asm__ volatile("" ::: "memory");
+    }
+}
+
+static volatile int two = 2, one = 1;
+
+static void sites_case(int depth, const char *stage)
+{
+    char conf[64];
+    snprintf(conf, sizeof conf, "backtrace_depth:%d", depth);
+    LU_OK(tally_configure(conf));
+    LU_OK(tally_stage_begin(stage));
+    LU_OK(tally_tag_push("bt-tag"));
+    void *ab[2], *c;
+    site_one(4 * MB, two, ab);
+    site_two(2 * MB, one, &c);
+    void *a = ab[0], *b = ab[1];
+    LU_OK(tally_tag_pop());
+    lu_cap_begin();
+    LU_OK(tally_stage_end(stage));
+    lu_cap_end();
+    LU_OK(tally_configure("backtrace_depth:0"));
+    assert_true(a && b && c);
+    lu_buf_t buf = {0};
+    LU_OK(tally_write_leaks(1, lu_buf_write, &buf));
+    const char *t = lu_buf_str(&buf);
+    char g1[128], g2[128];
+    snprintf(g1, sizeof g1, "tally: 8388608 bytes (8.0 MiB) in 2 blocks: tag bt-tag, stage %s, device 0\n", stage);
+    snprintf(g2, sizeof g2, "tally: 2097152 bytes (2.0 MiB) in 1 block: tag bt-tag, stage %s, device 0\n", stage);
+    LU_HAS(t, g1);
+    LU_HAS(t, g2);
+    assert_true(lu_pos(t, g1) < lu_pos(t, g2));
+    /* Each site prints its frames once, under its "Direct leak" line, before
+     * its groups (LeakSanitizer's shape). */
+    const char *h1 = "tally: Direct leak of 8388608 bytes (8.0 MiB) in 2 blocks allocated from:\ntally:     #0 ";
+    const char *h2 = "tally: Direct leak of 2097152 bytes (2.0 MiB) in 1 block allocated from:\ntally:     #0 ";
+    LU_HAS(t, h1);
+    LU_HAS(t, h2);
+    assert_true(lu_pos(t, h1) < lu_pos(t, g1) && lu_pos(t, g1) < lu_pos(t, h2) && lu_pos(t, h2) < lu_pos(t, g2));
+    const char *f1 = strstr(t, h1) + strlen(h1);
+    if (depth > 1)
+        LU_HAS(f1, "tally:     #1 ");
+    /* The JSON leaks name the two sites differently. */
+    tally_json_t *root = lu_report_json("sites.json");
+    const tally_json_t *leaks = lu_jarr(root, "leaks");
+    const char *s1 = NULL, *s2 = NULL;
+    for (size_t i = 0; i < leaks->len; i++) {
+        const tally_json_t *g = &leaks->items[i];
+        if (strcmp(lu_jstr(g, "stage"), stage) != 0)
+            continue;
+        if (lu_jint(g, "blocks") == 2)
+            s1 = lu_jstr(g, "site");
+        else
+            s2 = lu_jstr(g, "site");
+    }
+    assert_non_null(s1);
+    assert_non_null(s2);
+    if (strcmp(s1, s2) == 0)
+        fail_msg("two allocation sites have the same label \"%s\" (the label should be the first frame "
+                 "outside tally, i.e. the caller of tally_malloc)",
+                 s1);
+    tally__json_free(root);
+    lu_buf_free(&buf);
+    tally_free(a);
+    tally_free(b);
+    tally_free(c);
+}
+
+static void test_backtrace_sites_split_leak_groups(void **state)
+{
+    (void)state;
+    sites_case(8, "bt-stage");
+}
+
+static void test_one_frame_sites_are_the_callers(void **state)
+{
+    (void)state;
+    /* With a single frame recorded, that frame must be the caller's: the
+     * two sites then still give two groups. */
+    sites_case(1, "bt1-stage");
+}
+
+static void test_leak_report_without_sites_groups_by_owner(void **state)
+{
+    (void)state;
+    LU_OK(tally_stage_begin("lk-stage"));
+    LU_OK(tally_tag_push("lk-tag"));
+    void *a, *b;
+    site_one(MB, one, &a);
+    site_two(MB, one, &b);
+    void *c = lu_malloc(MB, 1);
+    LU_OK(tally_tag_pop());
+    lu_cap_begin();
+    LU_OK(tally_stage_end("lk-stage"));
+    lu_cap_end();
+    lu_buf_t buf = {0};
+    LU_OK(tally_write_leaks(1, lu_buf_write, &buf));
+    const char *t = lu_buf_str(&buf);
+    LU_HAS(t, "tally: 2097152 bytes (2.0 MiB) in 2 blocks: tag lk-tag, stage lk-stage, device 0\n");
+    LU_HAS(t, "tally: 1048576 bytes (1.0 MiB) in 1 block: tag lk-tag, stage lk-stage, device 1\n");
+    LU_LACKS(t, "#0 ");
+    LU_HAS(t, "tally: SUMMARY: ");
+    lu_buf_free(&buf);
+    /* Summary only: one line. */
+    LU_OK(tally_write_leaks(0, lu_buf_write, &buf));
+    LU_EQ(lu_count(lu_buf_str(&buf), "\n"), 1);
+    LU_HAS(lu_buf_str(&buf), "tally: SUMMARY: 3145728 bytes still live in 3 blocks\n");
+    lu_buf_free(&buf);
+    /* On demand, the report says what is live now, not what is left at
+     * exit; TALLY_LEAKS_AT_EXIT words it as the report at exit. */
+    LU_OK(tally_write_leaks(TALLY_LEAKS_FULL, lu_buf_write, &buf));
+    LU_HAS(lu_buf_str(&buf), "tally: live blocks: 3 blocks still live now, in 2 groups\n");
+    LU_LACKS(lu_buf_str(&buf), "at exit");
+    LU_LACKS(lu_buf_str(&buf), "leaked");
+    lu_buf_free(&buf);
+    LU_OK(tally_write_leaks(TALLY_LEAKS_FULL | TALLY_LEAKS_AT_EXIT, lu_buf_write, &buf));
+    LU_HAS(lu_buf_str(&buf), "tally: leak report: 3 blocks still live at exit, in 2 groups\n");
+    LU_HAS(lu_buf_str(&buf), "tally: SUMMARY: 3145728 bytes leaked in 3 blocks\n");
+    lu_buf_free(&buf);
+    tally_free(a);
+    tally_free(b);
+    tally_free(c);
+    LU_OK(tally_write_leaks(1, lu_buf_write, &buf));
+    LU_EQ(strlen(lu_buf_str(&buf)), 0);
+    lu_buf_free(&buf);
+}
+
+/* ---- main ------------------------------------------------------------------------- */
+
+static const lu_role_t roles[] = {
+    {"oom", child_oom},
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv)
+{
+    if (argc >= 3 && strcmp(argv[1], "--child") == 0)
+        return lu_child_main(argv[2], roles);
+    const struct CMUnitTest tests[] = {
+        LU_T(test_oom_report_names_the_holders),
+        LU_T(test_backtrace_sites_split_leak_groups),
+        LU_T(test_one_frame_sites_are_the_callers),
+        LU_T(test_leak_report_without_sites_groups_by_owner),
+    };
+    return LU_LEDGER_RUN("oom_and_leak_reports", tests);
+}
