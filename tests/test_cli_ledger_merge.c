@@ -1,0 +1,253 @@
+/* The tally command (tools/tally_cli.c), run as a user runs it, its stdout,
+ * stderr and exit status checked (harness: cliutil.h, CLIUTIL_REPORTS): `tally
+ * ledger` on a report, and `tally merge` of the reports of a 4-rank job
+ * (text and JSON, duplicate and missing ranks, device columns in order). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CLIUTIL_REPORTS /* the children, setup, tally_run, HAS, EXPECT_RC */
+#include "cliutil.h"
+#include "json.h"
+#include "report.h"
+
+/* ---- ledger ----------------------------------------------------------------- */
+
+static void test_ledger_report(void **state)
+{
+    (void)state;
+    run_t r = tally_run("ledger '%s/train.json'", dir);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "rank 0 of 1, pid ");
+    HAS(r.out, "backend host, home device 0");
+    HAS(r.out, "device tag                  stage                     current         peak     blocks\n");
+    HAS(r.out, "0      model-init           load                      8.0 MiB      8.0 MiB          2\n");
+    HAS(r.out, "0      gradients            train                         0 B     32.0 MiB          0\n");
+    HAS(r.out, "0      weights              load                          0 B     32.0 MiB          0\n");
+    HAS(r.out, "0      activations          warmup                        0 B      2.0 MiB          0\n");
+    HAS(r.out, "1      stray                train                     1.0 MiB      1.0 MiB          1  foreign\n");
+    /* Stage timeline: load ended first, then the nested warmup, then train. */
+    HAS(r.out, "stages (3 ended, 3 in the report)\n");
+    HAS(r.out, "#    stage                   seconds   peak alloc    peak resv    survivors     released\n");
+    HAS(r.out, "\n1    load                 ");
+    HAS(r.out, "\n2      warmup             ");
+    HAS(r.out, "\n3    train                ");
+    HAS(r.out, "     outlived by tag model-init on device 0: 8.0 MiB in 2 blocks\n");
+    HAS(r.out, "     outlived by tag stray on device 1: 1.0 MiB in 1 block (foreign)\n");
+    /* Live blocks, grouped as the leak report groups them. */
+    HAS(r.out, "3 blocks, 9.0 MiB, in 2 groups\n");
+    HAS(r.out, "8388608 bytes (8.0 MiB) in 2 blocks: tag model-init, stage load, device 0\n");
+    HAS(r.out, "1048576 bytes (1.0 MiB) in 1 block: tag stray, stage train, device 1 (foreign)\n");
+    expect_text(r.err, "");
+    run_free(&r);
+}
+
+static void test_ledger_rejects_stats(void **state)
+{
+    (void)state;
+    run_t r = tally_run("ledger '%s/memory_stats.json'", fixtures);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "memory_stats.json: a memory_stats object, not a tally report");
+    run_free(&r);
+}
+
+/* ---- merge ----------------------------------------------------------------- */
+
+static void test_merge_four_ranks(void **state)
+{
+    (void)state;
+    run_t r = tally_run("merge '%s/rank3.json' '%s/rank1.json' '%s/rank0.json' '%s/rank2.json'", dir, dir, dir, dir);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "tally merge: 4 reports, ranks 0, 1, 2, 3 (world size 4)\n");
+    HAS(r.out, "device 0");
+    HAS(r.out, "device 3");
+    /* Device 0 holds four checkpoints and rank 0's weights. */
+    HAS(r.out, "\ntotal                     4.2 GiB   256.0 MiB   256.0 MiB   256.0 MiB\n");
+    HAS(r.out, " 1.0 GiB*  256.0 MiB         0 B         0 B\n");
+    HAS(r.out, "foreign memory: 3 findings\n");
+    HAS(r.out, "rank 1 holds 1.0 GiB on device 0: stage load, tag checkpoint (its home device is 1)\n");
+    HAS(r.out, "rank 2 holds 1.0 GiB on device 0: stage load, tag checkpoint (its home device is 2)\n");
+    HAS(r.out, "rank 3 holds 1.0 GiB on device 0: stage load, tag checkpoint (its home device is 3)\n");
+    if (strstr(r.out, "rank 0 holds"))
+        fail_msg("rank 0's checkpoint is on its home device, yet it is flagged:\n%s", r.out);
+    /* Totals across ranks. */
+    HAS(r.out, "load                      4.0 GiB      4.0 GiB            4      4\n");
+    HAS(r.out, "weights                   1.0 GiB      1.0 GiB            8      4\n");
+    HAS(r.out, "checkpoint                4.0 GiB      4.0 GiB            4      4\n");
+    run_free(&r);
+}
+
+static int64_t jint(const tally_json_t *obj, const char *key)
+{
+    int64_t v = -1;
+    const tally_json_t *x = tally__json_get(obj, key);
+    if (!x || tally__json_int(x, &v) != 0)
+        fail_msg("no integer \"%s\"", key);
+    return v;
+}
+
+static const char *jstr(const tally_json_t *obj, const char *key)
+{
+    const tally_json_t *x = tally__json_get(obj, key);
+    if (!x || x->type != TALLY_JSON_STRING)
+        fail_msg("no string \"%s\"", key);
+    return x->s;
+}
+
+static void test_merge_json(void **state)
+{
+    (void)state;
+    run_t r = tally_run("merge --json '%s'/rank*.json", dir);
+    EXPECT_RC(r, 0);
+    char err[256];
+    tally_json_t *root = tally__json_parse(r.out, strlen(r.out), err, sizeof err, NULL);
+    if (!root)
+        fail_msg("merge --json is not JSON: %s\n%s", err, r.out);
+    assert_string_equal(jstr(root, "format"), "tally-merge");
+    assert_int_equal(jint(root, "world_size"), 4);
+    assert_int_equal(tally__json_get(root, "missing_ranks")->len, 0);
+    const tally_json_t *ranks = tally__json_get(root, "ranks");
+    assert_int_equal(ranks->len, 4);
+    for (size_t i = 0; i < 4; i++) {
+        const tally_json_t *rk = &ranks->items[i];
+        assert_int_equal(jint(rk, "rank"), (int64_t)i);
+        assert_int_equal(jint(rk, "home_device"), (int64_t)i);
+        const tally_json_t *d0 = tally__json_at(tally__json_get(rk, "devices"), 0);
+        assert_int_equal(jint(d0, "device"), 0);
+        assert_int_equal(jint(d0, "allocated_bytes"), (int64_t)(GiB + (i == 0 ? 256 * MiB : 0)));
+        assert_int_equal(jint(d0, "foreign_bytes"), (int64_t)(i == 0 ? 0 : GiB));
+    }
+    const tally_json_t *devs = tally__json_get(root, "devices");
+    assert_int_equal(devs->len, 4);
+    assert_int_equal(jint(&devs->items[0], "allocated_bytes"), (int64_t)(4 * GiB + 256 * MiB));
+    assert_int_equal(jint(&devs->items[0], "foreign_bytes"), (int64_t)(3 * GiB));
+    assert_int_equal(jint(&devs->items[2], "allocated_bytes"), (int64_t)(256 * MiB));
+    const tally_json_t *foreign = tally__json_get(root, "foreign");
+    assert_int_equal(foreign->len, 3);
+    for (size_t i = 0; i < 3; i++) {
+        const tally_json_t *f = &foreign->items[i];
+        assert_int_equal(jint(f, "rank"), (int64_t)i + 1);
+        assert_int_equal(jint(f, "device"), 0);
+        assert_int_equal(jint(f, "home_device"), (int64_t)i + 1);
+        assert_int_equal(jint(f, "current_bytes"), (int64_t)GiB);
+        assert_string_equal(jstr(f, "stage"), "load");
+        assert_string_equal(jstr(f, "tag"), "checkpoint");
+        HAS(jstr(f, "message"), "holds 1.0 GiB on device 0: stage load, tag checkpoint");
+    }
+    const tally_json_t *stages = tally__json_get(root, "stages");
+    assert_int_equal(stages->len, 2);
+    assert_string_equal(jstr(&stages->items[0], "stage"), "load");
+    assert_int_equal(jint(&stages->items[0], "current_bytes"), (int64_t)(4 * GiB));
+    assert_int_equal(jint(&stages->items[0], "ranks"), 4);
+    const tally_json_t *tags = tally__json_get(root, "tags");
+    assert_string_equal(jstr(&tags->items[1], "tag"), "weights");
+    assert_int_equal(jint(&tags->items[1], "current_bytes"), (int64_t)GiB);
+    tally__json_free(root);
+    run_free(&r);
+}
+
+static void test_merge_duplicate_rank(void **state)
+{
+    (void)state;
+    run_t r = tally_run("merge '%s/rank0.json' '%s/rank1.json' '%s/rank1.json'", dir, dir, dir);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "tally merge: rank 1 appears twice: ");
+    expect_text(r.out, "");
+    run_free(&r);
+    /* The training report is rank 0 too. */
+    r = tally_run("merge --json '%s/rank0.json' '%s/train.json'", dir, dir);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "rank 0 appears twice");
+    run_free(&r);
+}
+
+static void test_merge_missing_rank(void **state)
+{
+    (void)state;
+    run_t r = tally_run("merge '%s/rank0.json' '%s/rank2.json'", dir, dir);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "tally merge: 2 reports, ranks 0, 2 (world size 4)\nmissing: ranks 1, 3\n");
+    HAS(r.out, "rank 2 holds 1.0 GiB on device 0");
+    run_free(&r);
+}
+
+/* Copy the report from, with its "devices" array listed last to first (a
+ * report another writer could make; the schema does not fix the order). */
+static void write_reversed_devices(const char *from, const char *to)
+{
+    char *s = slurp(from);
+    assert_non_null(s);
+    char *a = strstr(s, "\"devices\":[");
+    assert_non_null(a);
+    a += strlen("\"devices\":[");
+    char *end = strstr(a, "],\n\"ledger\"");
+    assert_non_null(end);
+    const char *items[16];
+    size_t lens[16];
+    int n = 0;
+    for (char *p = a; n < 16;) {
+        char *next = strstr(p + 1, ",\n {\"device\":");
+        if (!next || next > end)
+            next = end;
+        items[n] = p == a ? p : p + 1;
+        lens[n] = (size_t)(next - items[n]);
+        n++;
+        if (next == end)
+            break;
+        p = next;
+    }
+    FILE *f = fopen(to, "w");
+    assert_non_null(f);
+    fwrite(s, 1, (size_t)(a - s), f);
+    for (int i = n - 1; i >= 0; i--) {
+        if (i != n - 1)
+            fputc(',', f);
+        fwrite(items[i], 1, lens[i], f);
+    }
+    fputs(end, f);
+    fclose(f);
+    free(s);
+}
+
+/* The device columns are in device order whatever order the reports list
+ * their devices in. */
+static void test_merge_device_columns_in_order(void **state)
+{
+    (void)state;
+    char from[PATH_MAX + 16], sub[PATH_MAX + 16], to[PATH_MAX + 32];
+    snprintf(from, sizeof from, "%s/rank0.json", dir);
+    snprintf(sub, sizeof sub, "%s/reversed", dir);
+    snprintf(to, sizeof to, "%s/rank0.json", sub);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    write_reversed_devices(from, to);
+    run_t r = tally_run("merge '%s' '%s/rank1.json'", to, dir);
+    if (r.rc != 0)
+        fail_msg("exit status %d; stderr:\n%s", r.rc, r.err);
+    const char *d0 = strstr(r.out, "device 0"), *d3 = strstr(r.out, "device 3");
+    if (!d0 || !d3 || d0 > d3)
+        fail_msg("device columns out of order:\n%s", r.out);
+    HAS(r.out, "rank 1 holds 1.0 GiB on device 0: stage load, tag checkpoint (its home device is 1)\n");
+    run_free(&r);
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ledger_report),
+        cmocka_unit_test(test_ledger_rejects_stats),
+        cmocka_unit_test(test_merge_four_ranks),
+        cmocka_unit_test(test_merge_json),
+        cmocka_unit_test(test_merge_device_columns_in_order),
+        cmocka_unit_test(test_merge_duplicate_rank),
+        cmocka_unit_test(test_merge_missing_rank),
+    };
+    return CLI_MAIN("cli_ledger_merge", tests);
+}

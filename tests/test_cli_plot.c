@@ -1,0 +1,206 @@
+/* The tally command (tools/tally_cli.c), run as a user runs it, its stdout,
+ * stderr and exit status checked (harness: cliutil.h, CLIUTIL_REPORTS): `tally
+ * plot`, the timeline as SVG and HTML (well-formed XML, dropped events said,
+ * a report without a timeline). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "skip.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CLIUTIL_REPORTS /* the children, setup, tally_run, HAS, EXPECT_RC */
+#include "cliutil.h"
+#include "json.h"
+#include "report.h"
+
+/* ---- plot ------------------------------------------------------------------ */
+
+/* 0 when path parses as XML (python3's minidom, else xmllint); 77 when
+ * neither is available. */
+static int xml_check(const char *path)
+{
+    char cmd[PATH_MAX + 200];
+    if (system("python3 -c 'import xml.dom.minidom' >/dev/null 2>&1") == 0) {
+        snprintf(cmd, sizeof cmd,
+                 "python3 -c \"import xml.dom.minidom,sys; xml.dom.minidom.parse(sys.argv[1])\" '%s'", path);
+        return system(cmd) == 0 ? 0 : 1;
+    }
+    if (system("xmllint --version >/dev/null 2>&1") == 0) {
+        snprintf(cmd, sizeof cmd, "xmllint --noout '%s'", path);
+        return system(cmd) == 0 ? 0 : 1;
+    }
+    return 77;
+}
+
+static size_t count(const char *s, const char *sub)
+{
+    size_t n = 0;
+    for (const char *p = strstr(s, sub); p; p = strstr(p + 1, sub))
+        n++;
+    return n;
+}
+
+static void test_plot_svg(void **state)
+{
+    (void)state;
+    char out[PATH_MAX + 16];
+    snprintf(out, sizeof out, "%s/plot.svg", dir);
+    run_t r = tally_run("plot '%s/train.json' -o '%s'", dir, out);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "plot.svg: device 0, ");
+    run_free(&r);
+    int x = xml_check(out);
+    if (x == 77)
+        SKIP("neither python3's xml.dom.minidom nor xmllint is installed to check the SVG");
+    if (x != 0)
+        fail_msg("%s is not well-formed XML", out);
+    char *svg = slurp(out);
+    assert_non_null(svg);
+    HAS(svg, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\"");
+    /* One filled area per tag on device 0, the reserved line, stage bands. */
+    assert_true(count(svg, "<path class=\"tag\"") == 5);
+    HAS(svg, "<path class=\"reserved\"");
+    for (const char *const *t = (const char *const[]){"weights", "model-init", "scratch", "activations",
+                                                       "gradients", NULL};
+         *t; t++) {
+        char want[64];
+        snprintf(want, sizeof want, "<title>%s</title></path>", *t);
+        HAS(svg, want);
+    }
+    /* Stacked steadiest first: model-init (allocated once, kept), weights and
+     * scratch (each allocated once, freed once), then the tags that churn. */
+    const char *order[] = {"model-init", "weights", "scratch", "gradients", "activations"};
+    const char *at = svg;
+    for (size_t i = 0; i < sizeof order / sizeof *order; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "<title>%s</title></path>", order[i]);
+        const char *next = strstr(at, want);
+        if (!next)
+            fail_msg("tag areas are not stacked model-init, weights, scratch, gradients, activations: %s is "
+                     "out of order",
+                     order[i]);
+        at = next;
+    }
+    HAS(svg, ">load</text>");
+    HAS(svg, ">train</text>");
+    HAS(svg, ">warmup</text>");
+    HAS(svg, "<text");
+    HAS(svg, "memory (MiB)</text>");
+    HAS(svg, "time since the first event (");
+    HAS(svg, "reserved (peak ");
+    if (strstr(svg, "<script") || strstr(svg, "href="))
+        fail_msg("the SVG should be self-contained");
+    free(svg);
+    /* Device 1 has its one stray block. */
+    r = tally_run("plot '%s/train.json' --device 1 --x events -o '%s'", dir, out);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    svg = slurp(out);
+    assert_true(count(svg, "<path class=\"tag\"") == 1);
+    HAS(svg, "<title>stray</title></path>");
+    HAS(svg, "event number (of ");
+    free(svg);
+    assert_int_equal(xml_check(out), 0);
+}
+
+static void test_plot_html(void **state)
+{
+    (void)state;
+    char out[PATH_MAX + 16];
+    snprintf(out, sizeof out, "%s/plot.html", dir);
+    run_t r = tally_run("plot --output '%s' '%s/train.json'", out, dir);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    char *html = slurp(out);
+    assert_non_null(html);
+    HAS(html, "<!DOCTYPE html>");
+    HAS(html, "<svg xmlns=\"http://www.w3.org/2000/svg\"");
+    HAS(html, "<h2>Stages (whole process)</h2>");
+    HAS(html, "<tr><td>gradients</td><td>32.0 MiB</td></tr>");
+    /* Peaks largest first (ties in order of first appearance). */
+    HAS(html, "<tr><th>tag</th><th>peak</th></tr>\n<tr><td>weights</td><td>32.0 MiB</td></tr>\n"
+              "<tr><td>scratch</td><td>32.0 MiB</td></tr>\n<tr><td>gradients</td><td>32.0 MiB</td></tr>\n"
+              "<tr><td>model-init</td><td>8.0 MiB</td></tr>\n<tr><td>activations</td><td>8.0 MiB</td></tr>\n"
+              "</table>");
+    /* The blocks live when the report was written: the leaks, at exit. */
+    HAS(html, "<h2>Live blocks when the report was written (at exit: the leaks)</h2>");
+    HAS(html, "<tr><td>model-init</td><td>load</td><td>0</td><td>2</td><td>8.0 MiB</td></tr>");
+    HAS(html, "<tr><td>stray</td><td>train</td><td>1 (foreign)</td><td>1</td><td>1.0 MiB</td></tr>");
+    if (strstr(html, "<?xml") || strstr(html, "<script") || strstr(html, "https://"))
+        fail_msg("the HTML should be self-contained, with the SVG inline");
+    free(html);
+}
+
+/* A timeline cut by timeline_events: the plot says how many of the oldest
+ * events were dropped (the full run's device-0 events less the 16 kept). */
+static void test_plot_says_how_many_events_were_dropped(void **state)
+{
+    (void)state;
+    char conf[PATH_MAX + 256], out[PATH_MAX + 16];
+    snprintf(conf, sizeof conf,
+             "backend:host,host_devices:2,home_device:0,timeline:true,timeline_events:16,report_path:%s/cut.json,"
+             "leak_report:off,stage_report:false,persistent_tags:weights",
+             dir);
+    const char *env[] = {"TALLY_CONF", conf, NULL};
+    assert_int_equal(spawn_child("train", env), 0);
+    snprintf(out, sizeof out, "%s/train.json", dir);
+    char *full = slurp(out);
+    assert_non_null(full);
+    int all = (int)count(full, "{\"device\":0,\"time_us\"");
+    free(full);
+    assert_true(all > 16);
+    snprintf(out, sizeof out, "%s/cut.html", dir);
+    run_t r = tally_run("plot '%s/cut.json' -o '%s'", dir, out);
+    EXPECT_RC(r, 0);
+    char want[200];
+    snprintf(want, sizeof want, "the timeline had dropped the %d oldest events of device 0", all - 16);
+    HAS(r.out, want);
+    run_free(&r);
+    char *html = slurp(out);
+    assert_non_null(html);
+    snprintf(want, sizeof want, "16 events, peak allocated");
+    HAS(html, want);
+    snprintf(want, sizeof want, "; %d older events dropped (timeline_events)", all - 16);
+    HAS(html, want);
+    free(html);
+    r = tally_run("plot '%s/train.json' -o '%s'", dir, out); /* nothing dropped: nothing said */
+    EXPECT_RC(r, 0);
+    if (strstr(r.out, "dropped"))
+        fail_msg("a whole timeline is reported as cut: %s", r.out);
+    run_free(&r);
+}
+
+static void test_plot_without_timeline(void **state)
+{
+    (void)state;
+    run_t r = tally_run("plot '%s/plain.json' -o '%s/none.svg'", dir, dir);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "plain.json: the report has no timeline to plot; run the process with TALLY_CONF=timeline:true");
+    run_free(&r);
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/none.svg", dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+    r = tally_run("plot '%s/train.json' --device 3 -o '%s/none.svg'", dir, dir);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "no timeline events for device 3 (the timeline has allocations on devices 0, 1)");
+    run_free(&r);
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plot_svg),
+        cmocka_unit_test(test_plot_html),
+        cmocka_unit_test(test_plot_says_how_many_events_were_dropped),
+        cmocka_unit_test(test_plot_without_timeline),
+    };
+    return CLI_MAIN("cli_plot", tests);
+}
