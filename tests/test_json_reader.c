@@ -1,0 +1,239 @@
+/* The library's JSON reader (json.c): values, strings and their escapes,
+ * errors with their offsets, the nesting limit, and mangled input. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+
+/* ---- JSON reader -------------------------------------------------------- */
+
+static tally_json_t *parse_ok(const char *text)
+{
+    char err[256];
+    tally_json_t *v = tally__json_parse(text, strlen(text), err, sizeof err, NULL);
+    if (!v)
+        fail_msg("parse of <%s> failed: %s", text, err);
+    return v;
+}
+
+static void test_json_values(void **state)
+{
+    (void)state;
+    tally_json_t *v = parse_ok("\xef\xbb\xbf {\"a\": [1, -2, 3.5, -0, 1e2, true, false, null, \"x\"],"
+                               " \"b\": {\"c\": {}}, \"d\": [], \"a2\": 9223372036854775807,"
+                               " \"m\": -9223372036854775808, \"big\": 18446744073709551616, \"a\": 7}\r\n");
+    assert_int_equal(v->type, TALLY_JSON_OBJECT);
+    assert_int_equal(v->len, 7);
+    /* A repeated key: the last one wins; the first is still in members. */
+    const tally_json_t *a = tally__json_get(v, "a");
+    assert_int_equal(a->type, TALLY_JSON_NUMBER);
+    assert_int_equal(a->i, 7);
+    const tally_json_t *arr = &v->members[0].value;
+    assert_int_equal(arr->type, TALLY_JSON_ARRAY);
+    assert_int_equal(arr->len, 9);
+    assert_true(tally__json_at(arr, 0)->is_int);
+    assert_int_equal(tally__json_at(arr, 1)->i, -2);
+    assert_false(tally__json_at(arr, 2)->is_int);
+    assert_true(tally__json_at(arr, 2)->d == 3.5);
+    int64_t x;
+    assert_int_equal(tally__json_int(tally__json_at(arr, 2), &x), -1);
+    assert_int_equal(tally__json_int(tally__json_at(arr, 3), &x), 0);
+    assert_int_equal(x, 0);
+    assert_int_equal(tally__json_int(tally__json_at(arr, 4), &x), 0);
+    assert_int_equal(x, 100);
+    assert_int_equal(tally__json_at(arr, 5)->type, TALLY_JSON_TRUE);
+    assert_int_equal(tally__json_at(arr, 6)->type, TALLY_JSON_FALSE);
+    assert_int_equal(tally__json_at(arr, 7)->type, TALLY_JSON_NULL);
+    assert_string_equal(tally__json_at(arr, 8)->s, "x");
+    assert_null(tally__json_at(arr, 9));
+    assert_null(tally__json_at(v, 0));
+    assert_int_equal(tally__json_int(tally__json_at(arr, 8), &x), -1);
+    const tally_json_t *c = tally__json_get(tally__json_get(v, "b"), "c");
+    assert_non_null(c);
+    assert_int_equal(c->type, TALLY_JSON_OBJECT);
+    assert_int_equal(c->len, 0);
+    assert_int_equal(tally__json_get(v, "d")->len, 0);
+    assert_int_equal(tally__json_get(v, "a2")->i, INT64_MAX);
+    assert_int_equal(tally__json_get(v, "m")->i, INT64_MIN);
+    const tally_json_t *big = tally__json_get(v, "big");
+    assert_false(big->is_int);
+    assert_true(big->d == 18446744073709551616.0);
+    assert_int_equal(tally__json_int(big, &x), -1);
+    assert_null(tally__json_get(v, "nope"));
+    assert_null(tally__json_get(arr, "a"));
+    assert_string_equal(tally__json_type_name(big->type), "number");
+    tally__json_free(v);
+    tally__json_free(NULL);
+}
+
+static void test_json_strings(void **state)
+{
+    (void)state;
+    tally_json_t *v = parse_ok("[\"q\\\"b\\\\s\\/\\b\\f\\n\\r\\t\", \"\\u00e9\\u20ac\\ud83d\\ude00\","
+                               " \"a\\u0000b\", \"\xc3\xa9 raw\", \"\"]");
+    assert_string_equal(v->items[0].s, "q\"b\\s/\b\f\n\r\t");
+    assert_string_equal(v->items[1].s, "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80");
+    assert_int_equal(v->items[2].len, 3);
+    assert_memory_equal(v->items[2].s, "a\0b", 4);
+    assert_string_equal(v->items[3].s, "\xc3\xa9 raw");
+    assert_int_equal(v->items[4].len, 0);
+    tally__json_free(v);
+
+    /* A key holding a NUL is found only through the length-taking lookup. */
+    v = parse_ok("{\"k\\u0000z\": 1}");
+    assert_null(tally__json_get(v, "k"));
+    assert_non_null(tally__json_getn(v, "k\0z", 3));
+    tally__json_free(v);
+}
+
+static void expect_json_error(const char *text, size_t len, size_t offset, const char *message)
+{
+    char err[256];
+    size_t at = 12345;
+    tally_json_t *v = tally__json_parse(text, len, err, sizeof err, &at);
+    if (v)
+        fail_msg("<%s> parsed, expected an error", text);
+    assert_string_equal(err, message);
+    assert_int_equal(at, offset);
+}
+
+#define JSON_ERR(text, offset, message) expect_json_error(text, sizeof text - 1, offset, message)
+
+static void test_json_errors(void **state)
+{
+    (void)state;
+    JSON_ERR("", 0, "byte 0: unexpected end of input (expected a value)");
+    JSON_ERR("  \n", 3, "byte 3: unexpected end of input (expected a value)");
+    JSON_ERR("{", 1, "byte 1: unexpected end of input (expected a key in the object that starts at byte 0)");
+    JSON_ERR("[1,", 3, "byte 3: unexpected end of input (expected a value)");
+    JSON_ERR("[1,]", 3, "byte 3: unexpected ']' (expected a value)");
+    JSON_ERR("[1 2]", 3, "byte 3: expected ',' or ']' in an array, found '2'");
+    JSON_ERR("{\"a\" 1}", 5, "byte 5: expected ':' after the key \"a\", found '1'");
+    JSON_ERR("{\"a\"", 4, "byte 4: unexpected end of input (expected ':' after the key \"a\")");
+    JSON_ERR("{a:1}", 1, "byte 1: expected a string key in an object, found 'a'");
+    JSON_ERR("{\"a\":1,}", 7, "byte 7: expected a string key in an object, found '}'");
+    JSON_ERR("\"abc", 4, "byte 4: unexpected end of input inside the string that starts at byte 0");
+    JSON_ERR("\"ab\\", 4, "byte 4: unexpected end of input inside the string that starts at byte 0");
+    JSON_ERR("\"a\\xb\"", 2, "byte 2: invalid escape \\'x' in a string");
+    JSON_ERR("\"\\u12\"", 1, "byte 1: invalid \\u escape (four hex digits expected)");
+    JSON_ERR("\"\\u12g4\"", 1, "byte 1: invalid \\u escape (four hex digits expected)");
+    JSON_ERR("\"\\ud800\"", 1, "byte 1: unpaired high surrogate \\ud800");
+    JSON_ERR("\"\\ud800\\u0041\"", 1, "byte 1: unpaired high surrogate \\ud800");
+    JSON_ERR("\"\\udc00\"", 1, "byte 1: unpaired low surrogate \\udc00");
+    JSON_ERR("\"a\tb\"", 2, "byte 2: control character 0x09 in a string (it must be escaped)");
+    JSON_ERR("\"a\0b\"", 2, "byte 2: control character 0x00 in a string (it must be escaped)");
+    JSON_ERR("01", 0, "byte 0: invalid number (leading zero)");
+    JSON_ERR("-", 0, "byte 0: invalid number (a digit must follow '-')");
+    JSON_ERR("-x", 0, "byte 0: invalid number (a digit must follow '-')");
+    JSON_ERR("1.", 0, "byte 0: invalid number (a digit must follow '.')");
+    JSON_ERR("1e+", 0, "byte 0: invalid number (a digit must follow the exponent)");
+    JSON_ERR("1e999", 0, "byte 0: number out of range");
+    JSON_ERR("+1", 0, "byte 0: unexpected '+' (expected a value)");
+    JSON_ERR("tru", 3, "byte 3: unexpected end of input inside 'true'");
+    JSON_ERR("nul!", 0, "byte 0: invalid literal (expected 'null')");
+    JSON_ERR("NaN", 0, "byte 0: unexpected 'N' (expected a value)");
+    JSON_ERR("[] x", 3, "byte 3: unexpected 'x' after the end of the JSON value");
+    JSON_ERR("{} {}", 3, "byte 3: unexpected '{' after the end of the JSON value");
+    JSON_ERR("\x01", 0, "byte 0: unexpected 0x01 (expected a value)");
+    JSON_ERR("// c\n1", 0, "byte 0: unexpected '/' (expected a value)");
+
+    /* The length is honoured: bytes after it are never looked at. */
+    expect_json_error("[1, 2] trailing", 4, 4, "byte 4: unexpected end of input (expected a value)");
+    char err[64];
+    tally_json_t *v = tally__json_parse("123xyz", 3, err, sizeof err, NULL);
+    assert_non_null(v);
+    assert_int_equal(v->i, 123);
+    tally__json_free(v);
+    /* NULL text, tiny and absent error buffers. */
+    assert_null(tally__json_parse(NULL, 10, err, sizeof err, NULL));
+    assert_string_equal(err, "byte 0: unexpected end of input (expected a value)");
+    assert_null(tally__json_parse("[", 1, err, 5, NULL));
+    assert_string_equal(err, "byte");
+    assert_null(tally__json_parse("[", 1, NULL, 0, NULL));
+}
+
+static void test_json_depth_limit(void **state)
+{
+    (void)state;
+    enum { DEEP = TALLY_JSON_MAX_DEPTH };
+    char text[2 * DEEP + 8];
+    char err[128];
+    /* Exactly the limit parses. */
+    memset(text, '[', DEEP);
+    memset(text + DEEP, ']', DEEP);
+    tally_json_t *v = tally__json_parse(text, 2 * DEEP, err, sizeof err, NULL);
+    assert_non_null(v);
+    tally__json_free(v);
+    /* One more level is refused, at the byte that opens it. */
+    memset(text, '[', DEEP + 1);
+    memset(text + DEEP + 1, ']', DEEP + 1);
+    size_t at = 0;
+    v = tally__json_parse(text, 2 * DEEP + 2, err, sizeof err, &at);
+    assert_null(v);
+    assert_int_equal(at, DEEP);
+    assert_non_null(strstr(err, "nesting deeper than 256 levels"));
+    /* A huge unclosed nesting is no threat to the stack either. */
+    size_t n = 1000000;
+    char *big = malloc(n);
+    assert_non_null(big);
+    memset(big, '{', n);
+    assert_null(tally__json_parse(big, n, err, sizeof err, NULL));
+    memset(big, '[', n);
+    assert_null(tally__json_parse(big, n, err, sizeof err, NULL));
+    free(big);
+}
+
+/* Every proper prefix of a document, and every single-byte change to it,
+ * either parses or fails with a message and an offset within the input. */
+static void test_json_mangled_input(void **state)
+{
+    (void)state;
+    static const char doc[] =
+        "{\"segments\": [{\"address\": 140234, \"size\": -2.5e-3, \"blocks\": [true, false, null]},"
+        " {\"s\": \"\\u00e9\\ud83d\\ude00\\n\"}], \"n\": 12}";
+    size_t len = sizeof doc - 1;
+    char err[256], *copy = malloc(len);
+    size_t at;
+    assert_non_null(copy);
+    for (size_t cut = 0; cut < len; cut++) {
+        memcpy(copy, doc, cut);
+        err[0] = 0;
+        at = SIZE_MAX;
+        assert_null(tally__json_parse(copy, cut, err, sizeof err, &at));
+        assert_true(at <= cut);
+        assert_true(strncmp(err, "byte ", 5) == 0);
+    }
+    static const char subst[] = "\"\\{}[],:0-eE.+tu\x01\x80 a";
+    for (size_t i = 0; i < len; i++) {
+        for (size_t k = 0; k < sizeof subst - 1; k++) {
+            memcpy(copy, doc, len);
+            copy[i] = subst[k];
+            at = SIZE_MAX;
+            tally_json_t *v = tally__json_parse(copy, len, err, sizeof err, &at);
+            if (v)
+                tally__json_free(v);
+            else
+                assert_true(at <= len && strncmp(err, "byte ", 5) == 0);
+        }
+    }
+    free(copy);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_values),
+        cmocka_unit_test(test_json_strings),
+        cmocka_unit_test(test_json_errors),
+        cmocka_unit_test(test_json_depth_limit),
+        cmocka_unit_test(test_json_mangled_input),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
