@@ -20,7 +20,15 @@
  *                                      test_cuda_capture_without_pool_refused
  *   lazy start                         test_cuda_lazy_start
  *   failed sync                        test_cuda_failed_event_frees_block
- *   failed record syncs the device     test_cuda_failed_record_waits_for_stream_only */
+ *   failed record syncs the device     test_cuda_failed_record_waits_for_stream_only
+ *
+ * Gaps that mutation testing found (tests/mutate/mutations.txt):
+ *   segment from the current device    test_cuda_caller_context_kept (device 1's free memory)
+ *   a driver older than CUDA 11.3      test_cuda_old_driver_refused
+ *   async_pool:private's own pool      test_async_private_pool_labelled (the default pool holds nothing)
+ *   free not waiting on its own stream test_async_free_waits_on_own_stream
+ *   an ended graph pool still serving  test_cuda_graph_pool_ended_serves_nothing
+ *   a graph pool freed while in use    test_cuda_graph_pool_outlives_its_last_segment */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -267,10 +275,16 @@ static void body_caller_context(void)
     CU_EXPECT(cu.cuDeviceGet(&d1, 1));
     CU_EXPECT(cu.cuDevicePrimaryCtxRetain(&c1, d1));
     CU_EXPECT(cu.cuCtxPushCurrent(c1));
+    size_t free1 = 0, free1_after = 0, total1 = 0;
+    CU_EXPECT(cu.cuMemGetInfo(&free1, &total1));
     void *p = tally_malloc(1 << 20, 0, NULL);
     EXPECT(p != NULL);
     CU_EXPECT(cu.cuCtxGetCurrent(&cur));
     EXPECT(cur == c1);
+    /* The segment came from device 0 (its primary context pushed over the
+     * caller's device-1 context), not from the current device 1. */
+    CU_EXPECT(cu.cuMemGetInfo(&free1_after, &total1));
+    EXPECT(free1_after == free1);
     tally_free(p);
     tally_empty_cache(0);
     CU_EXPECT(cu.cuCtxGetCurrent(&cur));
@@ -325,35 +339,47 @@ static void body_cross_device(void)
     EXPECT(cu_ctx_active(2) == 0);
 }
 
-/* async: the free waits on the streams the block was used on (here one of
- * another device, held) through the device's free stream: the block's own
- * stream does not wait for side streams, and the pool hands the memory to
- * another stream only behind the held work (another address, or the same
- * one with that stream made to wait). */
-static void body_async_free_waits(void)
+/* async: a block used on another stream is freed on the device's free
+ * stream, which waits for that stream (hold_own false: s1 held) and for the
+ * block's own stream (hold_own true: s0 held); until the held work has run,
+ * another stream gets the block only by waiting for it. */
+static void async_free_waits(bool hold_own)
 {
     driver_up();
     CUstream s0 = make_stream(0), s2 = make_stream(0), s1 = make_stream(1);
+    CUstream held = hold_own ? s0 : s1;
     void *p = tally_malloc(1 << 20, 0, s0);
     EXPECT(p != NULL);
-    struct cu_hold *h = cu_hold(s1);
+    struct cu_hold *h = cu_hold(held);
     EXPECT(h != NULL);
     EXPECT(tally_record_stream(p, s1) == 0);
     tally_free(p);
-    /* The compute stream is not held back by s1. */
-    for (int i = 0; i < 100 && cu.cuStreamQuery(s0) == CUDA_ERROR_NOT_READY; i++)
-        usleep(2000);
-    EXPECT(cu.cuStreamQuery(s0) == CUDA_SUCCESS);
-    usleep(20000); /* a free that did not wait for s1 would have run by now */
+    if (!hold_own) {
+        /* The compute stream is not held back by s1. */
+        for (int i = 0; i < 100 && cu.cuStreamQuery(s0) == CUDA_ERROR_NOT_READY; i++)
+            usleep(2000);
+        EXPECT(cu.cuStreamQuery(s0) == CUDA_SUCCESS);
+    }
+    usleep(20000); /* a free that did not wait for the held stream would have run by now */
     void *q = tally_malloc(1 << 20, 0, s2);
     EXPECT(q != NULL);
     if (q == p)
-        EXPECT(cu.cuStreamQuery(s2) == CUDA_ERROR_NOT_READY); /* s2 waits for s1 */
+        EXPECT(cu.cuStreamQuery(s2) == CUDA_ERROR_NOT_READY); /* s2 waits for the held stream */
     cu_release(h);
-    CU_EXPECT(cu.cuStreamSynchronize(s1));
+    CU_EXPECT(cu.cuStreamSynchronize(held));
     CU_EXPECT(cu.cuStreamSynchronize(s2));
     tally_free(q);
     EXPECT(tally_check() == 0);
+}
+
+static void body_async_free_waits(void)
+{
+    async_free_waits(false);
+}
+
+static void body_async_free_waits_own(void)
+{
+    async_free_waits(true);
 }
 
 static char got[4096];
@@ -375,8 +401,18 @@ static void body_async_reports_pool(void)
     driver_up();
     void *p = tally_malloc(1 << 20, 0, NULL);
     EXPECT(p != NULL);
-    EXPECT(tally_write_ledger(collect, NULL) == 0);
     const char *want = getenv("WANT_POOL");
+    /* The block comes from the device's default pool, or with
+     * async_pool:private from a pool of tally's own (the default one holds
+     * none of it). */
+    CUdevice d0;
+    CUmemoryPool dflt = NULL;
+    cuuint64_t used = 0;
+    CU_EXPECT(cu.cuDeviceGet(&d0, 0));
+    CU_EXPECT(cu.cuDeviceGetDefaultMemPool(&dflt, d0));
+    CU_EXPECT(cu.cuMemPoolGetAttribute(dflt, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used));
+    EXPECT(strcmp(want, "private pool") == 0 ? used == 0 : used >= (1 << 20));
+    EXPECT(tally_write_ledger(collect, NULL) == 0);
     EXPECT(strstr(got, want) != NULL);
     char path[] = "/tmp/tally-cuda-report-XXXXXX";
     int fd = mkstemp(path);
@@ -465,6 +501,20 @@ static void body_init_failure(void)
     setenv("CUDA_VISIBLE_DEVICES", "", 1);
     EXPECT(tally_init() != 0);
     EXPECT(strstr(tally_last_error(), "backend cuda unusable: cuInit: CUDA_ERROR_NO_DEVICE") != NULL);
+    EXPECT(tally_malloc(1 << 20, 0, NULL) == NULL);
+}
+
+/* A driver older than CUDA 11.3 is refused, naming both versions. Only the
+ * stand-in can pose as one (CUDA_STANDIN_DRIVER_VERSION=11000: every entry
+ * point tally needs is still found, so only the version check refuses it);
+ * on a real driver there is nothing to check. */
+static void body_old_driver(void)
+{
+    if (cu_load() != 0 || !cu_is_standin())
+        return;
+    setenv("CUDA_STANDIN_DRIVER_VERSION", "11000", 1);
+    EXPECT(tally_init() != 0);
+    EXPECT(strstr(tally_last_error(), "the NVIDIA driver supports CUDA 11.0; tally needs 11.3 or newer") != NULL);
     EXPECT(tally_malloc(1 << 20, 0, NULL) == NULL);
 }
 
@@ -630,6 +680,59 @@ static void body_capture_without_pool(void)
     EXPECT(tally_check() == 0);
 }
 
+/* A graph pool that has ended serves no more allocations, even while
+ * another pool is open: an eager allocation on its stream never gets the
+ * ended pool's cached block. Once released, the pool's last segment goes
+ * at the next empty_cache, counted in what it released. */
+static void body_graph_pool_ended(void)
+{
+    driver_up();
+    CUstream a = make_stream(0), b = make_stream(0);
+    EXPECT(tally_graph_pool_begin(0, 1, 1, only_stream, a) == 0);
+    void *g = tally_malloc(1 << 20, 0, a);
+    EXPECT(g != NULL);
+    tally_free(g); /* cached in pool (1, 1) */
+    void *kept = tally_malloc(4096, 0, a); /* keeps the pool's small segment past its release */
+    EXPECT(kept != NULL);
+    EXPECT(tally_graph_pool_end(0, 1, 1) == 0);
+    EXPECT(tally_graph_pool_begin(0, 2, 1, only_stream, b) == 0);
+    void *e = tally_malloc(1 << 20, 0, a);
+    EXPECT(e != NULL);
+    EXPECT(e != g);
+    tally_free(e);
+    EXPECT(tally_graph_pool_end(0, 2, 1) == 0);
+    EXPECT(tally_graph_pool_release(0, 1, 1) == 0);
+    EXPECT(tally_graph_pool_release(0, 2, 1) == 0);
+    tally_free(kept);
+    /* Released and counted: the released pool's small segment and the
+     * eager one of e, 2 MiB each. */
+    EXPECT(tally_empty_cache(0) == 4 << 20);
+    EXPECT(tally_check() == 0);
+}
+
+/* A graph pool in use outlives its last segment: the out-of-memory path
+ * releases the pool's one cached (oversize) segment while the pool is
+ * allocating, and the pool stays open for the retry and its end. On a
+ * 1 GiB device (the stand-in; a real one is larger and the request fits). */
+static void body_graph_pool_loses_last_segment(void)
+{
+    setenv("CUDA_STANDIN_MEMORY", "1G", 1);
+    driver_up();
+    CUstream a = make_stream(0);
+    EXPECT(tally_graph_pool_begin(0, 1, 1, only_stream, a) == 0);
+    void *g = tally_malloc(100 << 20, 0, a);
+    EXPECT(g != NULL);
+    tally_free(g); /* the pool's only segment, cached */
+    size_t free_b = 0, total = 0;
+    EXPECT(tally_mem_get_info(0, &free_b, &total) == 0);
+    void *big = tally_malloc(free_b + (40 << 20), 0, a); /* fits only once g's segment is released */
+    EXPECT(big != NULL);
+    tally_free(big);
+    EXPECT(tally_graph_pool_end(0, 1, 1) == 0);
+    EXPECT(tally_graph_pool_release(0, 1, 1) == 0);
+    EXPECT(tally_check() == 0);
+}
+
 /* Bad graph-pool calls: one line each, naming the problem. */
 static void body_graph_pool_errors(void)
 {
@@ -674,12 +777,14 @@ CUDA_TEST(test_cuda_caller_context_kept, "backend:cuda,leak_report:off", body_ca
 CUDA_TEST(test_cuda_cross_device_record_stream, "backend:cuda,leak_report:off", body_cross_device, 3)
 CUDA_TEST(test_async_cross_device_record_stream, "backend:async,leak_report:off", body_cross_device, 3)
 CUDA_TEST(test_async_free_waits_on_uses, "backend:async,leak_report:off", body_async_free_waits, 2)
+CUDA_TEST(test_async_free_waits_on_own_stream, "backend:async,leak_report:off", body_async_free_waits_own, 2)
 CUDA_TEST(test_async_default_pool_labelled_shared, "backend:async,leak_report:off", body_async_default_pool_report, 1)
 CUDA_TEST(test_async_private_pool_labelled, "backend:async,async_pool:private,leak_report:off",
           body_async_private_pool_report, 1)
 CUDA_TEST(test_async_pool_peer_access, "backend:async,leak_report:off", body_async_peer_access, 3)
 CUDA_TEST(test_no_cuda_runtime_in_process, "backend:cuda,leak_report:off", body_no_runtime, 1)
 CUDA_TEST(test_init_failure_names_call, "backend:cuda,leak_report:off", body_init_failure, 1)
+CUDA_TEST(test_cuda_old_driver_refused, "backend:cuda,leak_report:off", body_old_driver, 1)
 CUDA_TEST(test_cuda_lazy_start, "backend:cuda,leak_report:off", body_lazy_start, 2)
 CUDA_TEST(test_cuda_failed_event_frees_block, "backend:cuda,leak_report:off", body_failed_event, 2)
 CUDA_TEST(test_cuda_failed_record_waits_for_stream_only, "backend:cuda,leak_report:off",
@@ -687,6 +792,9 @@ CUDA_TEST(test_cuda_failed_record_waits_for_stream_only, "backend:cuda,leak_repo
 CUDA_TEST(test_cuda_capture_graph_pool, "backend:cuda,leak_report:off", body_capture, 1)
 CUDA_TEST(test_cuda_capture_without_pool_refused, "backend:cuda,leak_report:off", body_capture_without_pool, 1)
 CUDA_TEST(test_cuda_graph_pool_bad_calls, "backend:cuda,leak_report:off", body_graph_pool_errors, 1)
+CUDA_TEST(test_cuda_graph_pool_ended_serves_nothing, "backend:cuda,leak_report:off", body_graph_pool_ended, 1)
+CUDA_TEST(test_cuda_graph_pool_outlives_its_last_segment, "backend:cuda,leak_report:off,max_split_size_mb:20",
+          body_graph_pool_loses_last_segment, 1)
 
 int main(void)
 {
@@ -703,17 +811,21 @@ int main(void)
         cmocka_unit_test(test_cuda_cross_device_record_stream),
         cmocka_unit_test(test_async_cross_device_record_stream),
         cmocka_unit_test(test_async_free_waits_on_uses),
+        cmocka_unit_test(test_async_free_waits_on_own_stream),
         cmocka_unit_test(test_async_default_pool_labelled_shared),
         cmocka_unit_test(test_async_private_pool_labelled),
         cmocka_unit_test(test_async_pool_peer_access),
         cmocka_unit_test(test_no_cuda_runtime_in_process),
         cmocka_unit_test(test_init_failure_names_call),
+        cmocka_unit_test(test_cuda_old_driver_refused),
         cmocka_unit_test(test_cuda_lazy_start),
         cmocka_unit_test(test_cuda_failed_event_frees_block),
         cmocka_unit_test(test_cuda_failed_record_waits_for_stream_only),
         cmocka_unit_test(test_cuda_capture_graph_pool),
         cmocka_unit_test(test_cuda_capture_without_pool_refused),
         cmocka_unit_test(test_cuda_graph_pool_bad_calls),
+        cmocka_unit_test(test_cuda_graph_pool_ended_serves_nothing),
+        cmocka_unit_test(test_cuda_graph_pool_outlives_its_last_segment),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,10 +10,14 @@
  *   peers granted access (tally_pool_peer_access)         test_vmm_peer_access
  *   idle pages moving, release by empty_cache             test_vmm_idle_pages_and_release
  *   out of memory inside a range                          test_vmm_oom_inside_range
+ *   unmapping waits for the device's queued work          test_vmm_unmap_waits_for_work
  *
  * The replay of the shared traces is test_cuda_vmm_replay.c; helpers are in
  * vmmutil.h (each body runs in a forked child). */
 #include "vmmutil.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
 
 /* Device 0's free memory as the driver reports it (through tally, in its
  * primary context). */
@@ -363,6 +367,55 @@ static void test_vmm_oom_inside_range(void **state)
     expect_child_ok(env, body_oom_inside_range);
 }
 
+/* Pages are unmapped only after the device's queued work has run (its
+ * kernels may still use them): empty_cache waits while a stream that used
+ * the freed block is held, and gives the pages back once it is released. */
+static _Atomic int emptied;
+
+static void *empty_in_thread(void *arg)
+{
+    (void)arg;
+    tally_empty_cache(0);
+    atomic_store(&emptied, 1);
+    return NULL;
+}
+
+static void body_unmap_waits_for_work(int fd)
+{
+    (void)fd;
+    start_driver();
+    CUdevice d;
+    CUcontext ctx, popped;
+    CUstream s;
+    NEED(cu.cuDeviceGet(&d, 0) == CUDA_SUCCESS);
+    NEED(cu.cuDevicePrimaryCtxRetain(&ctx, d) == CUDA_SUCCESS);
+    NEED(cu.cuCtxPushCurrent(ctx) == CUDA_SUCCESS);
+    NEED(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    NEED(cu.cuCtxPopCurrent(&popped) == CUDA_SUCCESS);
+    void *p = tally_malloc(4 * MiB, 0, s);
+    NEED(p != NULL);
+    struct cu_hold *h = cu_hold(s); /* work on s that may still use p */
+    NEED(h != NULL);
+    tally_free(p);
+    pthread_t t;
+    NEED(pthread_create(&t, NULL, empty_in_thread, NULL) == 0);
+    usleep(100000);
+    NEED(atomic_load(&emptied) == 0); /* waiting for s, pages still mapped */
+    cu_release(h);
+    NEED(pthread_join(t, NULL) == 0);
+    NEED(atomic_load(&emptied) == 1);
+    NEED(stats0().reserved_bytes[TALLY_POOL_ALL].current == 0);
+    NEED(tally__cu_vmm_mapped_bytes(0) == 0);
+}
+
+static void test_vmm_unmap_waits_for_work(void **state)
+{
+    (void)state;
+    const char *const env[] = {"CUDA_STANDIN_DEVICES", "1", "TALLY_CONF",
+                               "backend:cuda,expandable_segments:true,leak_report:off", NULL};
+    expect_child_ok(env, body_unmap_waits_for_work);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -372,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_vmm_peer_access),
         cmocka_unit_test(test_vmm_idle_pages_and_release),
         cmocka_unit_test(test_vmm_oom_inside_range),
+        cmocka_unit_test(test_vmm_unmap_waits_for_work),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

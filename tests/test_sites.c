@@ -78,6 +78,18 @@ static int child_two_sites(void)
     return 0;
 }
 
+/* One site, two groups: make_model's blocks under two tags. */
+static int child_one_site_two_tags(void)
+{
+    static const char *const tags[] = {"weights", "optimizer"};
+    for (volatile int i = 0; i < 2; i++) { /* (volatile: one call site) */
+        LU_REQUIRE(tally_tag_push(tags[i]) == 0);
+        make_model();
+        LU_REQUIRE(tally_tag_pop() == 0);
+    }
+    return 0;
+}
+
 /* The two-sites allocations made inside stage "load", then freed after it. */
 static int child_stage(void)
 {
@@ -238,6 +250,22 @@ static void test_sites_grouped_biggest_first_frames_once(void **state)
     assert_true(g > lu_pos(c.err, " in make_model ") && g < lu_pos(c.err, cache));
     LU_HAS(c.err, "tally: 1048576 bytes (1.0 MiB) in 1 block: tag kv-cache, stage (none), device 1\n");
     LU_HAS(c.err, "tally: SUMMARY: 9437184 bytes leaked in 3 blocks\n");
+    lu_child_free(&c);
+}
+
+/* Groups of one site (two tags) share one heading, with the site's total,
+ * and the site's frames once. */
+static void test_groups_of_one_site_share_a_heading(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    lu_child_run(&c, "one-site-two-tags", SITES, NULL);
+    LU_CHILD_EXIT(&c, 0);
+    LU_EQ(lu_count(c.err, "allocated from:\n"), 1);
+    LU_HAS(c.err, "tally: Direct leak of 8388608 bytes (8.0 MiB) in 2 blocks allocated from:\n");
+    LU_EQ(lu_count(c.err, "tally:     #0 "), 1);
+    LU_HAS(c.err, "tally: 4194304 bytes (4.0 MiB) in 1 block: tag weights");
+    LU_HAS(c.err, "tally: 4194304 bytes (4.0 MiB) in 1 block: tag optimizer");
     lu_child_free(&c);
 }
 
@@ -414,12 +442,23 @@ static void test_suppressed_leaks_never_set_the_exit_code(void **state)
     LU_LACKS(c.err, "Direct leak");
     LU_LACKS(c.err, "matched nothing");
     LU_HAS(c.err, "tally: SUMMARY: 0 bytes leaked in 0 blocks (3 blocks suppressed)\n");
+    /* Each rule counts the blocks it suppressed (make_model's two in one group). */
+    char want[700];
+    snprintf(want, sizeof want, "tally: suppressed by leak:^make_mod* (%s:1): 8388608 bytes (8.0 MiB) in 2 blocks\n", p);
+    LU_HAS(c.err, want);
     lu_child_free(&c);
     /* Summary only: the one line, still counting them apart. */
     run_suppressed(&c, BASE ",backtrace_depth:8", p);
     LU_CHILD_EXIT(&c, 0);
     LU_EQ(lu_count(c.err, "\n"), 1);
     LU_HAS(c.err, "(3 blocks suppressed)\n");
+    lu_child_free(&c);
+    /* A pattern matches a frame's source file as well as its function. */
+    p = write_supp("file.supp", "leak:/test_sites.c$\n");
+    run_suppressed(&c, SITES, p);
+    LU_CHILD_EXIT(&c, 0);
+    LU_LACKS(c.err, "matched nothing");
+    LU_HAS(c.err, "tally: SUMMARY: 0 bytes leaked in 0 blocks (3 blocks suppressed)\n");
     lu_child_free(&c);
 }
 
@@ -515,6 +554,7 @@ static void test_pattern_matching(void **state)
 static const lu_role_t roles[] = {
     {"one-leak", child_one_leak},
     {"two-sites", child_two_sites},
+    {"one-site-two-tags", child_one_site_two_tags},
     {"ignored", child_ignored},
     {"inlined", child_inlined},
     {"garbage-fp", child_garbage_fp},
@@ -537,6 +577,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_json_report_has_whole_sites),
         cmocka_unit_test(test_stage_survivors_grouped_by_site),
         cmocka_unit_test(test_suppression_silences_one_site_not_the_other),
+        cmocka_unit_test(test_groups_of_one_site_share_a_heading),
         cmocka_unit_test(test_suppressed_leaks_never_set_the_exit_code),
         cmocka_unit_test(test_ignored_block_is_counted_apart),
         cmocka_unit_test(test_bad_suppressions_file_is_one_line),

@@ -172,6 +172,8 @@ static void test_pickle_refuses_bad_input(void **state)
     expect_pickle_error(text, 0, "empty file");
     static const unsigned char huge_int[] = {0x80, 0x04, 0x8a, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, '.'};
     expect_pickle_error(huge_int, sizeof huge_int, "does not fit in 64 bits");
+    static const unsigned char unknown[] = {0x80, 0x04, 'N', 0xff, '.'};
+    expect_pickle_error(unknown, sizeof unknown, "opcode 0xff is not one plain-data pickles of protocol 2 to 5 use");
 }
 
 /* ---- the snapshot rules ---------------------------------------------------------- */
@@ -224,6 +226,29 @@ static void expect_table(const char *fixture, const char *want1, const char *wan
     run_free(&r);
 }
 
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* A row's figure is the peak of reserved memory, not what is reserved at
+ * the end: two 400 MiB blocks, freed, then 700 MiB on a 1 GiB device
+ * (the cached 800 MiB released to make room) peak at 800 MiB. */
+static void test_rows_give_peak_reserved(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/drop.csv", scratch);
+    write_text(path, "op,id,size,stream\na,1,419430400,0\na,2,419430400,0\nf,1,419430400,0\nf,2,419430400,0\n"
+                     "a,3,734003200,0\nf,3,734003200,0\n");
+    tally_json_t *rows = tune_json(path, "--capacity 1GiB");
+    assert_int_equal(jint(&rows->items[0], "peak_reserved_bytes"), 800 << 20);
+    tally__json_free(rows);
+}
+
 static void test_snapshot_command(void **state)
 {
     (void)state;
@@ -238,6 +263,20 @@ static void test_snapshot_command(void **state)
     /* PyTorch's figure next to the replay of the same setting, and the difference. */
     expect_table("small.pickle", "recorded by PyTorch (PYTORCH_CUDA_ALLOC_CONF=\"\"): peak reserved 24.0 MiB",
                  "replay of the same setting: 22.0 MiB; difference -2.0 MiB (-8.33%)");
+    /* The recommendation keeps within the call budget: with --max-calls 2
+     * the row that reserves least (3 calls) is left out. */
+    rows = tune_json(path, "--max-calls 2");
+    int64_t def = jint(&rows->items[0], "peak_reserved_bytes");
+    bool left_out = false;
+    for (size_t k = 0; k < rows->len; k++) {
+        const tally_json_t *row = &rows->items[k];
+        if (jtrue(row, "fits") && jint(row, "backend_calls") > 2 && jint(row, "peak_reserved_bytes") < def)
+            left_out = true;
+        if (jtrue(row, "recommended"))
+            assert_true(jint(row, "backend_calls") <= 2);
+    }
+    assert_true(left_out); /* else the budget decided nothing */
+    tally__json_free(rows);
 }
 
 /* A snapshot recorded under a setting outside the grid: that setting is
@@ -389,6 +428,9 @@ static void test_report_input(void **state)
     tally_json_t *doc = tally__json_parse(text, strlen(text), NULL, 0, NULL);
     assert_non_null(doc);
     const tally_json_t *dev = tally__json_at(tally__json_get(doc, "alloc_trace"), 0);
+    const tally_json_t *streams = tally__json_get(dev, "streams");
+    assert_non_null(streams);
+    assert_int_equal(streams->len, 2); /* one index per stream, not one per event */
     const tally_json_t *ev = tally__json_get(dev, "events");
     assert_non_null(ev);
     assert_int_equal(ev->type, TALLY_JSON_STRING);
@@ -451,10 +493,8 @@ static void test_report_without_trace(void **state)
     (void)state;
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/plain.json", scratch);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("{\"format\":\"tally-report\",\"alloc_trace\":[]}\n", f);
-    fclose(f);
+    write_text(path, "{\"format\":\"tally-report\",\"alloc_trace\":[]}\n");
+    FILE *f;
     expect_one_line_error(tune("'%s'", path), 1, "no allocation trace (record it with TALLY_CONF=trace:true)");
     /* An events string cut short, and a free of a block never allocated. */
     static const char *const bad[][2] = {
@@ -606,6 +646,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pickle_refuses_bad_input),
         cmocka_unit_test(test_snapshot_rules),
         cmocka_unit_test(test_snapshot_command),
+        cmocka_unit_test(test_rows_give_peak_reserved),
         cmocka_unit_test(test_snapshot_recorded_setting),
         cmocka_unit_test(test_snapshot_unsupported_setting),
         cmocka_unit_test(test_plot),

@@ -43,7 +43,20 @@ mkdir -p "$src"
     (cd "$root" && xargs -0 cp -p --parents -t "$src" 2>/dev/null)
 
 all_tests=$(cd "$src" && ls tests/test_*.c | sed 's|tests/\(.*\)\.c|\1|')
-libs() { printf '%s/lib/libtally.so %s/lib/libtally.a %s/bin/tally' "$1" "$1" "$1"; }
+libs() { printf '%s/lib/libtally.so %s/lib/libtally.a %s/bin/tally %s/standin/libcuda.so.1' "$1" "$1" "$1" "$1"; }
+# The tests run the cuda and async backends against the CUDA stand-in
+# (tests/standin/, a libcuda.so.1 on host memory), first on the library
+# search path as the Makefile's STANDIN_ENV puts it, unless TALLY_REAL_CUDA=1
+# (a GPU machine: the real driver). Without it the CUDA tests skip, and every
+# mutation of lib/cuda/ would survive.
+with_standin() {
+    local dir=$1; shift
+    if [ "${TALLY_REAL_CUDA:-0}" = 1 ]; then
+        "$@"
+    else
+        LD_LIBRARY_PATH=$src/$dir/standin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$@"
+    fi
+}
 
 check=${MUTATE_CHECK:-0}
 [ "$check" = 1 ] || echo "mutate: building the unmodified tree in $scratch"
@@ -56,7 +69,7 @@ if ! (cd "$src" && make -s -j"$jobs" BUILD=build-base $(libs build-base) \
 fi
 # The unmodified tree must pass, or every mutation would look killed.
 [ "$check" = 1 ] || for t in $all_tests; do
-    if ! (cd "$src" && BUILD=build-base timeout "$limit" build-base/tests/"$t" >"$scratch/base-$t.log" 2>&1); then
+    if ! (cd "$src" && BUILD=build-base with_standin build-base timeout "$limit" build-base/tests/"$t" >"$scratch/base-$t.log" 2>&1); then
         echo "mutate: $t fails on the unmodified tree; fix that first:" >&2
         tail -20 "$scratch/base-$t.log" >&2
         exit 2
@@ -126,7 +139,7 @@ PY
                 verdict="killed (does not build)"
                 break
             fi
-            (cd "$src" && BUILD=build-m timeout -k 5 "$limit" build-m/tests/"$t" >"$scratch/m-test.log" 2>&1)
+            (cd "$src" && BUILD=build-m with_standin build-m timeout -k 5 "$limit" build-m/tests/"$t" >"$scratch/m-test.log" 2>&1)
             rc=$?
             # The failing cmocka tests, by name, when the binary lists them.
             which=$(sed -n 's/^\[  FAILED  \] \(test_[A-Za-z0-9_]*\)$/\1/p' "$scratch/m-test.log" |
