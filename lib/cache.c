@@ -202,6 +202,8 @@ static size_t release_pool(tally_device_t *d, tally_pool_t *p, size_t want)
     for (size_t i = 0; i < c.n && released < want; i++) {
         /* An expandable segment gives back its mapped pages, not its range. */
         tally_block_t *b = c.items[i];
+        if (b->seg->ex && tally__expand_unmap_held_locked(d))
+            continue; /* no unmap during a capture: the next release */
         released += b->seg->ex ? tally__expand_mapped_bytes(b->seg) : b->size;
         release_block(d, b);
     }

@@ -210,6 +210,8 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
 int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more, char *why, size_t whylen);
 void tally__expand_unref_locked(tally_block_t *b);
 bool tally__expand_mapped_locked(const tally_block_t *b, size_t size);
+/* Whether unmapping is held back on d: a CUDA graph capture is under way. */
+bool tally__expand_unmap_held_locked(tally_device_t *d);
 size_t tally__expand_trim_locked(tally_device_t *d);
 size_t tally__expand_release_locked(tally_device_t *d, tally_segment_t *s);
 size_t tally__expand_mapped_bytes(const tally_segment_t *s);

@@ -33,6 +33,17 @@
  * spare handles, and the idle pages of a handle that still holds a live
  * block stay mapped until it is spare.
  *
+ * CUDA graph capture: nothing is unmapped while a stream of the device is
+ * capturing (tally__capture_underway_locked; one test of a counter when
+ * none is): cuMemUnmap needs a device synchronise first, which a capture
+ * forbids (it would invalidate it). A block that needs pages then maps new
+ * ones instead of taking idle ones, past the high-water mark if need be;
+ * when the device has no room for them the allocation fails with OOM (the
+ * capture survives). empty_cache, stage-end release and the release of a
+ * whole region leave their pages mapped (a diagnostic says so; the figure
+ * released counts only what went); the next release after the capture
+ * gives them back, and stealing resumes at the next allocation.
+ *
  * Requires a backend with reserve / map / unmap (host and cuda). Runs with
  * the device lock held. */
 #include "ledger.h"
@@ -238,13 +249,21 @@ static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, si
     return 0;
 }
 
-/* Unmap pages [p, p + n) in one backend call: whole spare handles only. */
-static void unmap_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n)
+/* Whether unmapping is held back: a capture is under way on the device. */
+bool tally__expand_unmap_held_locked(tally_device_t *d)
+{
+    return TALLY_UNLIKELY(d->ncapturing != 0) && tally__capture_underway_locked(d);
+}
+
+/* Unmap pages [p, p + n) in one backend call: whole spare handles only.
+ * Returns false (nothing changed) when the backend refused. */
+static bool unmap_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n)
 {
     size_t bytes = n * PAGE;
     tally_expand_t *ex = s->ex;
+    if (tally__g.backend->unmap(d->id, (void *)(s->base + p * PAGE), bytes))
+        return false; /* still mapped, still spare */
     d->stats.num_device_free++;
-    tally__g.backend->unmap(d->id, (void *)(s->base + p * PAGE), bytes);
     for (size_t h = p; h < p + n;) {
         size_t k = ex->hlen[h] ? ex->hlen[h] : 1; /* h is a handle's first page */
         if (is_spare(ex, h))
@@ -259,6 +278,7 @@ static void unmap_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n)
     ex->nmapped -= n;
     d->reserved -= bytes;
     tally__stat_pool_dec(d->stats.reserved_bytes, TALLY_POOL_LARGE, (int64_t)bytes);
+    return true;
 }
 
 /* Whether handle h (its first page) of segment s has a page in [lo, hi]
@@ -291,7 +311,8 @@ static size_t unmap_idle(tally_device_t *d, size_t want, const tally_segment_t *
                 p += ex->hlen[p];
                 continue;
             }
-            unmap_run(d, s, p, n);
+            if (!unmap_run(d, s, p, n))
+                return done;
             done += n;
             p += n;
         }
@@ -348,7 +369,8 @@ static size_t steal_runs(tally_device_t *d, size_t want, const tally_segment_t *
     qsort(runs, nr, sizeof *runs, run_longer);
     size_t done = 0;
     for (size_t i = 0; i < nr && done < want; i++) {
-        unmap_run(d, runs[i].s, runs[i].p, runs[i].n);
+        if (!unmap_run(d, runs[i].s, runs[i].p, runs[i].n))
+            break;
         done += runs[i].n;
     }
     tally__meta_free(runs);
@@ -412,7 +434,8 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more,
     for (size_t p = first; p <= last; p++)
         need += !ex->mapped[p];
     uint64_t room = high_water[d->id] > d->reserved ? (high_water[d->id] - d->reserved) / PAGE : 0;
-    if (need > room) {
+    if (need > room && !tally__expand_unmap_held_locked(d)) {
+        /* (During a capture: new pages, past the mark, or OOM.) */
         size_t got = steal_runs(d, need - room, s, first, last);
         if (got < need - room)
             tally__cache_release_small_locked(d, (need - room - got) * PAGE);
@@ -445,7 +468,7 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more,
         if (rc) {
             /* Undo this block's new pages: the spare handles on its pages
              * before p (no live block touches them). */
-            for (size_t q = first; q < p;) {
+            for (size_t q = first; q < p && !tally__expand_unmap_held_locked(d);) {
                 if (!is_spare(ex, q)) {
                     q++;
                     continue;
@@ -487,9 +510,20 @@ void tally__expand_unref_locked(tally_block_t *b)
             page_idle(s->ex, p);
 }
 
-/* Unmap every idle page (empty_cache, stage-end release). */
+/* Unmap every idle page (empty_cache, stage-end release); none while a
+ * capture is under way (the next release after it does). */
 size_t tally__expand_trim_locked(tally_device_t *d)
 {
+    if (tally__expand_unmap_held_locked(d)) {
+        size_t held = 0;
+        for (const tally_segment_t *s = d->segments; s; s = s->next)
+            held += s->ex ? s->ex->spare : 0;
+        if (held)
+            tally__diag("device %d: %zu idle pages (%zu MiB) stay mapped while a CUDA graph is captured; "
+                        "the next empty_cache after the capture gives them back",
+                        d->id, held, held * (PAGE >> 20));
+        return 0;
+    }
     size_t bytes = unmap_idle(d, SIZE_MAX, NULL, 0, 0) * PAGE;
     /* An explicit release also resets the mark idle pages are kept under. */
     high_water[d->id] = d->reserved;

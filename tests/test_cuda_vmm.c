@@ -11,6 +11,7 @@
  *   idle pages moving, release by empty_cache             test_vmm_idle_pages_and_release
  *   out of memory inside a range                          test_vmm_oom_inside_range
  *   unmapping waits for the device's queued work          test_vmm_unmap_waits_for_work
+ *   no unmap while a graph is captured (deferred)         test_vmm_no_unmap_during_capture
  *
  * The replay of the shared traces is test_cuda_vmm_replay.c; helpers are in
  * vmmutil.h (each body runs in a forked child). */
@@ -271,6 +272,28 @@ static void test_vmm_peer_access(void **state)
 
 /* ---- through the cache ------------------------------------------------------------ */
 
+/* Run body in a child on one stand-in device with expandable segments. */
+static void expect_expandable_ok(void (*body)(int))
+{
+    const char *const env[] = {"CUDA_STANDIN_DEVICES", "1", "TALLY_CONF",
+                               "backend:cuda,expandable_segments:true,leak_report:off", NULL};
+    expect_child_ok(env, body);
+}
+
+/* A non-blocking stream of device 0, made in its primary context. */
+static CUstream primary_stream(void)
+{
+    CUdevice d;
+    CUcontext ctx, popped;
+    CUstream s;
+    NEED(cu.cuDeviceGet(&d, 0) == CUDA_SUCCESS);
+    NEED(cu.cuDevicePrimaryCtxRetain(&ctx, d) == CUDA_SUCCESS);
+    NEED(cu.cuCtxPushCurrent(ctx) == CUDA_SUCCESS);
+    NEED(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    NEED(cu.cuCtxPopCurrent(&popped) == CUDA_SUCCESS);
+    return s;
+}
+
 /* tally's reserved memory, the pages vmm.c has mapped and (on the
  * stand-in) what the driver has handed out all agree. */
 static void agree(size_t base)
@@ -323,9 +346,7 @@ static void body_idle_pages_and_release(int fd)
 static void test_vmm_idle_pages_and_release(void **state)
 {
     (void)state;
-    const char *const env[] = {"CUDA_STANDIN_DEVICES", "1", "TALLY_CONF",
-                               "backend:cuda,expandable_segments:true,leak_report:off", NULL};
-    expect_child_ok(env, body_idle_pages_and_release);
+    expect_expandable_ok(body_idle_pages_and_release);
 }
 
 /* The device fills up inside the range: cuMemCreate's out of memory is an
@@ -384,14 +405,7 @@ static void body_unmap_waits_for_work(int fd)
 {
     (void)fd;
     start_driver();
-    CUdevice d;
-    CUcontext ctx, popped;
-    CUstream s;
-    NEED(cu.cuDeviceGet(&d, 0) == CUDA_SUCCESS);
-    NEED(cu.cuDevicePrimaryCtxRetain(&ctx, d) == CUDA_SUCCESS);
-    NEED(cu.cuCtxPushCurrent(ctx) == CUDA_SUCCESS);
-    NEED(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-    NEED(cu.cuCtxPopCurrent(&popped) == CUDA_SUCCESS);
+    CUstream s = primary_stream();
     void *p = tally_malloc(4 * MiB, 0, s);
     NEED(p != NULL);
     struct cu_hold *h = cu_hold(s); /* work on s that may still use p */
@@ -411,9 +425,66 @@ static void body_unmap_waits_for_work(int fd)
 static void test_vmm_unmap_waits_for_work(void **state)
 {
     (void)state;
-    const char *const env[] = {"CUDA_STANDIN_DEVICES", "1", "TALLY_CONF",
-                               "backend:cuda,expandable_segments:true,leak_report:off", NULL};
-    expect_child_ok(env, body_unmap_waits_for_work);
+    expect_expandable_ok(body_unmap_waits_for_work);
+}
+
+/* While a stream of the device captures a CUDA graph nothing is unmapped
+ * (the synchronise before cuMemUnmap would invalidate the capture): an
+ * allocation past the mark maps new pages instead of taking idle ones, and
+ * empty_cache leaves idle pages and a whole free region mapped; the first
+ * empty_cache after the capture gives them back. */
+static int only_stream(void *arg, void *stream)
+{
+    return stream == arg;
+}
+
+static void body_no_unmap_during_capture(int fd)
+{
+    (void)fd;
+    start_driver();
+    size_t base = driver_free();
+    CUstream s = primary_stream();
+    void *a = tally_malloc(40 * MiB, 0, NULL), *b = tally_malloc(40 * MiB, 0, NULL);
+    NEED(a && b);
+    tally_free(a); /* 40 MiB of idle pages, mapped */
+    NEED(tally_graph_pool_begin(0, 3, 1, only_stream, s) == 0);
+    NEED(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    void *g = tally_malloc(1 * MiB, 0, s); /* the capture is seen */
+    NEED(g != NULL);
+    /* Outside a capture a's idle pages would be unmapped to make room. */
+    void *c = tally_malloc(60 * MiB, 0, NULL);
+    NEED(c != NULL);
+    tally_stats_t st = stats0();
+    NEED(st.reserved_bytes[TALLY_POOL_LARGE].current == (int64_t)(140 * MiB));
+    NEED(tally_empty_cache(0) == 0); /* a's idle pages stay */
+    NEED(stats0().reserved_bytes[TALLY_POOL_LARGE].current == (int64_t)(140 * MiB));
+    agree(base);
+    tally_free(b);
+    tally_free(c);
+    NEED(tally_empty_cache(0) == 0); /* the whole free region stays too */
+    NEED(stats0().reserved_bytes[TALLY_POOL_LARGE].current == (int64_t)(140 * MiB));
+    agree(base);
+    tally_free(g);
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    NEED(cu.cuStreamIsCapturing(s, &cs) == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CUgraph graph = NULL;
+    NEED(cu.cuStreamEndCapture(s, &graph) == CUDA_SUCCESS); /* not invalidated */
+    NEED(graph != NULL);
+    NEED(cu.cuGraphDestroy(graph) == CUDA_SUCCESS);
+    NEED(tally_graph_pool_end(0, 3, 1) == 0);
+    NEED(tally_graph_pool_release(0, 3, 1) == 0);
+    /* After the capture the next empty_cache gives every page back. */
+    NEED(tally_empty_cache(0) >= 140 * MiB);
+    NEED(stats0().reserved_bytes[TALLY_POOL_ALL].current == 0);
+    NEED(tally__cu_vmm_mapped_bytes(0) == 0);
+    agree(base);
+    NEED(used_since(base, 0));
+}
+
+static void test_vmm_no_unmap_during_capture(void **state)
+{
+    (void)state;
+    expect_expandable_ok(body_no_unmap_during_capture);
 }
 
 int main(void)
@@ -426,6 +497,7 @@ int main(void)
         cmocka_unit_test(test_vmm_idle_pages_and_release),
         cmocka_unit_test(test_vmm_oom_inside_range),
         cmocka_unit_test(test_vmm_unmap_waits_for_work),
+        cmocka_unit_test(test_vmm_no_unmap_during_capture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,7 +18,9 @@
  *   else cuCtxSynchronize (work still queued may use the pages: a block is
  *   reused in stream order, so the last block on a page may have been freed
  *   while its kernels run), then one cuMemUnmap per run of mapped pages in
- *   the range. 2 driver calls for one run.
+ *   the range. 2 driver calls for one run. If the synchronise is refused
+ *   (a capture under way: lib/expand.c never unmaps then) nothing is
+ *   unmapped and the unmap fails.
  * - unreserve: unmap what is still mapped, then cuMemAddressFree.
  *
  * Handles: each released right after it is mapped. CUDA frees a handle's
@@ -293,8 +295,14 @@ static CUresult unmap_pages(int device, vmm_range_t *r, size_t p, size_t n, bool
     if (!any)
         return CUDA_SUCCESS;
     CUresult res = wait ? tally__cu.cuCtxSynchronize() : CUDA_SUCCESS;
-    if (res != CUDA_SUCCESS) /* unmapped anyway: tally's pages and CUDA's must agree */
-        tally__cu_fail(res, "cuCtxSynchronize before cuMemUnmap", device);
+    if (res != CUDA_SUCCESS) {
+        /* Refused, nothing unmapped: queued work may still use the pages.
+         * lib/expand.c unmaps nothing while a capture is under way (when
+         * the synchronise would be refused), so this is defensive; the
+         * caller keeps the pages as mapped. */
+        tally__cu_fail(res, "cuCtxSynchronize before cuMemUnmap (nothing unmapped)", device);
+        return res;
+    }
     for (size_t q = p; q < p + n;) {
         if (!bit(r, q)) {
             q++;
@@ -382,7 +390,9 @@ static int give_back(int device, vmm_range_t *r, size_t p, size_t n, bool releas
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     tally__cu.cuThreadExchangeStreamCaptureMode(&mode);
     CUresult res = unmap_pages(device, r, p, n, true);
-    if (release)
+    if (release && res != CUDA_SUCCESS)
+        *freed = res; /* pages still mapped: the addresses stay reserved */
+    else if (release)
         *freed = tally__cu.cuMemAddressFree((CUdeviceptr)r->base, r->size);
     tally__cu.cuThreadExchangeStreamCaptureMode(&mode);
     tally__cu_leave(&g);
@@ -420,8 +430,10 @@ int tally__cu_vmm_unreserve(int device, void *ptr, size_t size)
     CUresult fr = CUDA_ERROR_INVALID_CONTEXT;
     int rc = give_back(device, r, 0, r->npages, true, &fr);
     if (fr != CUDA_SUCCESS) {
-        /* Kept on the list: its pages may still be mapped. */
-        tally__cu_fail(fr, "cuMemAddressFree", device);
+        /* Kept on the list: its pages may still be mapped. A refused
+         * unmap (rc) has said so already. */
+        if (!rc)
+            tally__cu_fail(fr, "cuMemAddressFree", device);
         return TALLY_EBACKEND;
     }
     *link = r->next;
