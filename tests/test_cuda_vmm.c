@@ -12,6 +12,7 @@
  *   out of memory inside a range                          test_vmm_oom_inside_range
  *   unmapping waits for the device's queued work          test_vmm_unmap_waits_for_work
  *   no unmap while a graph is captured (deferred)         test_vmm_no_unmap_during_capture
+ *   the device full during a capture: OOM, capture kept   test_vmm_capture_oom_keeps_capture
  *
  * The replay of the shared traces is test_cuda_vmm_replay.c; helpers are in
  * vmmutil.h (each body runs in a forked child). */
@@ -487,6 +488,52 @@ static void test_vmm_no_unmap_during_capture(void **state)
     expect_expandable_ok(body_no_unmap_during_capture);
 }
 
+/* During a capture, a block whose pages only fit once idle pages are
+ * unmapped fails with OOM instead (the capture is kept); after the capture
+ * the same request takes the idle pages. On a 1 GiB device; the block is
+ * on another stream (a region of its own, so the idle pages are not in its
+ * way). */
+static void body_capture_oom_keeps_capture(int fd)
+{
+    (void)fd;
+    start_driver();
+    size_t base = driver_free();
+    size_t half = base / 2 / PAGE * PAGE;
+    CUstream s = primary_stream(), other = primary_stream();
+    void *a = tally_malloc(half, 0, NULL);
+    NEED(a != NULL);
+    tally_free(a); /* idle pages, mapped */
+    NEED(tally_graph_pool_begin(0, 4, 1, only_stream, s) == 0);
+    NEED(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    void *g = tally_malloc(1 * MiB, 0, s);
+    NEED(g != NULL);
+    /* other's own region: its pages fit only once a's are unmapped. */
+    NEED(tally_malloc(half + 64 * MiB, 0, other) == NULL);
+    NEED(strstr(tally_last_error(), "out of memory on device 0") != NULL);
+    agree(base);
+    tally_free(g);
+    CUgraph graph = NULL;
+    NEED(cu.cuStreamEndCapture(s, &graph) == CUDA_SUCCESS); /* not invalidated */
+    NEED(cu.cuGraphDestroy(graph) == CUDA_SUCCESS);
+    NEED(tally_graph_pool_end(0, 4, 1) == 0);
+    NEED(tally_graph_pool_release(0, 4, 1) == 0);
+    void *b = tally_malloc(half + 64 * MiB, 0, other);
+    NEED(b != NULL);
+    agree(base);
+    tally_free(b);
+    tally_empty_cache(0);
+    NEED(stats0().reserved_bytes[TALLY_POOL_ALL].current == 0);
+    agree(base);
+}
+
+static void test_vmm_capture_oom_keeps_capture(void **state)
+{
+    (void)state;
+    const char *const env[] = {"CUDA_STANDIN_DEVICES", "1", "CUDA_STANDIN_MEMORY", "1G", "TALLY_CONF",
+                               "backend:cuda,expandable_segments:true,leak_report:off", NULL};
+    expect_child_ok(env, body_capture_oom_keeps_capture);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -498,6 +545,7 @@ int main(void)
         cmocka_unit_test(test_vmm_oom_inside_range),
         cmocka_unit_test(test_vmm_unmap_waits_for_work),
         cmocka_unit_test(test_vmm_no_unmap_during_capture),
+        cmocka_unit_test(test_vmm_capture_oom_keeps_capture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
