@@ -214,6 +214,43 @@ static void body_replay(int fd)
         NEED(tally__cu_vmm_mapped_bytes(0) == 0);
 }
 
+/* Peak live bytes of a trace: what its device must hold at least. */
+static uint64_t trace_peak_live(const trace_t *t)
+{
+    uint64_t live = 0, peak = 0;
+    for (size_t e = 0; e < t->nev; e++) {
+        if (t->ev[e].op == 'a')
+            live += t->ev[e].size;
+        else
+            live -= t->ev[e].size;
+        if (live > peak)
+            peak = live;
+    }
+    return peak;
+}
+
+/* The simulated device's size in GiB, from the traces: one and a half times
+ * the largest peak live (room for rounding, splitting and the cache), and
+ * never under 32 GiB, the size the older traces were checked at. Both the
+ * host device and the stand-in's are address space only (MAP_NORESERVE), so
+ * a 40 GiB trace replays on a 24 GiB machine. */
+static unsigned device_gib(char **paths, int n)
+{
+    uint64_t peak = 0;
+    char err[512];
+    for (int i = 0; i < n; i++) {
+        trace_t t;
+        if (trace_load(paths[i], &t, err, sizeof err))
+            fail_msg("%s", err);
+        uint64_t p = trace_peak_live(&t);
+        if (p > peak)
+            peak = p;
+        trace_free(&t);
+    }
+    uint64_t gib = (peak + peak / 2 + (1ull << 30) - 1) >> 30;
+    return gib < 32 ? 32u : (unsigned)gib;
+}
+
 /* Same figures through host (virtual mode) and cuda (the stand-in with as
  * much memory as the host device: the expandable range is the device's
  * size on both). */
@@ -232,11 +269,14 @@ static void replay_both(const char *mode)
     if (n == 0) {
         SKIP("no .csv trace in %s", traces_dir());
     }
-    char host_conf[256], cuda_conf[256];
-    snprintf(host_conf, sizeof host_conf, "backend:host,host_mode:virtual,host_capacity:32GiB,leak_report:off%s", mode);
+    unsigned gib = device_gib(paths, n);
+    char host_conf[256], cuda_conf[256], cuda_mem[32];
+    snprintf(host_conf, sizeof host_conf, "backend:host,host_mode:virtual,host_capacity:%uGiB,leak_report:off%s", gib,
+             mode);
     snprintf(cuda_conf, sizeof cuda_conf, "backend:cuda,leak_report:off%s", mode);
+    snprintf(cuda_mem, sizeof cuda_mem, "%uG", gib);
     const char *const host_env[] = {"TALLY_CONF", host_conf, NULL};
-    const char *const cuda_env[] = {"CUDA_STANDIN_DEVICES", "1", "CUDA_STANDIN_MEMORY", "32G", "TALLY_CONF", cuda_conf,
+    const char *const cuda_env[] = {"CUDA_STANDIN_DEVICES", "1", "CUDA_STANDIN_MEMORY", cuda_mem, "TALLY_CONF", cuda_conf,
                                     NULL};
     figures_t host[MAX_TRACES], dev[MAX_TRACES];
     memset(host, 0, sizeof host);
