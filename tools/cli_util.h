@@ -9,9 +9,9 @@
 #ifndef TALLY_CLI_UTIL_H
 #define TALLY_CLI_UTIL_H
 
-#include "json.h"
-#include "report.h"
-#include "stage.h"
+#include "report/json.h"
+#include "report/report.h"
+#include "ledger/stage.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -34,8 +34,8 @@
  *
  * A violation prints the operation number and aborts (a libFuzzer crash).
  * FUZZ_API_TRACE=1 prints each operation (for minimising a crash by hand). */
-#include "internal.h"
-#include "json.h"
+#include "core/internal.h"
+#include "report/json.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -50,7 +50,7 @@
 #define CAPACITY ((size_t)96 << 20)
 #define MAXLIVE 256
 #define MAXFREED 64
-#define DEPTH 64 /* tag stack (lib/ledger.c) and stage stack (lib/stage.c) */
+#define DEPTH 64 /* tag stack (lib/ledger/ledger.c) and stage stack (lib/ledger/stage.c) */
 #define MAXOPS 4000
 #define CHECK_EVERY 16 /* calls between tally_check()s (see above) */
 

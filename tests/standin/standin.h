@@ -2,7 +2,7 @@
  *
  * The stand-in is a small libcuda.so.1 built by the project
  * (build/standin/libcuda.so.1) that implements, on host memory, every CUDA
- * driver entry point tally uses (lib/cuda/driver.h, TALLY_CU_ENTRY_POINTS),
+ * driver entry point tally uses (lib/backend/cuda/driver.h, TALLY_CU_ENTRY_POINTS),
  * with the documented rules that matter to an allocator. Each rule cites
  * the CUDA documentation it encodes: the driver API reference as printed in
  * cuda.h's doc comments (quoted "cuName: '...'"), the CUDA C++ Programming
@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cuda/driver.h"
+#include "backend/cuda/driver.h"
 
 /* cuda.h's renames of the versioned entry points tally uses. */
 #define cuDeviceTotalMem cuDeviceTotalMem_v2
