@@ -2,15 +2,15 @@
  * argument checks, and the lock around each call into the cache. Bad input
  * is rejected here with one line naming the problem; the cache below only
  * ever sees valid devices, sizes and blocks. */
+#include "api/api.h"
 #include "ledger/site.h"
+#include "ledger/suppress.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
-
-tally_global_t tally__g = {.once = PTHREAD_ONCE_INIT};
 
 static pthread_once_t options_once = PTHREAD_ONCE_INIT;
 static int options_rc;
@@ -28,6 +28,7 @@ const char *tally_version(void)
 static void load_options(void)
 {
     tally__fork_register();
+    tally__options_set_checker(tally__sup_check_option);
     tally__options_default(&tally__opt);
     const char *conf = getenv("TALLY_CONF");
     if (conf && *conf) {
@@ -100,11 +101,6 @@ static int check_home(int home, int ndev)
                              ndev, ndev == 1 ? "" : "s", ndev > 1 ? "0 to " : "", ndev - 1);
 }
 
-/* Serialises tally_configure, initialisation and readers of the whole
- * option set. */
-static tally_mutex_t config_lock = TALLY_MUTEX_INIT;
-tally_mutex_t *tally__config_lock(void) { return &config_lock; }
-
 static void do_init_locked(void);
 
 /* Under config_lock: a tally_configure racing the first use either lands
@@ -112,9 +108,9 @@ static void do_init_locked(void);
  * held to the runtime keys), never in between. */
 static void do_init(void)
 {
-    tally__mutex_lock(&config_lock);
+    tally__mutex_lock(tally__config_lock());
     do_init_locked();
-    tally__mutex_unlock(&config_lock);
+    tally__mutex_unlock(tally__config_lock());
 }
 
 static void do_init_locked(void)
@@ -145,6 +141,9 @@ static void do_init_locked(void)
         return;
     }
     tally__g.backend = be;
+    /* The layers above the cache, told of every block and device event. */
+    tally__cache_set_hooks(&(tally_cache_hooks_t){tally__ledger_block_alloc_locked, tally__ledger_block_free_locked,
+                                                  tally__ledger_device_event_locked, tally__report_oom_locked});
     int n = be->device_count();
     if (n > TALLY_MAX_DEVICES)
         n = TALLY_MAX_DEVICES;
@@ -256,12 +255,12 @@ int tally_configure(const char *conf)
     if (!conf)
         return tally__fail(TALLY_EINVAL, "tally_configure: conf is NULL");
     pthread_once(&options_once, load_options);
-    tally__mutex_lock(&config_lock);
+    tally__mutex_lock(tally__config_lock());
     uint64_t seen = 0;
     int rc;
     if (!tally__is_initialised()) {
         rc = tally__options_parse(&tally__opt, conf, false, &seen);
-        tally__mutex_unlock(&config_lock);
+        tally__mutex_unlock(tally__config_lock());
         return rc;
     }
     tally_options_t next;
@@ -287,16 +286,8 @@ int tally_configure(const char *conf)
         else
             publish_runtime(&next);
     }
-    tally__mutex_unlock(&config_lock);
+    tally__mutex_unlock(tally__config_lock());
     return rc;
-}
-
-void tally__opt_string(const char *field, char *buf)
-{
-    tally__mutex_lock(&config_lock);
-    memcpy(buf, field, 512);
-    tally__mutex_unlock(&config_lock);
-    buf[511] = 0;
 }
 
 int tally_write_options(tally_write_fn write, void *arg)
@@ -304,9 +295,9 @@ int tally_write_options(tally_write_fn write, void *arg)
     if (!write)
         return tally__fail(TALLY_EINVAL, "tally_write_options: write is NULL");
     pthread_once(&options_once, load_options);
-    tally__mutex_lock(&config_lock);
+    tally__mutex_lock(tally__config_lock());
     tally_options_t copy = tally__opt;
-    tally__mutex_unlock(&config_lock);
+    tally__mutex_unlock(tally__config_lock());
     tally_out_t o;
     tally__out_init(&o, write, arg);
     return tally__options_write(&copy, &o);
@@ -330,12 +321,7 @@ tally_device_t *tally__device(int device, const char *fn)
 {
     if (tally__ensure_init())
         return NULL;
-    if (device < 0 || device >= tally__g.ndev) {
-        tally__fail(TALLY_EINVAL, "%s: device %d does not exist (backend %s has %d device%s)", fn, device,
-                    tally__g.backend->name, tally__g.ndev, tally__g.ndev == 1 ? "" : "s");
-        return NULL;
-    }
-    return tally__g.dev[device];
+    return tally__device_lookup(device, fn);
 }
 
 void *tally_malloc(size_t size, int device, void *stream)

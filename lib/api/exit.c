@@ -4,7 +4,7 @@
  * after Python's finalisation; it reads only tally's own metadata and never
  * calls the backend (CUDA may be gone). Metadata is never torn down, so
  * frees that arrive later still work. */
-#include "ledger/stage.h"
+#include "api/api.h"
 
 #include <stdatomic.h>
 #include <stdio.h>

@@ -20,12 +20,11 @@
  *    copies of the parent's mappings).
  * The handlers are registered once, at the library's first use (api.c's
  * option loading), before any lock can be held. */
-#include "cache/cache.h"
+#include "api/api.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 
-static uint64_t inherited_seq[TALLY_MAX_DEVICES];
 static int locked_devices;
 
 static void prepare(void)
@@ -68,7 +67,7 @@ static void reset(tally_mutex_t *m)
 static void child(void)
 {
     for (int i = 0; i < locked_devices; i++) {
-        inherited_seq[i] = tally__g.dev[i]->seq;
+        tally__g.dev[i]->inherited_seq = tally__g.dev[i]->seq;
         reset(&tally__g.dev[i]->lock);
     }
     reset(tally__heap_lock());
@@ -80,11 +79,6 @@ static void child(void)
     reset(tally__config_lock());
     reset(tally__stage_lock());
     tally__after_fork_child();
-}
-
-bool tally__fork_inherited(int device, uint64_t seq)
-{
-    return device >= 0 && device < TALLY_MAX_DEVICES && seq <= inherited_seq[device];
 }
 
 static pthread_once_t registered = PTHREAD_ONCE_INIT;

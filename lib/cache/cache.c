@@ -7,10 +7,42 @@
  * that hold a block back until other streams are done with it.
  * Every function here runs with the device's lock held. */
 #include "cache/cache.h"
-#include "ledger/ledger.h"
 
 #include <stdio.h>
 #include <string.h>
+
+tally_global_t tally__g = {.once = PTHREAD_ONCE_INIT};
+
+/* Until the API installs the layers above (tally__cache_set_hooks), the
+ * cache tells nobody. */
+static void no_block(tally_device_t *d, tally_block_t *b) { (void)d; (void)b; }
+static void no_event(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream)
+{
+    (void)d, (void)action, (void)addr, (void)size, (void)stream;
+}
+static void no_oom(tally_device_t *d, size_t asked, size_t rounded, size_t segment, const char *why)
+{
+    (void)d, (void)asked, (void)rounded, (void)segment, (void)why;
+}
+tally_cache_hooks_t tally__cache_hooks = {no_block, no_block, no_event, no_oom};
+
+void tally__cache_set_hooks(const tally_cache_hooks_t *h)
+{
+    tally__cache_hooks = (tally_cache_hooks_t){h->block_alloc ? h->block_alloc : no_block,
+                                               h->block_free ? h->block_free : no_block,
+                                               h->device_event ? h->device_event : no_event,
+                                               h->oom ? h->oom : no_oom};
+}
+
+tally_device_t *tally__device_lookup(int device, const char *fn)
+{
+    if (device < 0 || device >= tally__g.ndev) {
+        tally__fail(TALLY_EINVAL, "%s: device %d does not exist (backend %s has %d device%s)", fn, device,
+                    tally__g.backend ? tally__g.backend->name : "none", tally__g.ndev, tally__g.ndev == 1 ? "" : "s");
+        return NULL;
+    }
+    return tally__g.dev[device];
+}
 
 #define MIN_BLOCK 512u
 #define SMALL_SIZE ((size_t)1 << 20)
@@ -159,7 +191,7 @@ static void release_segment(tally_device_t *d, tally_block_t *b, bool in_pool)
             tally__stat_dec(&d->stats.oversize_segments, 1);
     }
     tally__stat_pool_dec(d->stats.segment, b->pool, 1);
-    tally__timeline_locked(d, TALLY_EV_SEGMENT_FREE, b->addr, b->size, b->stream);
+    tally__cache_hooks.device_event(d, TALLY_EV_SEGMENT_FREE, b->addr, b->size, b->stream);
     segment_unlink(d, s);
     if (TALLY_UNLIKELY(s->gp != NULL))
         tally__gpool_segment_gone_locked(d, s->gp);
@@ -318,9 +350,7 @@ void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
     tally__stat_pool_dec(d->stats.allocated_bytes, b->pool, (int64_t)b->size);
     if (b->size >= tally__opt.max_split_size)
         tally__stat_dec(&d->stats.oversize_allocations, 1);
-    tally__ledger_on_free_locked(d, b);
-    tally__timeline_block_locked(d, TALLY_EV_FREE, b);
-    tally__trace_block_locked(d, 0, b);
+    tally__cache_hooks.block_free(d, b);
     tally_freed_t *f = &d->freed[d->freed_next++ % TALLY_FREED_RING];
     f->addr = b->addr;
     f->size = b->requested;
@@ -447,7 +477,7 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
     if (size >= tally__opt.max_split_size)
         tally__stat_inc(&d->stats.oversize_segments, 1);
     d->stats.num_device_alloc++;
-    tally__timeline_locked(d, TALLY_EV_SEGMENT_ALLOC, b->addr, size, p->stream);
+    tally__cache_hooks.device_event(d, TALLY_EV_SEGMENT_ALLOC, b->addr, size, p->stream);
     p->block = b;
     return true;
 }
@@ -602,8 +632,8 @@ static void report_failure(tally_device_t *d, size_t orig, alloc_params_t *p)
 {
     if (p->err == TALLY_ENOMEM) {
         d->stats.num_ooms++;
-        tally__timeline_locked(d, TALLY_EV_OOM, 0, p->alloc_size, p->stream);
-        tally__report_oom_locked(d, orig, p->size, p->alloc_size, p->why);
+        tally__cache_hooks.device_event(d, TALLY_EV_OOM, 0, p->alloc_size, p->stream);
+        tally__cache_hooks.oom(d, orig, p->size, p->alloc_size, p->why);
         tally__fail_quiet(TALLY_ENOMEM, "out of memory on device %d: %zu bytes asked (%s)", d->id, orig, p->why);
     } else {
         tally__fail(TALLY_EBACKEND, "device %d: backend error: %s", d->id, p->why);
@@ -711,8 +741,6 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
         tally__stat_inc(&d->stats.oversize_allocations, 1);
     b->site = site;
     b->ignored = 0;
-    tally__ledger_on_alloc_locked(d, b);
-    tally__timeline_block_locked(d, TALLY_EV_ALLOC, b);
-    tally__trace_block_locked(d, 1, b);
+    tally__cache_hooks.block_alloc(d, b);
     return b;
 }

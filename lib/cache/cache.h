@@ -140,6 +140,7 @@ typedef struct tally_device {
     uint64_t allowed_max;               /* memory-fraction cap, UINT64_MAX if none */
     double fraction;
     uint64_t seq;
+    uint64_t inherited_seq;             /* blocks numbered up to it came from the parent at fork (fork.c) */
     bool accum_reset;                   /* allocated - freed no longer equals current */
     tally_freed_t freed[TALLY_FREED_RING];
     uint32_t freed_next;
@@ -165,10 +166,36 @@ typedef struct tally_global {
 
 extern tally_global_t tally__g;
 
-/* Initialise once (api.c); returns 0 or the init error. */
-int tally__ensure_init(void);
-/* The device, or NULL with an error naming fn and the number (api.c). */
-tally_device_t *tally__device(int device, const char *fn);
+/* The device of an initialised library, or NULL with an error naming fn
+ * and the number (the API's tally__device initialises first). */
+tally_device_t *tally__device_lookup(int device, const char *fn);
+
+/* What the cache tells the layers above it, under the device lock. The API
+ * installs the table at initialisation (the ledger's accounting, timeline
+ * and trace; the OOM report); until then, and for a NULL entry, nothing is
+ * told. The cache never names those layers. */
+enum {
+    TALLY_EV_ALLOC,
+    TALLY_EV_FREE,
+    TALLY_EV_SEGMENT_ALLOC,
+    TALLY_EV_SEGMENT_FREE,
+    TALLY_EV_OOM,
+    TALLY_EV_STAGE_BEGIN,
+    TALLY_EV_STAGE_END
+};
+typedef struct tally_cache_hooks {
+    /* A block was handed out (b->site already set) / is being freed. */
+    void (*block_alloc)(tally_device_t *d, tally_block_t *b);
+    void (*block_free)(tally_device_t *d, tally_block_t *b);
+    /* A segment came or went, or an allocation ran out of memory
+     * (TALLY_EV_SEGMENT_ALLOC, TALLY_EV_SEGMENT_FREE, TALLY_EV_OOM). */
+    void (*device_event)(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream);
+    /* An allocation failed for lack of memory: asked, rounded, the segment
+     * size it needed, and why. */
+    void (*oom)(tally_device_t *d, size_t asked, size_t rounded, size_t segment, const char *why);
+} tally_cache_hooks_t;
+extern tally_cache_hooks_t tally__cache_hooks;
+void tally__cache_set_hooks(const tally_cache_hooks_t *h);
 
 /* tree.c: free-block pools */
 /* Make room for blocks of stream (before its first segment); 0 or -1. */
@@ -229,6 +256,12 @@ bool tally__capture_underway_locked(tally_device_t *d);
 int tally__capture_defer_locked(tally_device_t *d, tally_block_t *b);
 /* The graph pool an allocation on stream goes to, or NULL. */
 tally_gpool_t *tally__gpool_match_locked(tally_device_t *d, void *stream);
+/* The bodies of tally_graph_pool_begin, _end and _release (include/tally.h),
+ * for an initialised library (lib/api/graph.c initialises first). */
+int tally__graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo, int (*filter)(void *arg, void *stream),
+                            void *arg);
+int tally__graph_pool_end(int device, uint64_t id_hi, uint64_t id_lo);
+int tally__graph_pool_release(int device, uint64_t id_hi, uint64_t id_lo);
 /* Release the whole free segments of graph pools no longer in use. */
 size_t tally__gpool_release_freeable_locked(tally_device_t *d);
 /* The pool of kind for allocations to gp (NULL: the device's own). */

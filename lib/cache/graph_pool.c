@@ -132,14 +132,14 @@ size_t tally__gpool_release_freeable_locked(tally_device_t *d)
     return released;
 }
 
-/* ---- the public API -------------------------------------------------------- */
+/* ---- the public API's bodies (lib/api/graph.c initialises, then calls them) ---- */
 
 /* The device, or NULL with *rc set: an error, or 0 under a pass-through
  * backend (the driver's pools follow CUDA's own graph memory rules). */
 static tally_device_t *graph_device(int device, const char *fn, uint64_t hi, uint64_t lo, int *rc)
 {
     *rc = -TALLY_EINVAL;
-    tally_device_t *d = tally__device(device, fn);
+    tally_device_t *d = tally__device_lookup(device, fn);
     if (!d)
         return NULL;
     if (hi == 0 && lo == 0) {
@@ -154,7 +154,7 @@ static tally_device_t *graph_device(int device, const char *fn, uint64_t hi, uin
     return d;
 }
 
-int tally_graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo, int (*filter)(void *arg, void *stream),
+int tally__graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo, int (*filter)(void *arg, void *stream),
                            void *arg)
 {
     int rc;
@@ -192,7 +192,7 @@ int tally_graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo, int (*fil
     return 0;
 }
 
-int tally_graph_pool_end(int device, uint64_t id_hi, uint64_t id_lo)
+int tally__graph_pool_end(int device, uint64_t id_hi, uint64_t id_lo)
 {
     int rc;
     tally_device_t *d = graph_device(device, "tally_graph_pool_end", id_hi, id_lo, &rc);
@@ -214,7 +214,7 @@ int tally_graph_pool_end(int device, uint64_t id_hi, uint64_t id_lo)
     return rc;
 }
 
-int tally_graph_pool_release(int device, uint64_t id_hi, uint64_t id_lo)
+int tally__graph_pool_release(int device, uint64_t id_hi, uint64_t id_lo)
 {
     int rc;
     tally_device_t *d = graph_device(device, "tally_graph_pool_release", id_hi, id_lo, &rc);

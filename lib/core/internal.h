@@ -58,12 +58,6 @@ tally_mutex_t *tally__pystack_lock(void);
 tally_mutex_t *tally__host_lock(void);
 tally_mutex_t *tally__sink_lock(void);
 tally_mutex_t *tally__heap_lock(void);
-/* fork.c: whether block number seq of device was inherited from the parent
- * process at fork (left out of the leak report); registers the handlers. */
-bool tally__fork_inherited(int device, uint64_t seq);
-void tally__fork_register(void);
-/* api.c: in a forked child, refuse a device backend the parent started. */
-void tally__after_fork_child(void);
 
 /* ---- host-side metadata memory (jemalloc private arena, meta.c) ----------- */
 void *tally__meta_alloc(size_t size);
@@ -103,6 +97,10 @@ int tally__fail_quiet(int code, const char *fmt, ...) __attribute__((format(prin
 void tally__clear_error(void);
 void tally__sink_write(const char *text, size_t len);
 void tally__sink_writer(void *arg, const char *text, size_t len);
+/* "1.5 GiB" (bytes under 1 KiB as "N B"). */
+void tally__fmt_bytes(uint64_t bytes, char *buf, size_t len);
+/* "" for 1, "s" otherwise. */
+const char *tally__plural(uint64_t n);
 
 /* ---- options (options.c) ------------------------------------------------- */
 enum { TALLY_BACKEND_AUTO, TALLY_BACKEND_HOST, TALLY_BACKEND_CUDA, TALLY_BACKEND_ASYNC };
@@ -159,6 +157,10 @@ static inline double tally__opt_double(const double *field)
 }
 /* Copy a runtime string option (persistent_tags, report_path) into buf[512]. */
 void tally__opt_string(const char *field, char *buf);
+/* A further check of string values (today leak_suppressions: the file must
+ * parse), called by tally__options_parse with the key and the value; it
+ * returns 0 or a negative code after tally__fail. NULL: no check. */
+void tally__options_set_checker(int (*fn)(const char *key, const char *value));
 /* Parse conf into opt (validating every key); when runtime is set, reject
  * keys that cannot change after initialisation. On error opt is unchanged. */
 int tally__options_parse(tally_options_t *opt, const char *conf, bool runtime, uint64_t *seen);

@@ -2,7 +2,7 @@
  * ("key:value,key:value", PyTorch's PYTORCH_CUDA_ALLOC_CONF style) and from
  * tally_configure(). Every key and value is validated; a bad one fails the
  * whole string with a message naming it, and nothing changes. */
-#include "ledger/suppress.h"
+#include "core/internal.h"
 
 #include <errno.h>
 #include <math.h>
@@ -25,6 +25,28 @@ typedef struct option_row {
     bool runtime;             /* may change after initialisation */
     const char *help;
 } option_row_t;
+
+/* Serialises tally_configure, initialisation and readers of the whole
+ * option set. */
+static tally_mutex_t config_lock = TALLY_MUTEX_INIT;
+tally_mutex_t *tally__config_lock(void) { return &config_lock; }
+
+void tally__opt_string(const char *field, char *buf)
+{
+    tally__mutex_lock(&config_lock);
+    memcpy(buf, field, 512);
+    tally__mutex_unlock(&config_lock);
+    buf[511] = 0;
+}
+
+/* A check of a value that needs a layer above (the suppressions file is
+ * read by the ledger's suppress.c); installed by the API. */
+static int (*_Atomic checker)(const char *key, const char *value);
+
+void tally__options_set_checker(int (*fn)(const char *key, const char *value))
+{
+    checker = fn;
+}
 
 static const char *const backend_names[] = {"auto", "host", "cuda", "async", NULL};
 static const char *const host_mode_names[] = {"backed", "virtual", NULL};
@@ -414,7 +436,7 @@ static int set_one(tally_options_t *o, const char *key, const char *val, bool ru
             if ((unsigned char)*c < 0x20 || *c == '[' || *c == ']')
                 return tally__fail(TALLY_ECONF, "config: %s: value may not contain control characters or brackets",
                                    key);
-        if (strcmp(key, "leak_suppressions") == 0 && tally__sup_check(val))
+        if (strcmp(key, "leak_suppressions") == 0 && checker && checker(key, val))
             return -TALLY_ECONF;
         if (strcmp(key, "report_path") == 0) {
             char bad[3];

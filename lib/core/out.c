@@ -243,3 +243,24 @@ const char *tally_last_error(void)
 {
     return last_error;
 }
+
+void tally__fmt_bytes(uint64_t bytes, char *buf, size_t len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (bytes < 1024) {
+        snprintf(buf, len, "%llu B", (unsigned long long)bytes);
+        return;
+    }
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 5) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, len, "%.1f %s", v, units[u]);
+}
+
+const char *tally__plural(uint64_t n)
+{
+    return n == 1 ? "" : "s";
+}

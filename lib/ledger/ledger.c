@@ -154,3 +154,22 @@ void tally__ledger_on_free_locked(tally_device_t *d, tally_block_t *b)
     tally__stat_dec(&ld->entries[b->lentry].bytes, (int64_t)b->size);
     tally__stat_dec(&ld->entries[b->lentry].blocks, 1);
 }
+
+void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b)
+{
+    tally__ledger_on_alloc_locked(d, b);
+    tally__timeline_block_locked(d, TALLY_EV_ALLOC, b);
+    tally__trace_block_locked(d, 1, b);
+}
+
+void tally__ledger_block_free_locked(tally_device_t *d, tally_block_t *b)
+{
+    tally__ledger_on_free_locked(d, b);
+    tally__timeline_block_locked(d, TALLY_EV_FREE, b);
+    tally__trace_block_locked(d, 0, b);
+}
+
+void tally__ledger_device_event_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream)
+{
+    tally__timeline_locked(d, action, addr, size, stream);
+}

@@ -43,6 +43,11 @@ static inline uint32_t tally__stage_now(void)
 /* b->site is set by the caller (captured before the lock). */
 void tally__ledger_on_alloc_locked(tally_device_t *d, tally_block_t *b);
 void tally__ledger_on_free_locked(tally_device_t *d, tally_block_t *b);
+/* The cache's hooks (tally_cache_hooks_t): a block's owner counters, its
+ * timeline event and its trace record; a device event on the timeline. */
+void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b);
+void tally__ledger_block_free_locked(tally_device_t *d, tally_block_t *b);
+void tally__ledger_device_event_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream);
 int tally__ledger_device_init(tally_device_t *d);
 
 /* Names (interned once; ids are stable for the process). */
@@ -56,15 +61,6 @@ bool tally__tag_is_persistent(uint32_t id);
 typedef struct tally_site tally_site_t;
 
 /* Timeline (timeline.c): a bounded ring of events per device. */
-enum {
-    TALLY_EV_ALLOC,
-    TALLY_EV_FREE,
-    TALLY_EV_SEGMENT_ALLOC,
-    TALLY_EV_SEGMENT_FREE,
-    TALLY_EV_OOM,
-    TALLY_EV_STAGE_BEGIN,
-    TALLY_EV_STAGE_END
-};
 typedef struct tally_event_rec {
     uint64_t time_us;
     uintptr_t addr;
@@ -104,8 +100,5 @@ size_t tally__timeline_copy_locked(tally_device_t *d, tally_event_rec_t *out, si
 /* Events of the device that the ring no longer holds (timeline_events). */
 uint64_t tally__timeline_dropped_locked(tally_device_t *d);
 uint64_t tally__now_us(void);
-
-/* Reports written under the device lock. */
-void tally__report_oom_locked(tally_device_t *d, size_t asked, size_t rounded, size_t segment, const char *why);
 
 #endif

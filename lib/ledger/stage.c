@@ -28,15 +28,10 @@ static tally_stage_rec_t history[TALLY_STAGE_HISTORY];
 static uint64_t history_total;
 static uint32_t epochs; /* stage begins so far */
 
-int tally_stage_begin(const char *name)
+int tally__stage_begin(const char *name)
 {
     uint32_t id;
-    if (!name)
-        return tally__fail(TALLY_EINVAL, "tally_stage_begin: name is NULL");
-    int rc = tally__ensure_init();
-    if (rc)
-        return rc;
-    rc = tally__intern_stage(name, &id);
+    int rc = tally__intern_stage(name, &id);
     if (rc)
         return tally__fail(-rc, "tally_stage_begin: %s", tally_last_error());
     tally__mutex_lock(&stage_lock);
@@ -111,13 +106,8 @@ static int by_bytes_desc(const void *a, const void *b)
     return x->tag < y->tag ? -1 : x->tag > y->tag;
 }
 
-int tally_stage_end(const char *name)
+int tally__stage_end(const char *name, void (*report)(const tally_stage_rec_t *rec))
 {
-    if (!name)
-        return tally__fail(TALLY_EINVAL, "tally_stage_end: name is NULL");
-    int rc = tally__ensure_init();
-    if (rc)
-        return rc;
     tally__mutex_lock(&stage_lock);
     if (depth == 0) {
         tally__mutex_unlock(&stage_lock);
@@ -185,12 +175,8 @@ int tally_stage_end(const char *name)
     tally_stage_rec_t *slot = &history[(rec.seq - 1) % TALLY_STAGE_HISTORY];
     tally__meta_free(slot->surv);
     *slot = rec;
-    if (TALLY_OPT(stage_report)) {
-        tally_out_t o;
-        tally__out_init(&o, tally__sink_writer, NULL);
-        tally__report_stage(slot, &o);
-        tally__out_flush(&o);
-    }
+    if (report)
+        report(slot);
     tally__mutex_unlock(&stage_lock);
     return 0;
 }

@@ -54,20 +54,11 @@ typedef struct leak_set {
 } leak_set_t;
 leak_set_t tally__collect_leaks(void);
 
-/* report_text.c */
-void tally__fmt_bytes(uint64_t bytes, char *buf, size_t len);
-/* "" for 1, "s" otherwise. */
-const char *tally__plural(uint64_t n);
-/* " (foreign: home device is H)" for a device other than the home device, else "". */
-void tally__foreign_note(int device, char *buf, size_t len);
-void tally__report_stage(const tally_stage_rec_t *rec, tally_out_t *o);
-/* The leak report: live blocks grouped by (tag, stage, device, site). full
- * lists the groups; otherwise only the summary line. Returns live bytes. */
-uint64_t tally__report_leaks(tally_out_t *o, bool full, bool at_exit, uint64_t *blocks_out);
-/* The ledger table and stage timeline, as text. */
-void tally__report_ledger(tally_out_t *o);
-
-/* report_json.c */
-int tally__report_json(tally_out_t *o);
+/* The stage boundary (the API's tally_stage_begin / tally_stage_end, which
+ * initialise first). Ending a stage records it in the history, releases the
+ * caches when release_at_stage_end is set, and hands the record to report
+ * (when not NULL) while it is still the newest. */
+int tally__stage_begin(const char *name);
+int tally__stage_end(const char *name, void (*report)(const tally_stage_rec_t *rec));
 
 #endif

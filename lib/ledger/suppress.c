@@ -137,6 +137,13 @@ static int parse(const char *path, tally_suppressions_t *sup, char *why, size_t 
     return rc;
 }
 
+int tally__sup_check_option(const char *key, const char *path)
+{
+    if (strcmp(key, "leak_suppressions") != 0)
+        return 0;
+    return tally__sup_check(path);
+}
+
 int tally__sup_check(const char *path)
 {
     char why[700];

@@ -25,6 +25,9 @@ bool tally__sup_pattern_match(const char *pattern, const char *text);
 /* Validate a suppressions file (option setting): 0, or -TALLY_ECONF with
  * one line naming the file, the line and the problem. "" is valid (none). */
 int tally__sup_check(const char *path);
+/* The same as an option checker (tally__options_set_checker): checks the
+ * value of leak_suppressions, passes every other key. */
+int tally__sup_check_option(const char *key, const char *path);
 /* Read the configured file (none: n = 0). 0, or -1 with why filled. */
 int tally__sup_load(tally_suppressions_t *sup, char *why, size_t len);
 void tally__sup_free(tally_suppressions_t *sup);

@@ -4,6 +4,7 @@
  * snapshot export) and, when recorded, the timeline. docs/reports.md gives
  * the schema. Written at exit when report_path is set, or on demand. */
 #include "ledger/suppress.h"
+#include "report/report.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -322,11 +323,9 @@ int tally__expand_path(const char *pattern, char *out, size_t len)
     return 0;
 }
 
-int tally_write_report(const char *path)
+int tally__write_report(const char *path)
 {
-    int rc = tally__ensure_init();
-    if (rc)
-        return rc;
+    int rc;
     char configured[512];
     tally__opt_string(tally__opt.report_path, configured);
     const char *pattern = path ? path : configured;

@@ -5,6 +5,7 @@
  * suppression matches, and blocks passed to tally_ignore, are counted
  * apart and never count as leaked (so never set leak_exitcode). */
 #include "ledger/suppress.h"
+#include "report/report.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +59,7 @@ leak_set_t tally__collect_leaks(void)
         tally_device_t *d = tally__g.dev[i];
         tally__mutex_lock(&d->lock);
         for (size_t k = 0; k <= d->map.mask; k++)
-            if (d->map.keys[k] && !tally__fork_inherited(i, d->map.vals[k]->seq))
+            if (d->map.keys[k] && d->map.vals[k]->seq > d->inherited_seq)
                 leak_add(&s, d->map.vals[k], i);
         tally__mutex_unlock(&d->lock);
     }
@@ -179,18 +180,4 @@ uint64_t tally__report_leaks(tally_out_t *o, bool full, bool at_exit, uint64_t *
     if (blocks_out)
         *blocks_out = blocks;
     return bytes;
-}
-
-int tally_write_leaks(int flags, tally_write_fn write, void *arg)
-{
-    if (!write)
-        return tally__fail(TALLY_EINVAL, "tally_write_leaks: write is NULL");
-    int rc = tally__ensure_init();
-    if (rc)
-        return rc;
-    tally_out_t o;
-    tally__out_init(&o, write, arg);
-    tally__report_leaks(&o, (flags & TALLY_LEAKS_FULL) != 0, (flags & TALLY_LEAKS_AT_EXIT) != 0, NULL);
-    tally__out_flush(&o);
-    return o.failed ? -TALLY_ENOMEM : 0;
 }

@@ -140,14 +140,3 @@ int tally__summary_render(const tally_stats_t *s, int device, int abbreviated,
         return tally__fail(TALLY_ENOMEM, "memory summary: out of memory while formatting");
     return 0;
 }
-
-int tally_write_summary(int device, int abbreviated, tally_write_fn write, void *arg)
-{
-    if (!write)
-        return tally__fail(TALLY_EINVAL, "tally_write_summary: write is NULL");
-    tally_stats_t s;
-    int rc = tally_get_stats(device, &s);
-    if (rc < 0)
-        return rc;
-    return tally__summary_render(&s, device, abbreviated, write, arg);
-}

@@ -2,32 +2,11 @@
  * leak report at exit, the OOM report, and the ledger table. Each line that
  * goes to the diagnostics sink starts with "tally: ". */
 #include "ledger/site.h"
-#include "ledger/stage.h"
+#include "report/report.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-void tally__fmt_bytes(uint64_t bytes, char *buf, size_t len)
-{
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    if (bytes < 1024) {
-        snprintf(buf, len, "%llu B", (unsigned long long)bytes);
-        return;
-    }
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024.0 && u < 5) {
-        v /= 1024.0;
-        u++;
-    }
-    snprintf(buf, len, "%.1f %s", v, units[u]);
-}
-
-const char *tally__plural(uint64_t n)
-{
-    return n == 1 ? "" : "s";
-}
 
 void tally__foreign_note(int device, char *buf, size_t len)
 {
@@ -182,16 +161,10 @@ void tally__report_ledger(tally_out_t *o)
     tally__stage_history(stage_line, o, NULL);
 }
 
-int tally_write_ledger(tally_write_fn write, void *arg)
+void tally__report_stage_to_sink(const tally_stage_rec_t *rec)
 {
-    if (!write)
-        return tally__fail(TALLY_EINVAL, "tally_write_ledger: write is NULL");
-    int rc = tally__ensure_init();
-    if (rc)
-        return rc;
     tally_out_t o;
-    tally__out_init(&o, write, arg);
-    tally__report_ledger(&o);
+    tally__out_init(&o, tally__sink_writer, NULL);
+    tally__report_stage(rec, &o);
     tally__out_flush(&o);
-    return o.failed ? -TALLY_ENOMEM : 0;
 }

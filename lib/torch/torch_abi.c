@@ -17,7 +17,7 @@
  * Free takes the block out of the pointer map itself (rather than calling
  * tally_free_checked) so that the hot path looks up the block once, starting
  * at the device PyTorch names. Everything else goes through the public API. */
-#include "cache/cache.h"
+#include "api/api.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
