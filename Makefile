@@ -114,6 +114,11 @@ $(BUILD)/tests/%: tests/%.cc $(wildcard tests/*.h) $(BUILD)/lib/libtally.so $(BU
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< -L$(BUILD)/lib -ltally -Wl,-rpath,$(CURDIR)/$(BUILD)/lib -lcmocka $(LDLIBS)
 
+# test_standin_cost checks the stand-in's cost table (tests/standin/cost.c).
+$(BUILD)/tests/test_standin_cost: tests/test_standin_cost.c tests/standin/cost.c tests/standin/cost.h $(wildcard tests/*.h) | $(SETUP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Wno-pedantic -Itests -o $@ $< tests/standin/cost.c -lcmocka $(LDLIBS)
+
 # driver.h against CUDA's cuda.h, where a toolkit is installed (only this
 # test looks at CUDA_HOME; the library never does).
 CUDA_HOME ?= /usr/local/cuda
