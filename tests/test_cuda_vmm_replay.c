@@ -352,11 +352,20 @@ static void test_vmm_replay_expandable_same_as_host(void **state)
     replay_both(",expandable_segments:true");
 }
 
-/* Handles from 4 MiB: most pages in multi-page handles, moved whole. */
+/* Handles from 4 MiB: most pages in multi-page handles, moved whole
+ * (moves unlimited: without moves every map call is one handle). */
 static void test_vmm_replay_small_handles_same_as_host(void **state)
 {
     (void)state;
-    replay_both(",expandable_segments:true,expandable_handle_mb:4");
+    replay_both(",expandable_segments:true,expandable_handle_mb:4,expandable_move_budget:-1");
+}
+
+/* Idle pages moved without limit, a handle per page (the policy before
+ * issue 21: least memory, driver calls in every step). */
+static void test_vmm_replay_unlimited_moves_same_as_host(void **state)
+{
+    (void)state;
+    replay_both(",expandable_segments:true,expandable_move_budget:-1");
 }
 
 static void test_vmm_replay_default_same_as_host(void **state)
@@ -370,6 +379,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vmm_replay_expandable_same_as_host),
         cmocka_unit_test(test_vmm_replay_small_handles_same_as_host),
+        cmocka_unit_test(test_vmm_replay_unlimited_moves_same_as_host),
         cmocka_unit_test(test_vmm_replay_default_same_as_host),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
