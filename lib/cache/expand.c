@@ -26,8 +26,9 @@
  * made only within expandable_move_budget, the modelled driver time a step
  * may spend on them; 0 (the default) makes none: reserved memory then grows
  * to what the step's placement touches, after which a step maps nothing.
- * Without moves each map call is one physical handle (nothing is unmapped
- * piecemeal), which also cuts the driver calls of growth.
+ * Unless moves are unlimited (-1) each map call is one physical handle
+ * (moves take whole idle handles), which also cuts the driver calls of
+ * growth to one cuMemCreate per call.
  *
  * Physical handles: a map call lays its pages out in handles (backend.h),
  * and a handle can only be unmapped whole (CUDA's cuMemUnmap). Small blocks
@@ -613,9 +614,10 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more,
             more = map_ahead_pages(d, b, last, n, &ahead);
         size_t hp = handle_pages(b, n);
         int rc;
-        if (TALLY_OPT(expandable_move_budget) == 0) {
-            /* Pages never move: the run and the pages ahead of it in one
-             * handle (one cuMemCreate). */
+        if (TALLY_OPT(expandable_move_budget) >= 0) {
+            /* Pages move rarely or never: the run and the pages ahead of it
+             * in one handle (one cuMemCreate); a move takes whole idle
+             * handles. Without limit (-1), the handle policy below. */
             rc = map_run(d, s, p, n + more, n + more, ahead, why, whylen);
         } else if (hp > 1) {
             /* The block's pages in large handles; pages mapped ahead in a
