@@ -11,8 +11,8 @@
  *
  * docs/reports.md describes every output. The tool never initialises the
  * allocator (TALLY_CONF is not read): it only uses the library's JSON
- * reader and report renderers. The pieces live in tools/cli_*.h, included
- * here because the tool is built from this one file. */
+ * reader and report renderers. The pieces live in tools/cli_*.c, declared
+ * in tools/cli_*.h. */
 #include "cli_util.h"
 #include "cli_report.h"
 #include "cli_merge.h"
