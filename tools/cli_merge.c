@@ -95,13 +95,13 @@ static int total_order(const void *x, const void *y)
  * and the bytes its foreign ledger rows hold there. */
 static int64_t dev_allocated(const report_t *r, int d)
 {
-    const rep_device_t *x = report_device(r, d);
+    const rep_device_t *x = cli_report_device(r, d);
     return x ? x->stats.allocated_bytes[TALLY_POOL_ALL].current : 0;
 }
 
 static int64_t dev_reserved(const report_t *r, int d)
 {
-    const rep_device_t *x = report_device(r, d);
+    const rep_device_t *x = cli_report_device(r, d);
     return x ? x->stats.reserved_bytes[TALLY_POOL_ALL].current : 0;
 }
 
@@ -210,7 +210,7 @@ static void print_matrix(const merge_t *m, const char *title, int64_t (*value)(c
     int w = 10;
     for (size_t i = 0; i < m->n; i++)
         for (size_t d = 0; d < m->ndevices; d++)
-            w = width_of(w, cli_bytes(value(&m->reps[i], m->devices[d]), b, sizeof b));
+            w = cli_width_of(w, cli_bytes(value(&m->reps[i], m->devices[d]), b, sizeof b));
     puts(title);
     n = (size_t)snprintf(line, cap, "%-6s %-5s %-9s", "rank", "home", "pid");
     for (size_t d = 0; d < m->ndevices; d++) {
@@ -247,7 +247,7 @@ static void print_totals(const char *title, const merge_total_t *t, size_t n)
     char c[32], p[32];
     int nw = 20;
     for (size_t i = 0; i < n; i++)
-        nw = width_of(nw, t[i].name);
+        nw = cli_width_of(nw, t[i].name);
     printf("\n%-*s %12s %12s %12s %6s\n", nw, title, "current", "peak (sum)", "live blocks", "ranks");
     for (size_t i = 0; i < n; i++)
         printf("%-*s %12s %12s %12" PRId64 " %6d\n", nw, t[i].name, cli_bytes(t[i].current, c, sizeof c),
@@ -377,7 +377,7 @@ static void merge_json(const merge_t *m)
     printf("}\n");
 }
 
-int cmd_merge(int argc, char **argv)
+int cli_merge_main(int argc, char **argv)
 {
     bool json = false, options = true;
     const char **files = cli_alloc((size_t)argc * sizeof *files);
@@ -409,7 +409,7 @@ int cmd_merge(int argc, char **argv)
     m.reps = cli_alloc(nfiles * sizeof *m.reps);
     int rc = 0;
     for (size_t i = 0; i < nfiles && !rc; i++) {
-        rc = report_load(&m.reps[i], files[i], false);
+        rc = cli_report_load(&m.reps[i], files[i], false);
         if (!rc)
             m.n++;
     }
@@ -445,7 +445,7 @@ int cmd_merge(int argc, char **argv)
         rc = cli_finish(stdout, "the merge");
     }
     for (size_t i = 0; i < m.n; i++)
-        report_free(&m.reps[i]);
+        cli_report_free(&m.reps[i]);
     free(m.reps);
     free(m.devices);
     free(m.stages);

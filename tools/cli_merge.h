@@ -6,6 +6,6 @@
 #include "cli_report.h"
 
 /* The command, argv[0] being "merge"; returns the exit status. */
-int cmd_merge(int argc, char **argv);
+int cli_merge_main(int argc, char **argv);
 
 #endif /* TALLY_CLI_MERGE_H */

@@ -136,7 +136,7 @@ static int tag_index(plot_data_t *p, const char *tag)
     return (int)p->ntags++;
 }
 
-double event_x(const plot_data_t *p, size_t k)
+double cli_plot_event_x(const plot_data_t *p, size_t k)
 {
     return p->by_events ? (double)k : (double)(p->r->events[p->ev[k]].time_us - p->r->events[p->ev[0]].time_us);
 }
@@ -267,7 +267,7 @@ static void make_points(plot_data_t *p, int columns)
     size_t ng = (size_t)p->ngroups;
     int64_t *vals = cli_alloc(p->nev * ng * sizeof *vals);
     replay(p, vals);
-    double span = event_x(p, p->nev - 1);
+    double span = cli_plot_event_x(p, p->nev - 1);
     if (span <= 0)
         span = 1;
     p->x0 = 0;
@@ -287,17 +287,17 @@ static void make_points(plot_data_t *p, int columns)
     bool bucket = !p->by_events || p->nev > (size_t)columns * 2;
     if (!bucket) {
         for (size_t k = 0; k < p->nev; k++)
-            add_point(p, event_x(p, k), vals + k * ng, p->r->events[p->ev[k]].reserved);
+            add_point(p, cli_plot_event_x(p, k), vals + k * ng, p->r->events[p->ev[k]].reserved);
         free(vals);
         return;
     }
     double colw = p->x_end / columns;
     size_t k = 0;
     while (k < p->nev) {
-        long col = (long)(event_x(p, k) / colw);
+        long col = (long)(cli_plot_event_x(p, k) / colw);
         size_t peak = k, last = k;
         int64_t resv_max = p->r->events[p->ev[k]].reserved;
-        for (k++; k < p->nev && (long)(event_x(p, k) / colw) == col; k++) {
+        for (k++; k < p->nev && (long)(cli_plot_event_x(p, k) / colw) == col; k++) {
             const rep_event_t *e = &p->r->events[p->ev[k]];
             if (e->allocated >= p->r->events[p->ev[peak]].allocated)
                 peak = k;
@@ -334,7 +334,7 @@ static bool ends_with(const char *s, const char *suffix)
     return n >= k && strcasecmp(s + n - k, suffix) == 0;
 }
 
-int cmd_plot(int argc, char **argv)
+int cli_plot_main(int argc, char **argv)
 {
     const char *file = NULL, *out = NULL;
     int device = -1;
@@ -347,16 +347,16 @@ int cmd_plot(int argc, char **argv)
             } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
                 fputs(plot_help, stdout);
                 return cli_finish(stdout, "the help");
-            } else if (is_opt(a, "-o") || is_opt(a, "--output")) {
-                out = opt_value(argc, argv, &i, a, "--output");
+            } else if (cli_is_opt(a, "-o") || cli_is_opt(a, "--output")) {
+                out = cli_opt_value(argc, argv, &i, a, "--output");
                 if (!out || !*out)
                     return cli_usage("%s needs a file name (OUT.svg or OUT.html)", a);
-            } else if (is_opt(a, "--device") || is_opt(a, "-d")) {
-                int rc = parse_device(opt_value(argc, argv, &i, a, "--device"), &device);
+            } else if (cli_is_opt(a, "--device") || cli_is_opt(a, "-d")) {
+                int rc = cli_parse_device(cli_opt_value(argc, argv, &i, a, "--device"), &device);
                 if (rc)
                     return rc;
-            } else if (is_opt(a, "--x")) {
-                const char *v = opt_value(argc, argv, &i, a, "--x");
+            } else if (cli_is_opt(a, "--x")) {
+                const char *v = cli_opt_value(argc, argv, &i, a, "--x");
                 if (v && strcmp(v, "time") == 0)
                     by_events = false;
                 else if (v && strcmp(v, "events") == 0)
@@ -381,14 +381,14 @@ int cmd_plot(int argc, char **argv)
         return cli_usage("the output must end in .svg or .html, not '%s'", out);
 
     report_t r;
-    int rc = report_load(&r, file, true);
+    int rc = cli_report_load(&r, file, true);
     if (rc)
         return rc;
     plot_data_t p = {0};
     p.r = &r;
     p.by_events = by_events;
     if (!r.nevents) {
-        report_free(&r);
+        cli_report_free(&r);
         return cli_fail(EXIT_DATA,
                         "%s: the report has no timeline to plot; run the process with "
                         "TALLY_CONF=timeline:true (and report_path) to record one",
@@ -424,10 +424,10 @@ int cmd_plot(int argc, char **argv)
         cli_fail(EXIT_DATA, "%s: no timeline events for device %d (the timeline has allocations on device%s %s)",
                  file, device, strchr(list, ',') ? "s" : "", n ? list : "none");
         plot_data_free(&p);
-        report_free(&r);
+        cli_report_free(&r);
         return EXIT_DATA;
     }
-    const rep_device_t *dev = report_device(&r, device);
+    const rep_device_t *dev = cli_report_device(&r, device);
     p.dropped = dev ? dev->timeline_dropped : 0;
     tag_index(&p, "(before timeline)"); /* index 0 */
     replay(&p, NULL);
@@ -439,9 +439,9 @@ int cmd_plot(int argc, char **argv)
         rc = cli_fail(EXIT_DATA, "cannot write %s: %s", out, strerror(errno));
     } else {
         if (html)
-            write_html(f, &p, file);
+            cli_plot_write_html(f, &p, file);
         else
-            write_svg(f, &p, file, true);
+            cli_plot_write_svg(f, &p, file, true);
         bool bad = ferror(f) != 0;
         if (fclose(f) != 0 || bad)
             rc = cli_fail(EXIT_DATA, "writing %s failed: %s", out, strerror(errno));
@@ -458,6 +458,6 @@ int cmd_plot(int argc, char **argv)
                    p.dropped, device);
     }
     plot_data_free(&p);
-    report_free(&r);
+    cli_report_free(&r);
     return rc ? rc : cli_finish(stdout, "the message");
 }

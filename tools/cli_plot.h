@@ -35,9 +35,9 @@ typedef struct plot_data {
 } plot_data_t;
 
 /* The x of event k of the device: microseconds since its first event, or k. */
-double event_x(const plot_data_t *p, size_t k);
+double cli_plot_event_x(const plot_data_t *p, size_t k);
 
 /* The command, argv[0] being "plot"; returns the exit status. */
-int cmd_plot(int argc, char **argv);
+int cli_plot_main(int argc, char **argv);
 
 #endif /* TALLY_CLI_PLOT_H */

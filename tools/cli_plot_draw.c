@@ -194,8 +194,8 @@ static void draw_stages(FILE *f, const plot_data_t *p, const scale_t *sc)
             size_t kb = begun && d < MAXD ? open_k[d] : 0;
             int band = begun && d < MAXD ? open_n[d] : 1;
             const char *name = e ? e->stage : p->r->events[p->ev[kb]].stage;
-            double xb = begun ? sx(sc, event_x(p, kb)) : PL;
-            double xe = e ? sx(sc, event_x(p, k)) : sx(sc, p->x_end);
+            double xb = begun ? sx(sc, cli_plot_event_x(p, kb)) : PL;
+            double xe = e ? sx(sc, cli_plot_event_x(p, k)) : sx(sc, p->x_end);
             double y = PT + 14 + 13 * (d % 4);
             fprintf(f, "<g class=\"stage\"><title>stage ");
             cli_xml_str(f, name);
@@ -254,7 +254,7 @@ static void draw_legend(FILE *f, const plot_data_t *p)
 }
 
 /* The SVG element; xml_decl for a standalone .svg file. */
-void write_svg(FILE *f, const plot_data_t *p, const char *file, bool xml_decl)
+void cli_plot_write_svg(FILE *f, const plot_data_t *p, const char *file, bool xml_decl)
 {
     char b1[32], b2[32], line[512];
     scale_t sc = {p->x0, p->x_end, 1};
@@ -300,7 +300,7 @@ void write_svg(FILE *f, const plot_data_t *p, const char *file, bool xml_decl)
         const rep_event_t *e = &p->r->events[p->ev[k]];
         if (e->action != EV_OOM)
             continue;
-        double x = sx(&sc, event_x(p, k));
+        double x = sx(&sc, cli_plot_event_x(p, k));
         fprintf(f, "<path class=\"oom\" d=\"M%.1f,%d l-6,-10 h12 z\" fill=\"#d62728\"><title>out of memory: %" PRId64
                    " bytes asked</title></path>\n",
                 x, PT, e->size);
@@ -346,7 +346,7 @@ static void html_live_blocks(FILE *f, const report_t *r)
     fputs("</table>\n", f);
 }
 
-void write_html(FILE *f, const plot_data_t *p, const char *file)
+void cli_plot_write_html(FILE *f, const plot_data_t *p, const char *file)
 {
     char b1[32], b2[32], b3[32], b4[32];
     fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>tally: ", f);
@@ -356,7 +356,7 @@ void write_html(FILE *f, const plot_data_t *p, const char *file)
           "th, td { padding: 2px 12px; text-align: right; border-bottom: 1px solid #ddd; }\n"
           "th:first-child, td:first-child { text-align: left; }\n</style>\n</head>\n<body>\n",
           f);
-    write_svg(f, p, file, false);
+    cli_plot_write_svg(f, p, file, false);
     if (p->dropped > 0)
         fprintf(f, "<p>The timeline holds the newest %zu events of device %d: the %" PRId64 " before them were "
                    "dropped (timeline_events), so bytes allocated earlier show as \"(before timeline)\".</p>\n",

@@ -8,9 +8,9 @@
 enum { SVG_W = 1260, SVG_H = 660, PL = 90, PR = 960, PT = 70, PB = 590 }; /* plot area */
 
 /* The SVG element; xml_decl for a standalone .svg file. */
-void write_svg(FILE *f, const plot_data_t *p, const char *file, bool xml_decl);
+void cli_plot_write_svg(FILE *f, const plot_data_t *p, const char *file, bool xml_decl);
 /* The HTML page: the SVG inline, then tables of peaks by tag, of the live
  * blocks and of the stages. */
-void write_html(FILE *f, const plot_data_t *p, const char *file);
+void cli_plot_write_html(FILE *f, const plot_data_t *p, const char *file);
 
 #endif /* TALLY_CLI_PLOT_DRAW_H */

@@ -24,7 +24,7 @@ static bool is_stat_key(const char *key)
     return false;
 }
 
-int doc_kind(const tally_json_t *root)
+int cli_doc_kind(const tally_json_t *root)
 {
     if (root->type != TALLY_JSON_OBJECT)
         return DOC_OTHER;
@@ -42,7 +42,7 @@ int doc_kind(const tally_json_t *root)
 
 /* A flat memory_stats object at obj (all of doc when obj is the root) into
  * *out; 0, or a schema error in doc. */
-int stats_from_obj(cli_doc_t *doc, const tally_json_t *obj, const char *where, tally_stats_t *out)
+int cli_stats_from_obj(cli_doc_t *doc, const tally_json_t *obj, const char *where, tally_stats_t *out)
 {
     /* Every value under a known key must be an integer; checked here so the
      * message carries the offset in the whole file. */
@@ -106,7 +106,7 @@ static void read_devices(report_t *r)
         else if (s) {
             char sw[80];
             snprintf(sw, sizeof sw, "%s.stats", w);
-            stats_from_obj(doc, s, sw, &d->stats);
+            cli_stats_from_obj(doc, s, sw, &d->stats);
         }
     }
 }
@@ -233,7 +233,7 @@ static void read_timeline(report_t *r)
     }
 }
 
-void report_free(report_t *r)
+void cli_report_free(report_t *r)
 {
     for (size_t i = 0; i < r->nstages; i++)
         free(r->stages[i].surv);
@@ -249,7 +249,7 @@ void report_free(report_t *r)
 /* Read the report fields of doc (already loaded, known to be a report)
  * into *r, which takes the document over. Returns 0, or EXIT_DATA after
  * printing the first schema problem. */
-int report_parse(report_t *r, cli_doc_t *doc, bool want_timeline)
+int cli_report_parse(report_t *r, cli_doc_t *doc, bool want_timeline)
 {
     memset(r, 0, sizeof *r);
     r->doc = *doc;
@@ -273,21 +273,21 @@ int report_parse(report_t *r, cli_doc_t *doc, bool want_timeline)
         read_timeline(r);
     if (doc->err[0]) {
         cli_fail(EXIT_DATA, "%s: not a valid tally report: %s", doc->path, doc->err);
-        report_free(r);
+        cli_report_free(r);
         return EXIT_DATA;
     }
     return 0;
 }
 
 /* Load path as a tally report. Returns 0, or EXIT_DATA after printing why. */
-int report_load(report_t *r, const char *path, bool want_timeline)
+int cli_report_load(report_t *r, const char *path, bool want_timeline)
 {
     cli_doc_t doc;
     memset(r, 0, sizeof *r);
     int rc = cli_doc_load(&doc, path);
     if (rc)
         return rc;
-    int kind = doc_kind(doc.root);
+    int kind = cli_doc_kind(doc.root);
     if (kind != DOC_REPORT) {
         cli_doc_free(&doc);
         if (kind == DOC_STATS)
@@ -297,11 +297,11 @@ int report_load(report_t *r, const char *path, bool want_timeline)
                             path);
         return cli_fail(EXIT_DATA, "%s: not a tally report or memory_stats object", path);
     }
-    return report_parse(r, &doc, want_timeline);
+    return cli_report_parse(r, &doc, want_timeline);
 }
 
 /* The report's entry for device, or NULL. */
-const rep_device_t *report_device(const report_t *r, int device)
+const rep_device_t *cli_report_device(const report_t *r, int device)
 {
     for (size_t i = 0; i < r->ndev; i++)
         if (r->devs[i].device == device)
@@ -310,7 +310,7 @@ const rep_device_t *report_device(const report_t *r, int device)
 }
 
 /* "0-3" or "0, 2" or "none": the devices a report has, for messages. */
-void report_device_list(const report_t *r, char *buf, size_t len)
+void cli_report_device_list(const report_t *r, char *buf, size_t len)
 {
     size_t n = 0;
     buf[0] = 0;

@@ -73,21 +73,21 @@ typedef struct report {
 enum { DOC_REPORT, DOC_STATS, DOC_OTHER };
 
 /* What the document root is: DOC_REPORT, DOC_STATS or DOC_OTHER. */
-int doc_kind(const tally_json_t *root);
+int cli_doc_kind(const tally_json_t *root);
 /* A flat memory_stats object at obj (all of doc when obj is the root) into
  * *out; 0, or a schema error in doc. */
-int stats_from_obj(cli_doc_t *doc, const tally_json_t *obj, const char *where, tally_stats_t *out);
+int cli_stats_from_obj(cli_doc_t *doc, const tally_json_t *obj, const char *where, tally_stats_t *out);
 
 /* Read the report fields of doc (already loaded, known to be a report)
  * into *r, which takes the document over. Returns 0, or EXIT_DATA after
  * printing the first schema problem. */
-int report_parse(report_t *r, cli_doc_t *doc, bool want_timeline);
+int cli_report_parse(report_t *r, cli_doc_t *doc, bool want_timeline);
 /* Load path as a tally report. Returns 0, or EXIT_DATA after printing why. */
-int report_load(report_t *r, const char *path, bool want_timeline);
-void report_free(report_t *r);
+int cli_report_load(report_t *r, const char *path, bool want_timeline);
+void cli_report_free(report_t *r);
 /* The report's entry for device, or NULL. */
-const rep_device_t *report_device(const report_t *r, int device);
+const rep_device_t *cli_report_device(const report_t *r, int device);
 /* "0-3" or "0, 2" or "none": the devices a report has, for messages. */
-void report_device_list(const report_t *r, char *buf, size_t len);
+void cli_report_device_list(const report_t *r, char *buf, size_t len);
 
 #endif /* TALLY_CLI_REPORT_H */

@@ -84,7 +84,7 @@ static long cli_parse_uint(const char *s, long limit)
 }
 
 /* The larger of w and the length of s: column widths. */
-int width_of(int w, const char *s)
+int cli_width_of(int w, const char *s)
 {
     int n = (int)strlen(s);
     return n > w ? n : w;
@@ -93,7 +93,7 @@ int width_of(int w, const char *s)
 /* ---- options ---------------------------------------------------------------- */
 
 /* Value of an option that takes one: "--name=V", or the next argument. */
-const char *opt_value(int argc, char **argv, int *i, const char *arg, const char *name)
+const char *cli_opt_value(int argc, char **argv, int *i, const char *arg, const char *name)
 {
     size_t n = strlen(name);
     if (strncmp(arg, name, n) == 0 && arg[n] == '=')
@@ -103,13 +103,13 @@ const char *opt_value(int argc, char **argv, int *i, const char *arg, const char
     return argv[++*i];
 }
 
-bool is_opt(const char *arg, const char *name)
+bool cli_is_opt(const char *arg, const char *name)
 {
     size_t n = strlen(name);
     return strncmp(arg, name, n) == 0 && (arg[n] == 0 || (arg[n] == '=' && name[1] == '-'));
 }
 
-int parse_device(const char *v, int *device)
+int cli_parse_device(const char *v, int *device)
 {
     long d = v ? cli_parse_uint(v, 1 << 20) : -1;
     if (d < 0)

@@ -36,14 +36,14 @@ void cli_grow(void **arr, size_t *cap, size_t need, size_t elem);
 /* "1.5 MiB" as the library's text reports write it; negatives keep a sign. */
 const char *cli_bytes(int64_t v, char *buf, size_t len);
 /* The larger of w and the length of s: column widths. */
-int width_of(int w, const char *s);
+int cli_width_of(int w, const char *s);
 
 /* ---- options ---------------------------------------------------------------- */
 
 /* Value of an option that takes one: "--name=V", or the next argument. */
-const char *opt_value(int argc, char **argv, int *i, const char *arg, const char *name);
-bool is_opt(const char *arg, const char *name);
-int parse_device(const char *v, int *device);
+const char *cli_opt_value(int argc, char **argv, int *i, const char *arg, const char *name);
+bool cli_is_opt(const char *arg, const char *name);
+int cli_parse_device(const char *v, int *device);
 
 /* ---- documents ----------------------------------------------------------- */
 
