@@ -5,6 +5,7 @@
  * by tag across ranks. --json writes the same as one object (docs/reports.md
  * gives its schema). */
 #include "cli_merge.h"
+#include "cli_report.h"
 
 static const char merge_help[] =
     "usage: tally merge [--json] FILE.json...\n"

@@ -3,8 +3,6 @@
 #ifndef TALLY_CLI_MERGE_H
 #define TALLY_CLI_MERGE_H
 
-#include "cli_report.h"
-
 /* The command, argv[0] being "merge"; returns the exit status. */
 int cli_merge_main(int argc, char **argv);
 
