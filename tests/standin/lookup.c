@@ -31,6 +31,7 @@
  * NULL value.' cuGetErrorString likewise, with a description. */
 #include "standin.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 typedef void (*si_fn)(void);
@@ -45,6 +46,42 @@ struct si_entry {
 #define SI_ENTRY(name, version, required, params) {#name, version, (si_fn)name},
 static const struct si_entry si_entries[] = {TALLY_CU_ENTRY_POINTS(SI_ENTRY)};
 #undef SI_ENTRY
+#define SI_NENTRIES (sizeof si_entries / sizeof si_entries[0])
+
+/* ---- call counts (for tests: cuda_standin_calls) ---------------------------- */
+/* The exported name of each entry (the macro `name` expanded), in the
+ * order of si_entries: what __func__ is inside the implementation. */
+#define SI_XSTR(x) #x
+#define SI_STR(x) SI_XSTR(x)
+#define SI_EXPORTED(name, version, required, params) SI_STR(name),
+static const char *const si_exported[] = {TALLY_CU_ENTRY_POINTS(SI_EXPORTED)};
+#undef SI_EXPORTED
+static _Atomic unsigned long long si_calls[SI_NENTRIES];
+
+void si_count(const char *func)
+{
+    for (size_t i = 0; i < SI_NENTRIES; i++) {
+        if (strcmp(si_exported[i], func) == 0) {
+            atomic_fetch_add(&si_calls[i], 1);
+            return;
+        }
+    }
+}
+
+SI_EXPORT unsigned long long cuda_standin_calls(const char *name)
+{
+    unsigned long long n = 0;
+    for (size_t i = 0; i < SI_NENTRIES; i++)
+        if (!name || strcmp(si_entries[i].name, name) == 0)
+            n += atomic_load(&si_calls[i]);
+    return n;
+}
+
+SI_EXPORT void cuda_standin_calls_reset(void)
+{
+    for (size_t i = 0; i < SI_NENTRIES; i++)
+        atomic_store(&si_calls[i], 0);
+}
 
 static CUresult si_lookup(const char *symbol, void **pfn, int cuda_version, CUdriverProcAddressQueryResult *status)
 {
@@ -55,7 +92,7 @@ static CUresult si_lookup(const char *symbol, void **pfn, int cuda_version, CUdr
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = NULL;
     CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    for (size_t i = 0; i < sizeof si_entries / sizeof si_entries[0]; i++) {
+    for (size_t i = 0; i < SI_NENTRIES; i++) {
         const struct si_entry *e = &si_entries[i];
         if (strcmp(e->name, symbol) != 0 || e->version > driver)
             continue;
@@ -119,6 +156,9 @@ static const struct si_error si_errors[] = {
     SI_E(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "system has unsupported display driver / cuda driver combination"),
     SI_E(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing"),
     SI_E(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "operation failed due to a previous error during capture"),
+    SI_E(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "the capture was not begun on this stream"),
+    SI_E(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "the capture has work forked off its origin stream and never joined back"),
+    SI_E(CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "the dependency would merge two separate captures"),
     SI_E(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
          "operation would make the legacy stream depend on a capturing blocking stream"),
     SI_E(CUDA_ERROR_CAPTURED_EVENT, "operation not permitted on an event last recorded in a capturing stream"),
@@ -137,6 +177,7 @@ static const struct si_error *si_error_find(CUresult code)
 
 CUresult cuGetErrorName(CUresult error, const char **name)
 {
+    SI_COUNT();
     if (!name)
         return CUDA_ERROR_INVALID_VALUE;
     const struct si_error *e = si_error_find(error);
@@ -146,6 +187,7 @@ CUresult cuGetErrorName(CUresult error, const char **name)
 
 CUresult cuGetErrorString(CUresult error, const char **text)
 {
+    SI_COUNT();
     if (!text)
         return CUDA_ERROR_INVALID_VALUE;
     const struct si_error *e = si_error_find(error);
