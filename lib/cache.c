@@ -192,7 +192,9 @@ static void collect_whole(tally_block_t *b, void *arg)
  * (SIZE_MAX: all of them). */
 static size_t release_pool(tally_device_t *d, tally_pool_t *p, size_t want)
 {
-    if (!p->count)
+    /* Nothing is released while a capture may be under way: cuMemFree may
+     * synchronise (PyTorch releases nothing then either). */
+    if (!p->count || tally__capture_on_locked(d))
         return 0;
     collect_t c = {tally__meta_alloc(p->count * sizeof(tally_block_t *)), 0, p->count, 0};
     if (!c.items)
@@ -457,8 +459,9 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
 static bool release_available_cached_blocks(tally_device_t *d, alloc_params_t *p)
 {
     uint64_t msplit = tally__opt.max_split_size;
-    /* Small-pool blocks (<= 2 MiB) are never oversize (max_split_size >= 20 MiB). */
-    if (msplit == UINT64_MAX || p->pool == TALLY_POOL_SMALL)
+    /* Small-pool blocks (<= 2 MiB) are never oversize (max_split_size >= 20 MiB);
+     * nothing is released during a capture (release_pool). */
+    if (msplit == UINT64_MAX || p->pool == TALLY_POOL_SMALL || tally__capture_on_locked(d))
         return false;
     tally_pool_t *pool = tally__pool_for(d, p->gp, p->pool);
     size_t want = p->size < msplit ? (size_t)msplit : p->size;
@@ -487,8 +490,8 @@ static bool release_available_cached_blocks(tally_device_t *d, alloc_params_t *p
 static void garbage_collect(tally_device_t *d)
 {
     uint64_t threshold = (uint64_t)(tally__opt_double(&tally__opt.gc_threshold) * (double)d->allowed_max);
-    if (d->reserved <= threshold)
-        return;
+    if (d->reserved <= threshold || tally__capture_on_locked(d))
+        return; /* nothing is released during a capture (release_pool) */
     uint64_t target = d->reserved - threshold, reclaimed = 0;
     tally_pool_t *pool = &d->large;
     collect_t c = {tally__meta_alloc((pool->count + 1) * sizeof(tally_block_t *)), 0, pool->count, 0};
@@ -535,9 +538,9 @@ size_t tally__cache_release_all_locked(tally_device_t *d)
     const tally_backend_t *be = tally__g.backend;
     if (be->passthrough) {
         /* The pool holds the cache: wait for the device, then trim it
-         * (not while a capture is under way: that would end it). */
+         * (not while a capture may be under way: that would end it). */
         uint64_t before[4] = {0}, after[4] = {0};
-        if (d->ncapturing && tally__capture_underway_locked(d))
+        if (tally__capture_on_locked(d))
             return 0;
         d->stats.num_sync_all_streams++;
         be->synchronize(d->id);
@@ -546,6 +549,8 @@ size_t tally__cache_release_all_locked(tally_device_t *d)
         be->pool_usage(d->id, after);
         return before[0] > after[0] ? (size_t)(before[0] - after[0]) : 0;
     }
+    if (tally__capture_on_locked(d))
+        return 0; /* no event synchronised, nothing released during a capture */
     tally__events_wait_all_locked(d);
     size_t released = tally__cache_release_pool_locked(d, &d->large);
     released += tally__cache_release_pool_locked(d, &d->small);
@@ -617,7 +622,9 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
     bool capturing = tally__g.backend->stream_capturing && tally__events_capture_on_locked(d, stream, true);
     if (!capturing && d->events_head)
         tally__events_process_locked(d, false);
-    p.gp = TALLY_UNLIKELY(d->nallocating) ? tally__gpool_match_locked(d, stream) : NULL;
+    /* Pass-through: graph pools are records only (graph_pool.c). */
+    p.gp = TALLY_UNLIKELY(d->nallocating) && !tally__g.backend->passthrough ? tally__gpool_match_locked(d, stream)
+                                                                             : NULL;
     if (TALLY_UNLIKELY(capturing) && !p.gp && tally__capture_listed(d, stream) && !tally__g.backend->passthrough) {
         /* Memory the graph would use on replay must not go back to eager
          * code: without a graph pool there is no safe place for it. */

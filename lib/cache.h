@@ -161,6 +161,13 @@ typedef struct tally_global {
     const tally_backend_t *backend;
     int ndev;
     tally_device_t *dev[TALLY_MAX_DEVICES];
+    /* Captures announced (graph_pool.c): graph pools between begin and end,
+     * on every device together (a global-mode capture forbids unsafe calls
+     * from every thread, whatever the device); and whether any ever was (from
+     * then on tally relies on announcements and asks the driver nothing on
+     * the cached path outside them). */
+    _Atomic int announced;
+    _Atomic bool announces;
 } tally_global_t;
 
 extern tally_global_t tally__g;
@@ -225,6 +232,11 @@ bool tally__capture_check_locked(tally_device_t *d, void *stream);
 bool tally__capture_listed(const tally_device_t *d, void *stream);
 /* Re-check known capturing streams only. */
 bool tally__capture_underway_locked(tally_device_t *d);
+/* Whether a capture may be under way, so that no potentially unsafe call
+ * (event query or synchronise, stream or device synchronise, cuMemFree,
+ * unmap) may be made: one is announced on any device, or a stream of d is
+ * known to capture. Makes no driver call unless d has streams listed. */
+bool tally__capture_on_locked(tally_device_t *d);
 /* Remember a block whose events must wait for the capture to end. */
 int tally__capture_defer_locked(tally_device_t *d, tally_block_t *b);
 /* The graph pool an allocation on stream goes to, or NULL. */

@@ -109,14 +109,15 @@ static bool stream_blocked(const tally_use_t *blocked, int n, const tally_event_
  * same): later events of a stream cannot have completed before it. An
  * event whose query or synchronise fails is not left pending: the event's
  * device is synchronised and the block freed. Nothing is queried while a
- * CUDA graph capture is under way on the device. */
+ * CUDA graph capture may be under way (announced anywhere, or seen on the
+ * device). */
 void tally__events_process_locked(tally_device_t *d, bool wait)
 {
     enum { MAX_BLOCKED = 32 };
     tally_use_t blocked[MAX_BLOCKED];
     int nblocked = 0;
-    if (d->ncapturing && tally__capture_underway_locked(d))
-        return;
+    if (tally__capture_on_locked(d))
+        return; /* queries and synchronises are potentially unsafe calls */
     tally_event_entry_t **link = &d->events_head, *last = NULL;
     while (*link) {
         tally_event_entry_t *e = *link;
@@ -170,7 +171,13 @@ static void flush_deferred(tally_device_t *d)
  * events were deferred get them now. check_stream: look at stream too. */
 bool tally__events_capture_on_locked(tally_device_t *d, void *stream, bool check_stream)
 {
-    bool on = check_stream ? tally__capture_check_locked(d, stream) : tally__capture_underway_locked(d);
+    bool announced = atomic_load_explicit(&tally__g.announced, memory_order_acquire) > 0;
+    bool on = false;
+    /* Announcements are relied on once there were any: outside them no
+     * driver call unless streams are still listed. */
+    if (announced || !atomic_load_explicit(&tally__g.announces, memory_order_relaxed) || d->ncapturing)
+        on = check_stream ? tally__capture_check_locked(d, stream) : tally__capture_underway_locked(d);
+    on = on || announced;
     if (!on && TALLY_UNLIKELY(d->ndeferred))
         flush_deferred(d);
     return on;
@@ -180,7 +187,9 @@ bool tally__events_capture_on_locked(tally_device_t *d, void *stream, bool check
  * on (a capture that began since the last allocation is seen here too). */
 bool tally__events_uses_captured_locked(tally_device_t *d, tally_block_t *b)
 {
-    bool on = false;
+    bool on = atomic_load_explicit(&tally__g.announced, memory_order_acquire) > 0;
+    if (!on && atomic_load_explicit(&tally__g.announces, memory_order_relaxed))
+        return tally__events_capture_on_locked(d, NULL, false);
     for (uint16_t i = 0; i < b->nuses && !on; i++)
         on = tally__capture_check_locked(d, b->uses[i].stream);
     return on || tally__events_capture_on_locked(d, NULL, false);

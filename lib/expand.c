@@ -33,10 +33,11 @@
  * spare handles, and the idle pages of a handle that still holds a live
  * block stay mapped until it is spare.
  *
- * CUDA graph capture: nothing is unmapped while a stream of the device is
- * capturing (tally__capture_underway_locked; one test of a counter when
- * none is): cuMemUnmap needs a device synchronise first, which a capture
- * forbids (it would invalidate it). A block that needs pages then maps new
+ * CUDA graph capture: nothing is unmapped while a capture may be under way
+ * (tally__capture_on_locked: one announced, or a stream of the device seen
+ * capturing; tests of counters when none is): cuMemUnmap needs the
+ * segment's stream synchronised first, which a capture forbids (it would
+ * invalidate it). A block that needs pages then maps new
  * ones instead of taking idle ones, past the high-water mark if need be;
  * when the device has no room for them the allocation fails with OOM (the
  * capture survives). empty_cache, stage-end release and the release of a

@@ -251,16 +251,24 @@ int tally__cu_capacity(int device, size_t *total_bytes)
 
 /* A legacy default stream cannot be queried while another stream of its
  * context captures in global mode (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT):
- * that too means a capture is under way on the device. */
+ * that too means a capture is under way on the device. A created stream
+ * names its context: one driver call, no context switch; a default-stream
+ * handle means the current context's, so the device's is made current. */
 int tally__cu_stream_capturing(int device, void *stream)
 {
-    tally_cu_guard_t g;
-    int rc = tally__cu_enter_used(&g, device);
-    if (rc)
-        return rc > 0 ? 0 : -TALLY_EBACKEND;
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    CUresult r = tally__cu.cuStreamIsCapturing((CUstream)stream, &st);
-    tally__cu_leave(&g);
+    CUresult r;
+    if (!tally__cu_device_used(device))
+        return 0;
+    if (!special_stream(stream)) {
+        r = tally__cu.cuStreamIsCapturing((CUstream)stream, &st);
+    } else {
+        tally_cu_guard_t g;
+        if (tally__cu_enter_used(&g, device))
+            return -TALLY_EBACKEND;
+        r = tally__cu.cuStreamIsCapturing((CUstream)stream, &st);
+        tally__cu_leave(&g);
+    }
     if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
         return 1;
     if (r != CUDA_SUCCESS)
