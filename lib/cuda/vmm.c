@@ -128,6 +128,13 @@ static size_t access_list(int device, uint64_t mask, CUmemAccessDesc desc[TALLY_
     return n;
 }
 
+/* Devices whose pages are asked to be GPUDirect RDMA capable: those that
+ * report CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (read in
+ * check_device). Without the flag, RDMA registration of the memory (NCCL's
+ * user buffers over InfiniBand) fails or falls back; PyTorch and NCCL set it
+ * the same way. */
+static bool rdma[TALLY_MAX_DEVICES];
+
 static CUmemAllocationProp page_prop(int device)
 {
     CUmemAllocationProp prop;
@@ -135,6 +142,7 @@ static CUmemAllocationProp page_prop(int device)
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device;
+    prop.allocFlags.gpuDirectRDMACapable = rdma[device] ? 1 : 0;
     return prop;
 }
 
@@ -176,6 +184,11 @@ static int check_device(int device, char *why, size_t whylen)
                 snprintf(what, sizeof what, "allocation granularity %zu bytes does not divide the 2 MiB page", gran);
                 snprintf(msg, len, fmt, what, device);
             } else {
+                int can = 0; /* an old driver may not know the attribute: then no RDMA flag */
+                rdma[device] = tally__cu.cuDeviceGetAttribute(
+                                   &can, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev) ==
+                                   CUDA_SUCCESS &&
+                               can;
                 ok = 1;
             }
         }
