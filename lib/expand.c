@@ -253,16 +253,23 @@ static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, si
 /* Whether unmapping is held back: a capture is under way on the device. */
 bool tally__expand_unmap_held_locked(tally_device_t *d)
 {
-    return TALLY_UNLIKELY(d->ncapturing != 0) && tally__capture_underway_locked(d);
+    return tally__capture_on_locked(d);
 }
 
-/* Unmap pages [p, p + n) in one backend call: whole spare handles only.
- * Returns false (nothing changed) when the backend refused. */
+/* Unmap pages [p, p + n) in one backend call: whole spare handles only,
+ * after the work queued on the segment's stream (the one stream whose blocks
+ * the region holds; another stream's uses of a block held it back with
+ * events until done), never after the whole device: an unrelated stream
+ * (NCCL's) is not waited for. Returns false (nothing changed) when the
+ * backend refused. */
 static bool unmap_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n)
 {
     size_t bytes = n * PAGE;
     tally_expand_t *ex = s->ex;
-    if (tally__g.backend->unmap(d->id, (void *)(s->base + p * PAGE), bytes))
+    const tally_backend_t *be = tally__g.backend;
+    if (be->stream_sync && be->stream_sync(d->id, s->stream))
+        return false; /* not known to be done: still mapped, still spare */
+    if (be->unmap(d->id, (void *)(s->base + p * PAGE), bytes))
         return false; /* still mapped, still spare */
     d->stats.num_device_free++;
     for (size_t h = p; h < p + n;) {

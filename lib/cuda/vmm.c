@@ -298,24 +298,14 @@ static CUresult unmap_run(int device, vmm_range_t *r, size_t p, size_t n)
 }
 
 /* Unmap every mapped page of [p, p + n) of r, in runs. In the device's
- * context; with wait, waits for the device's work first (pages no work has
- * seen, such as those of a failed map, need not). */
-static CUresult unmap_pages(int device, vmm_range_t *r, size_t p, size_t n, bool wait)
+ * context. Waits for nothing: the caller has waited for the streams that
+ * used the pages (lib/expand.c: the segment's stream; other streams' uses
+ * are held back by events until done), never for the whole device (a
+ * cuCtxSynchronize would wait for every stream, NCCL's included, and is
+ * refused during a capture). */
+static CUresult unmap_pages(int device, vmm_range_t *r, size_t p, size_t n)
 {
-    bool any = false;
-    for (size_t q = p; q < p + n && !any; q++)
-        any = bit(r, q);
-    if (!any)
-        return CUDA_SUCCESS;
-    CUresult res = wait ? tally__cu.cuCtxSynchronize() : CUDA_SUCCESS;
-    if (res != CUDA_SUCCESS) {
-        /* Refused, nothing unmapped: queued work may still use the pages.
-         * lib/expand.c unmaps nothing while a capture is under way (when
-         * the synchronise would be refused), so this is defensive; the
-         * caller keeps the pages as mapped. */
-        tally__cu_fail(res, "cuCtxSynchronize before cuMemUnmap (nothing unmapped)", device);
-        return res;
-    }
+    CUresult res = CUDA_SUCCESS;
     for (size_t q = p; q < p + n;) {
         if (!bit(r, q)) {
             q++;
@@ -386,14 +376,14 @@ int tally__cu_vmm_map(int device, void *ptr, size_t size, size_t handle, char *w
             rc = tally__cu_why(cr, "cuMemSetAccess", why, whylen);
     }
     if (rc) /* nothing of this call stays mapped; its memory goes back */
-        unmap_pages(device, r, p, n, false);
+        unmap_pages(device, r, p, n);
     tally__cu.cuThreadExchangeStreamCaptureMode(&mode);
     tally__cu_leave(&g);
     return rc;
 }
 
 /* In the device's context and the relaxed capture mode: unmap the mapped
- * pages of [p, p + n) of r (after waiting for the device) and, with
+ * pages of [p, p + n) of r (the caller waited for their streams) and, with
  * release, free r's addresses (*freed: cuMemAddressFree's result). */
 static int give_back(int device, vmm_range_t *r, size_t p, size_t n, bool release, CUresult *freed)
 {
@@ -402,7 +392,7 @@ static int give_back(int device, vmm_range_t *r, size_t p, size_t n, bool releas
         return TALLY_EBACKEND;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     tally__cu.cuThreadExchangeStreamCaptureMode(&mode);
-    CUresult res = unmap_pages(device, r, p, n, true);
+    CUresult res = unmap_pages(device, r, p, n);
     if (release && res != CUDA_SUCCESS)
         *freed = res; /* pages still mapped: the addresses stay reserved */
     else if (release)
