@@ -215,13 +215,25 @@ void tally__events_wait_for_use_locked(tally_device_t *d, void *stream, const ta
 
 /* The stream's device: NULL and the other default-stream handles mean the
  * current device's default stream, or the block's device when no device is
- * current (backend.h, docs/architecture.md). */
+ * current (backend.h, docs/architecture.md); a NULL stream that is another
+ * device's default stream is said (it is rarely what was meant). A stream
+ * whose device cannot be told is still a use: kept on the block's device,
+ * where no event can be recorded on it, so the free waits for that stream
+ * (after the capture, if one is under way: frees with uses are deferred). */
 int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void *stream)
 {
     const tally_backend_t *be = tally__g.backend;
     int dev = be->stream_device ? be->stream_device(stream, d->id) : d->id;
-    if (dev < 0 || dev >= tally__g.ndev)
-        return tally__fail(TALLY_EBACKEND, "record_stream: cannot tell which device stream %p belongs to", stream);
+    if (dev < 0 || dev >= tally__g.ndev) {
+        tally__diag("record_stream: cannot tell which device stream %p belongs to; block %p of device %d waits for "
+                    "that stream when it is freed",
+                    stream, (void *)b->addr, d->id);
+        dev = d->id;
+    } else if (TALLY_UNLIKELY(stream == NULL && dev != d->id)) {
+        tally__diag("record_stream: the NULL stream is the default stream of the current device, device %d, not "
+                    "that of block %p (device %d); pass the stream itself to record a use on device %d",
+                    dev, (void *)b->addr, d->id, d->id);
+    }
     if (stream == b->stream && dev == d->id)
         return 0;
     for (uint16_t i = 0; i < b->nuses; i++)

@@ -118,6 +118,13 @@ static int current_device(void)
     return tally__cu.cuCtxGetDevice(&dev) == CUDA_SUCCESS ? (int)dev : -1;
 }
 
+/* The device of a stream: from its context (cuStreamGetCtx works in every
+ * capture mode; a primary context tally retained names its device with no
+ * further call, another is made current for one cuCtxGetDevice, which is
+ * no synchronising call either). cuStreamGetDevice only where the context
+ * cannot be had (cuStreamGetCtx refuses green-context streams on CUDA 12
+ * drivers): some drivers refuse it during a capture, and the refusal
+ * invalidates the capture (../shared/cuda.md, "CUDA graph capture"). */
 int tally__cu_stream_device(void *stream, int fallback)
 {
     if (special_stream(stream)) {
@@ -125,11 +132,15 @@ int tally__cu_stream_device(void *stream, int fallback)
         return cur >= 0 ? cur : fallback;
     }
     CUdevice dev = -1;
-    if (tally__cu.cuStreamGetDevice && tally__cu.cuStreamGetDevice((CUstream)stream, &dev) == CUDA_SUCCESS)
-        return (int)dev;
     CUcontext ctx = NULL;
-    if (tally__cu.cuStreamGetCtx((CUstream)stream, &ctx) != CUDA_SUCCESS || !ctx)
+    if (tally__cu.cuStreamGetCtx((CUstream)stream, &ctx) != CUDA_SUCCESS || !ctx) {
+        if (tally__cu.cuStreamGetDevice && tally__cu.cuStreamGetDevice((CUstream)stream, &dev) == CUDA_SUCCESS)
+            return (int)dev;
         return -1;
+    }
+    for (int i = 0; i < TALLY_MAX_DEVICES; i++)
+        if (atomic_load_explicit(&used[i], memory_order_acquire) && primary[i] == ctx)
+            return i;
     /* The context's device: make it current for one call. */
     if (tally__cu.cuCtxPushCurrent(ctx) != CUDA_SUCCESS)
         return -1;
