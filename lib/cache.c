@@ -287,14 +287,12 @@ void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b)
     tally__stat_pool_dec(d->stats.requested_bytes, b->pool, (int64_t)b->requested);
 }
 
-/* Pass-through free: the pool orders the free after the block's last use on
- * every stream it was recorded on, so the memory returns at once. */
 /* Pass-through free of a block used on other streams: the device's free
  * stream (when the backend has one) waits for the block's stream and every
  * use, and the free is queued there, so the block's own (compute) stream
  * never waits for side streams (PyTorch's async allocator does the same);
  * else the block's stream waits for the uses. */
-static void passthrough_free(tally_device_t *d, tally_block_t *b)
+void tally__cache_passthrough_free_locked(tally_device_t *d, tally_block_t *b)
 {
     const tally_backend_t *be = tally__g.backend;
     void *fs = b->nuses && be->free_stream ? be->free_stream(d->id) : NULL;
@@ -330,7 +328,18 @@ void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
     f->stage = b->stage;
     f->seq = b->seq;
     if (TALLY_UNLIKELY(tally__g.backend->passthrough)) {
-        passthrough_free(d, b);
+        /* During a capture only a graph allocation with no other stream's
+         * use is freed at once (a free node on its own stream): any other
+         * free waits for the capture to end (cuMemFreeAsync in a capture
+         * takes only graph allocations, and a free through the free stream
+         * would join that stream into the capture, unjoined). */
+        if (TALLY_UNLIKELY(tally__g.backend->stream_capturing != NULL) && !(b->in_capture && !b->nuses) &&
+            (tally__events_uses_captured_locked(d, b) || tally__events_capture_on_locked(d, b->stream, true)) &&
+            tally__capture_defer_locked(d, b) == 0) {
+            b->state = BLOCK_PENDING;
+            return;
+        }
+        tally__cache_passthrough_free_locked(d, b);
         return;
     }
     if (b->nuses) {
@@ -718,6 +727,8 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
         tally__stat_inc(&d->stats.oversize_allocations, 1);
     b->site = site;
     b->ignored = 0;
+    /* Pass-through: a graph allocation may be freed inside its capture. */
+    b->in_capture = TALLY_UNLIKELY(capturing) && tally__capture_listed(d, stream);
     tally__ledger_on_alloc_locked(d, b);
     tally__timeline_block_locked(d, TALLY_EV_ALLOC, b);
     tally__trace_block_locked(d, 1, b);

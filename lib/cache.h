@@ -37,6 +37,7 @@ struct tally_block {
     uint8_t paged;               /* counted on its expandable segment's pages */
     uint8_t deferred;            /* pending: events wait for a capture to end */
     uint8_t ignored;             /* tally_ignore: kept on purpose, not a leak */
+    uint8_t in_capture;          /* pass-through: allocated on a capturing stream (a graph allocation) */
     uint16_t event_count;        /* outstanding stream events */
     uint16_t nuses, cap_uses;    /* streams recorded by record_stream */
     tally_use_t *uses;
@@ -264,6 +265,8 @@ void tally__events_wait_all_locked(tally_device_t *d);
 bool tally__events_capture_on_locked(tally_device_t *d, void *stream, bool check_stream);
 /* Whether a capture is under way on the device or on a use of b. */
 bool tally__events_uses_captured_locked(tally_device_t *d, tally_block_t *b);
+/* Pass-through free (cache.c): the backend frees, after the block's uses. */
+void tally__cache_passthrough_free_locked(tally_device_t *d, tally_block_t *b);
 /* Make stream (of d) wait for the work queued so far on u's stream. */
 void tally__events_wait_for_use_locked(tally_device_t *d, void *stream, const tally_use_t *u);
 

@@ -152,7 +152,8 @@ void tally__events_process_locked(tally_device_t *d, bool wait)
         d->events_tail = last;
 }
 
-/* The capture that deferred these blocks' events has ended: insert them. */
+/* The capture that deferred these blocks' events has ended: insert them
+ * (pass-through: free them now, after their uses). */
 static void flush_deferred(tally_device_t *d)
 {
     size_t n = d->ndeferred;
@@ -160,6 +161,10 @@ static void flush_deferred(tally_device_t *d)
     for (size_t i = 0; i < n; i++) {
         tally_block_t *b = d->deferred[i];
         b->deferred = 0;
+        if (tally__g.backend->passthrough) {
+            tally__cache_passthrough_free_locked(d, b);
+            continue;
+        }
         tally__cache_insert_events_locked(d, b);
         if (!b->event_count)
             tally__cache_free_block_locked(d, b);
