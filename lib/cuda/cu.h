@@ -57,9 +57,10 @@ bool tally__cu_device_used(int device);
 /* The device a stream belongs to. NULL, CU_STREAM_LEGACY and
  * CU_STREAM_PER_THREAD name the default stream of whatever context is
  * current, so they mean: the current context's device when the calling
- * thread has one, else fallback. Other streams: cuStreamGetDevice where the
- * driver has it, else cuStreamGetCtx and that context's device. -1 when the
- * stream's device cannot be found. */
+ * thread has one, else fallback. Other streams: cuStreamGetCtx and that
+ * context's device (it works during a capture); cuStreamGetDevice only when
+ * there is no context to be had. -1 when the stream's device cannot be
+ * found. */
 int tally__cu_stream_device(void *stream, int fallback);
 
 /* Events of a device, created with CU_EVENT_DISABLE_TIMING in its primary
