@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -273,6 +274,15 @@ static void test_capture_rules(void **state)
     CU_OK(cu.cuCtxPopCurrent(NULL));
 }
 
+/* End a capture whatever its state (what a real driver leaves is not documented). */
+static void end_any(CUstream s)
+{
+    CUgraph g = NULL;
+    cu.cuStreamEndCapture(s, &g);
+    if (g)
+        cu.cuGraphDestroy(g);
+}
+
 /* ---- capture: potentially unsafe calls ----------------------------------------------------- */
 enum unsafe_call { UNSAFE_EVENT_QUERY, UNSAFE_EVENT_SYNC, UNSAFE_STREAM_SYNC, UNSAFE_CTX_SYNC, UNSAFE_COUNT };
 
@@ -337,12 +347,27 @@ static void test_capture_unsafe_calls(void **state)
     CU_OK(cu.cuCtxPopCurrent(NULL));
     CU_OK(cu.cuCtxPushCurrent(cu_ctx[0]));
     CU_OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    /* With one device the context synchronise is of the capturing context:
+     * refused in every mode (test_capture_rules), so only its global case
+     * is checked. A real driver was measured to leave a global capture
+     * valid when another thread synchronises another device (ROCm PR 4508,
+     * CUDA 12.0): the stand-in is stricter, so that case is checked on the
+     * stand-in only. */
+    bool one_ctx = cu_ctx[1] == cu_ctx[0];
     for (int call = 0; call < UNSAFE_COUNT; call++) {
         struct unsafe_probe p = {.call = (enum unsafe_call)call, .ctx = cu_ctx[1], .event = done, .stream = other};
+        bool same_ctx_sync = call == UNSAFE_CTX_SYNC && one_ctx;
         /* Global: another thread in the global mode is refused... */
         CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-        CU_IS(unsafe_from_other_thread(p, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-        end_invalidated(s);
+        CUresult rc = unsafe_from_other_thread(p, CU_STREAM_CAPTURE_MODE_GLOBAL);
+        if (cu_is_standin() || one_ctx) {
+            CU_IS(rc, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            end_invalidated(s);
+        } else {
+            end_any(s);
+        }
+        if (same_ctx_sync)
+            continue;
         /* ...a relaxed one is not, and the capture lives. */
         CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
         CU_OK(unsafe_from_other_thread(p, CU_STREAM_CAPTURE_MODE_RELAXED));
@@ -446,24 +471,32 @@ static void test_capture_cross_stream(void **state)
     CU_OK(cu.cuStreamWaitEvent(t, fork, 0));
     CUresult rc = cu.cuStreamEndCapture(t, &g);
     assert_true(rc != CUDA_SUCCESS);
-    if (cu_is_standin())
+    if (cu_is_standin()) {
+        /* What a real driver leaves after the refusal is not documented. */
         CU_IS(rc, CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
-    assert_int_equal(capture_status(t), CU_STREAM_CAPTURE_STATUS_ACTIVE);
-    CU_OK(cu.cuEventRecord(join, t));
-    CU_OK(cu.cuStreamWaitEvent(s, join, 0));
-    CU_OK(cu.cuStreamEndCapture(s, &g));
-    CU_OK(cu.cuGraphDestroy(g));
+        assert_int_equal(capture_status(t), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+        CU_OK(cu.cuEventRecord(join, t));
+        CU_OK(cu.cuStreamWaitEvent(s, join, 0));
+        CU_OK(cu.cuStreamEndCapture(s, &g));
+        CU_OK(cu.cuGraphDestroy(g));
+    } else {
+        end_any(s);
+    }
 
-    /* 5. Two captures are never merged: both invalidated. */
+    /* 5. Two captures are never merged (both invalidated on the stand-in). */
     CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
     CU_OK(cu.cuStreamBeginCapture(u, CU_STREAM_CAPTURE_MODE_GLOBAL));
     CU_OK(cu.cuEventRecord(fork, s));
     rc = cu.cuStreamWaitEvent(u, fork, 0);
     assert_true(rc != CUDA_SUCCESS);
-    if (cu_is_standin())
+    if (cu_is_standin()) {
         CU_IS(rc, CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
-    end_invalidated(u);
-    end_invalidated(s);
+        end_invalidated(u);
+        end_invalidated(s);
+    } else {
+        end_any(u);
+        end_any(s);
+    }
 
     CU_OK(cu.cuStreamSynchronize(u));
     assert_int_equal(__atomic_load_n(&flag, __ATOMIC_SEQ_CST), 0);
@@ -497,11 +530,15 @@ static void test_capture_pool_allocations(void **state)
     CU_OK(cu.cuMemAllocFromPoolAsync(&g1, 4 * MiB, pool, s));
     assert_true(g1 != 0 && g1 != eager);
     CU_OK(cu.cuMemFreeAsync(g1, s)); /* a free node of the graph */
-    CU_OK(cu.cuMemAllocFromPoolAsync(&g2, 4 * MiB, pool, s));
+    /* A graph allocation left to eager code (stand-in only: a real graph
+     * that was never launched has not made it). */
+    if (cu_is_standin())
+        CU_OK(cu.cuMemAllocFromPoolAsync(&g2, 4 * MiB, pool, s));
     CU_OK(cu.cuStreamEndCapture(s, &g));
     assert_non_null(g);
     CU_OK(cu.cuGraphDestroy(g));
-    CU_OK(cu.cuMemFreeAsync(g2, s)); /* not freed in the graph: an eager free */
+    if (cu_is_standin())
+        CU_OK(cu.cuMemFreeAsync(g2, s)); /* not freed in the graph: an eager free */
 
     CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
     CUresult rc = cu.cuMemFreeAsync(eager, s);

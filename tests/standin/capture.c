@@ -34,7 +34,11 @@
  *     driver API has no separate device synchronise; cuCtxSynchronize is
  *     it): the same sources, a synchronising call being what the unsafe
  *     cudaMalloc/cudaFree do implicitly; PyTorch releases no cached memory
- *     (which synchronises) while a capture is under way.
+ *     (which synchronises) while a capture is under way. A measurement on
+ *     NVIDIA hardware (ROCm's pull request 4508, CUDA 12.0) saw another
+ *     thread's synchronise of ANOTHER device leave a global capture valid:
+ *     the stand-in applies the modes' rule whatever the device, stricter
+ *     than that measurement (tests check that case on the stand-in only).
  *   cuStreamGetDevice is treated as potentially unsafe too (stream.c), from
  *   measurement (NVIDIA CCCL's notes on get_device_from_stream: rejected
  *   during capture by driver 580).
