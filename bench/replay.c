@@ -30,7 +30,7 @@
  *   repetition): segment allocations + frees, map calls and the 2 MiB pages
  *   they mapped, unmap calls, pages unmapped and runs of mapped pages among
  *   them, ranges reserved; and the driver calls the cuda backend makes for
- *   the same calls (lib/cuda/vmm.c): cuMemAlloc / cuMemFree 1 each,
+ *   the same calls (lib/backend/cuda/vmm.c): cuMemAlloc / cuMemFree 1 each,
  *   cuMemAddressReserve 1, a map of n pages 3n + 1 (cuMemCreate + cuMemMap
  *   + cuMemRelease per page, one cuMemSetAccess), an unmap one
  *   cuStreamSynchronize (the segment's stream) + one cuMemUnmap per run.

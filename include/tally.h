@@ -293,7 +293,7 @@ TALLY_API int tally_write_report(const char *path);
  * alloc: size bytes on device for stream; NULL for size 0. When it fails it
  * calls the raiser set with tally_torch_set_oom_raiser (c10::OutOfMemoryError
  * when the Python package built its shim), else, when the library was linked
- * with lib/torch_oom.cc, throws std::runtime_error ("CUDA out of memory.
+ * with lib/torch/torch_oom.cc, throws std::runtime_error ("CUDA out of memory.
  * Tried to allocate ...", a Python RuntimeError); otherwise returns NULL. */
 TALLY_API void *tally_torch_alloc(size_t size, int device, void *stream);
 
@@ -310,7 +310,7 @@ TALLY_API void tally_torch_memory_fraction(double fraction, int device);
 TALLY_API void tally_torch_record_stream(void *ptr, void *stream);
 
 /* 1 when tally_torch_alloc raises a C++ exception on failure (a raiser is set,
- * or lib/torch_oom.cc is linked in), 0 when it returns NULL. */
+ * or lib/torch/torch_oom.cc is linked in), 0 when it returns NULL. */
 TALLY_API int tally_torch_oom_raises(void);
 
 /* The function tally_torch_alloc calls when an allocation fails, with oom
@@ -320,7 +320,7 @@ TALLY_API int tally_torch_oom_raises(void);
  * one compiled against the installed PyTorch that throws
  * c10::OutOfMemoryError (Python: torch.cuda.OutOfMemoryError), so cuDNN's
  * smaller-workspace fallback works (docs/pytorch.md). NULL restores the
- * default: lib/torch_oom.cc's std::runtime_error. */
+ * default: lib/torch/torch_oom.cc's std::runtime_error. */
 typedef void (*tally_torch_raise_fn)(int oom, const char *message);
 TALLY_API void tally_torch_set_oom_raiser(tally_torch_raise_fn raise);
 
@@ -360,7 +360,7 @@ TALLY_API int tally_host_calls(int device, tally_host_calls_t *out);
 
 #ifdef __cplusplus
 /* C++ only: PyTorch's CUDA graph pool hooks for a pluggable allocator
- * (lib/torch_graph.cc, in libtally.so only), with the exact types PyTorch
+ * (lib/torch/torch_graph.cc, in libtally.so only), with the exact types PyTorch
  * calls them with: the pool id is c10::cuda::MempoolId_t and the filter a
  * std::function<bool(cudaStream_t)> (cudaStream_t is CUstream_st *). Pass
  * their addresses to the allocator object's set_begin_allocate_to_pool,

@@ -4,7 +4,7 @@
  * driver (TALLY_REAL_CUDA=1).
  *
  * - cu_load(): dlopen("libcuda.so.1") by the ordinary search path and fill
- *   `cu`, one function pointer per entry point of lib/cuda/driver.h, through
+ *   `cu`, one function pointer per entry point of lib/backend/cuda/driver.h, through
  *   cuGetProcAddress(_v2) with the CUDA version driver.h declares. Entry
  *   points the driver is too old for stay NULL.
  * - CU_OK(call): the call returns CUDA_SUCCESS, else the test fails with the
@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/driver.h"
+#include "backend/cuda/driver.h"
 #include "skip.h"
 
 struct cu_api {
@@ -211,7 +211,7 @@ static inline long long cu_calls(const char *name)
 
 static inline void cu_calls_reset(void)
 {
-    void *sym = cu_lib ? dlsym(cu_lib, "cuda_standin_calls_reset") : NULL;
+    void *sym = cu_lib ? dlsym(cu_lib, "cuda_standin_counts_reset") : NULL;
     void (*fn)(void) = NULL;
     if (!sym)
         return;

@@ -287,7 +287,7 @@ static void test_proc_address_versions(void **state)
 static void test_error_names(void **state)
 {
     CU_NEED_DRIVER();
-    /* Every CUresult lib/cuda/driver.h declares. */
+    /* Every CUresult lib/backend/cuda/driver.h declares. */
     const CUresult codes[] = {CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
                               CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_STUB_LIBRARY,
                               CUDA_ERROR_NO_DEVICE, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_CONTEXT,

@@ -3,8 +3,8 @@
  * range, the lenient input it accepts and the errors it reports. */
 #include "testutil.h" /* tu_buf_t, tu_buf_write */
 
-#include "json.h"
-#include "report.h"
+#include "report/json.h"
+#include "report/report.h"
 
 /* ---- stats JSON --------------------------------------------------------- */
 

@@ -6,7 +6,7 @@
  * index; id < 0 frees block -id; docs/reports.md). */
 #include "tune.h"
 
-#include "json.h"
+#include "report/json.h"
 #include "pickle.h"
 
 #include <errno.h>

@@ -213,7 +213,6 @@ static CUresult si_configure(void)
  * parameter must be 0.' */
 CUresult cuInit(unsigned int flags)
 {
-    SI_COUNT();
     if (si_forked)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (flags != 0)
@@ -234,7 +233,6 @@ CUresult cuInit(unsigned int flags)
  * the driver before initialising it). */
 CUresult cuDriverGetVersion(int *version)
 {
-    SI_COUNT();
     if (!version)
         return CUDA_ERROR_INVALID_VALUE;
     *version = si_driver_version();

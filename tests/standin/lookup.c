@@ -31,7 +31,6 @@
  * NULL value.' cuGetErrorString likewise, with a description. */
 #include "standin.h"
 
-#include <stdatomic.h>
 #include <string.h>
 
 typedef void (*si_fn)(void);
@@ -47,41 +46,6 @@ struct si_entry {
 static const struct si_entry si_entries[] = {TALLY_CU_ENTRY_POINTS(SI_ENTRY)};
 #undef SI_ENTRY
 #define SI_NENTRIES (sizeof si_entries / sizeof si_entries[0])
-
-/* ---- call counts (for tests: cuda_standin_calls) ---------------------------- */
-/* The exported name of each entry (the macro `name` expanded), in the
- * order of si_entries: what __func__ is inside the implementation. */
-#define SI_XSTR(x) #x
-#define SI_STR(x) SI_XSTR(x)
-#define SI_EXPORTED(name, version, required, params) SI_STR(name),
-static const char *const si_exported[] = {TALLY_CU_ENTRY_POINTS(SI_EXPORTED)};
-#undef SI_EXPORTED
-static _Atomic unsigned long long si_calls[SI_NENTRIES];
-
-void si_count(const char *func)
-{
-    for (size_t i = 0; i < SI_NENTRIES; i++) {
-        if (strcmp(si_exported[i], func) == 0) {
-            atomic_fetch_add(&si_calls[i], 1);
-            return;
-        }
-    }
-}
-
-SI_EXPORT unsigned long long cuda_standin_calls(const char *name)
-{
-    unsigned long long n = 0;
-    for (size_t i = 0; i < SI_NENTRIES; i++)
-        if (!name || strcmp(si_entries[i].name, name) == 0)
-            n += atomic_load(&si_calls[i]);
-    return n;
-}
-
-SI_EXPORT void cuda_standin_calls_reset(void)
-{
-    for (size_t i = 0; i < SI_NENTRIES; i++)
-        atomic_store(&si_calls[i], 0);
-}
 
 static CUresult si_lookup(const char *symbol, void **pfn, int cuda_version, CUdriverProcAddressQueryResult *status)
 {
@@ -177,7 +141,6 @@ static const struct si_error *si_error_find(CUresult code)
 
 CUresult cuGetErrorName(CUresult error, const char **name)
 {
-    SI_COUNT();
     if (!name)
         return CUDA_ERROR_INVALID_VALUE;
     const struct si_error *e = si_error_find(error);
@@ -187,7 +150,6 @@ CUresult cuGetErrorName(CUresult error, const char **name)
 
 CUresult cuGetErrorString(CUresult error, const char **text)
 {
-    SI_COUNT();
     if (!text)
         return CUDA_ERROR_INVALID_VALUE;
     const struct si_error *e = si_error_find(error);

@@ -2,7 +2,7 @@
  *
  * The stand-in is a small libcuda.so.1 built by the project
  * (build/standin/libcuda.so.1) that implements, on host memory, every CUDA
- * driver entry point tally uses (lib/cuda/driver.h, TALLY_CU_ENTRY_POINTS),
+ * driver entry point tally uses (lib/backend/cuda/driver.h, TALLY_CU_ENTRY_POINTS),
  * with the documented rules that matter to an allocator. Each rule cites
  * the CUDA documentation it encodes: the driver API reference as printed in
  * cuda.h's doc comments (quoted "cuName: '...'"), the CUDA C++ Programming
@@ -29,11 +29,12 @@
 #define TALLY_STANDIN_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cuda/driver.h"
+#include "backend/cuda/driver.h"
 
 /* cuda.h's renames of the versioned entry points tally uses. */
 #define cuDeviceTotalMem cuDeviceTotalMem_v2
@@ -56,12 +57,6 @@ TALLY_CU_ENTRY_POINTS(SI_DECLARE)
 
 /* Not in driver.h's list: the stand-in's marker for cu_is_standin(). */
 SI_EXPORT extern const int cuda_standin_version;
-/* Not in driver.h's list either, for tests (tests/cudautil.h, cu_calls):
- * how many times the entry point of that plain name (driver.h's spelling,
- * "cuMemAlloc") was called since the last reset, in every thread; NULL:
- * all entry points together. Unknown names count 0. */
-SI_EXPORT unsigned long long cuda_standin_calls(const char *name);
-SI_EXPORT void cuda_standin_calls_reset(void);
 /* cuMemCreate calls that asked for gpuDirectRDMACapable memory (vmm.c). */
 SI_EXPORT unsigned long long cuda_standin_rdma_creates(void);
 
@@ -86,17 +81,20 @@ extern pthread_cond_t si_cond;
 /* CUDA_SUCCESS when the driver may be used from this process: cuInit
  * succeeded and this is not a child forked after it. */
 CUresult si_usable(void);
-/* Count one call of the entry point `func` (its exported name, __func__):
- * lookup.c keeps a count per entry point for tests (cuda_standin_calls). */
-void si_count(const char *func);
-#define SI_COUNT() si_count(__func__)
 /* The first statement of every entry point that needs cuInit: counts the
- * call, declares rc and returns the error when the driver is unusable. */
+ * call (counts.c), declares rc and returns the error when the driver is
+ * unusable. */
 #define SI_ENTER()                                                                                                 \
-    SI_COUNT();                                                                                                    \
+    static _Atomic int si_slot_ = -1;                                                                              \
+    si_count_call(&si_slot_, __func__);                                                                            \
     CUresult rc = si_usable();                                                                                     \
     if (rc)                                                                                                        \
     return rc
+/* counts.c: count a call of the entry point func (its __func__), once per
+ * call; slot caches where its counter is. Add the mappings a per-mapping
+ * call (cost.h) touched. */
+void si_count_call(_Atomic int *slot, const char *func);
+void si_count_mappings(const char *func, unsigned long long n);
 /* The driver version before or after cuInit (CUDA_STANDIN_DRIVER_VERSION). */
 int si_driver_version(void);
 /* Parse a byte count with an optional K/M/G suffix; 0 when malformed. */
