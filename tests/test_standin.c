@@ -149,6 +149,8 @@ static void child_driver_12000(void)
     CHILD_EXPECT(gpa2("cuStreamGetDevice", &pfn, 12000, 0, &st) == CUDA_SUCCESS);
     CHILD_EXPECT(pfn == NULL && st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
     CHILD_EXPECT(gpa2("cuMemAlloc", &pfn, 12080, 0, &st) == CUDA_ERROR_INVALID_VALUE);
+    CHILD_EXPECT(gpa2("cuStreamGetCtx", &pfn, 12000, 0, &st) == CUDA_SUCCESS &&
+                 pfn == dlsym(cu_lib, "cuStreamGetCtx")); /* the 9.2 form only */
     CHILD_EXPECT(cu.cuMemPoolCreate != NULL);
 }
 
@@ -249,6 +251,28 @@ static void test_proc_address_versions(void **state)
     pfn = NULL;
     CU_OK(gpa("cuStreamBeginCapture", &pfn, 10010, 0));
     assert_ptr_equal(pfn, dlsym(cu_lib, "cuStreamBeginCapture_v2"));
+    /* One name, two forms: the version asked for picks (cuStreamGetCtx 9.2 and 12.5). */
+    if (cu_driver_version >= TALLY_CU_STREAM_GET_CTX_V2) {
+        CU_OK(gpa2("cuStreamGetCtx", &pfn, 9020, 0, &st));
+        assert_ptr_equal(pfn, dlsym(cu_lib, "cuStreamGetCtx"));
+        CU_OK(gpa2("cuStreamGetCtx", &pfn, TALLY_CU_STREAM_GET_CTX_V2, 0, &st));
+        assert_int_equal(st, CU_GET_PROC_ADDRESS_SUCCESS);
+        assert_ptr_equal(pfn, dlsym(cu_lib, "cuStreamGetCtx_v2"));
+        tally_pfn_cuStreamGetCtx_v2 get_ctx_v2 = NULL;
+        memcpy(&get_ctx_v2, &pfn, sizeof pfn);
+        CUcontext c = NULL, mine = NULL;
+        CUgreenCtx green = (CUgreenCtx)&c;
+        CUstream s = NULL;
+        CU_OK(cu.cuDevicePrimaryCtxRetain(&mine, 0));
+        CU_OK(cu.cuCtxPushCurrent(mine));
+        CU_OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        CU_OK(get_ctx_v2(s, &c, &green));
+        assert_ptr_equal(c, mine);
+        assert_null(green); /* a regular context's stream */
+        CU_OK(cu.cuStreamDestroy(s));
+        CU_OK(cu.cuCtxPopCurrent(NULL));
+        CU_OK(cu.cuDevicePrimaryCtxRelease(0));
+    }
     /* Unknown symbol: found nothing. */
     pfn = &st;
     CUresult rc = gpa2("cuNoSuchEntryPoint", &pfn, 3020, 0, &st);

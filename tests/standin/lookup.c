@@ -47,6 +47,14 @@ static const struct si_entry si_entries[] = {TALLY_CU_ENTRY_POINTS(SI_ENTRY)};
 #undef SI_ENTRY
 #define SI_NENTRIES (sizeof si_entries / sizeof si_entries[0])
 
+/* Later forms of names in si_entries, not in driver.h's list (which has
+ * one per name): asked for at their version or later, cuGetProcAddress
+ * returns them ('the function pointer to the corresponding versioned
+ * function'). */
+static const struct si_entry si_later_forms[] = {
+    {"cuStreamGetCtx", TALLY_CU_STREAM_GET_CTX_V2, (si_fn)cuStreamGetCtx_v2},
+};
+
 static CUresult si_lookup(const char *symbol, void **pfn, int cuda_version, CUdriverProcAddressQueryResult *status)
 {
     if (!symbol || !pfn)
@@ -63,7 +71,13 @@ static CUresult si_lookup(const char *symbol, void **pfn, int cuda_version, CUdr
         if (cuda_version < e->version) {
             st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
         } else {
-            memcpy(pfn, &e->fn, sizeof e->fn);
+            si_fn fn = e->fn;
+            for (size_t k = 0; k < sizeof si_later_forms / sizeof si_later_forms[0]; k++) {
+                const struct si_entry *l = &si_later_forms[k];
+                if (strcmp(l->name, symbol) == 0 && l->version <= cuda_version && l->version <= driver)
+                    fn = l->fn;
+            }
+            memcpy(pfn, &fn, sizeof fn);
             st = CU_GET_PROC_ADDRESS_SUCCESS;
         }
         break;

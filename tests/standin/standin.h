@@ -55,6 +55,10 @@
 TALLY_CU_ENTRY_POINTS(SI_DECLARE)
 #undef SI_DECLARE
 
+/* cuStreamGetCtx's CUDA 12.5 form (driver.h, TALLY_CU_STREAM_GET_CTX_V2):
+ * cuGetProcAddress("cuStreamGetCtx", 12050 or later) returns it (lookup.c). */
+SI_EXPORT CUresult cuStreamGetCtx_v2(CUstream stream, CUcontext *ctx, CUgreenCtx *green);
+
 /* Not in driver.h's list: the stand-in's marker for cu_is_standin(). */
 SI_EXPORT extern const int cuda_standin_version;
 /* cuMemCreate calls that asked for gpuDirectRDMACapable memory (vmm.c). */

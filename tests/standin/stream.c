@@ -232,6 +232,28 @@ CUresult cuStreamGetCtx(CUstream stream, CUcontext *ctx)
     return rc;
 }
 
+/* cuStreamGetCtx_v2 (CUDA 12.5): 'If the stream is associated with a green
+ * context, the API returns the green context in pGreenCtx and the primary
+ * context of the associated device in pCtx. If the stream is associated
+ * with a regular context, the API returns the regular context in pCtx and
+ * NULL in pGreenCtx'; special handles as cuStreamGetCtx. The stand-in has
+ * no green contexts: *green is always NULL. */
+CUresult cuStreamGetCtx_v2(CUstream stream, CUcontext *ctx, CUgreenCtx *green)
+{
+    SI_ENTER();
+    if (!ctx || !green)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&si_lock);
+    struct CUstream_st *s = NULL;
+    rc = si_stream_get(stream, &s);
+    if (!rc) {
+        *ctx = s->ctx;
+        *green = NULL;
+    }
+    pthread_mutex_unlock(&si_lock);
+    return rc;
+}
+
 /* cuStreamGetDevice (CUDA 12.8): 'Returns in *device the device of the
  * stream', special handles as cuStreamGetCtx. During a capture: refused
  * with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, invalidating, when the stream

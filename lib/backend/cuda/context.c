@@ -118,10 +118,12 @@ static int current_device(void)
     return tally__cu.cuCtxGetDevice(&dev) == CUDA_SUCCESS ? (int)dev : -1;
 }
 
-/* The device of a stream: from its context (cuStreamGetCtx works in every
- * capture mode; a primary context tally retained names its device with no
- * further call, another is made current for one cuCtxGetDevice, which is
- * no synchronising call either). cuStreamGetDevice only where the context
+/* The device of a stream: from its context (cuStreamGetCtx, its CUDA 12.5
+ * form where the driver has it, which also answers for a green context's
+ * stream with the device's primary context; it works in every capture
+ * mode; a primary context tally retained names its device with no further
+ * call, another is made current for one cuCtxGetDevice, which is no
+ * synchronising call either). cuStreamGetDevice only where the context
  * cannot be had (cuStreamGetCtx refuses green-context streams on CUDA 12
  * drivers): some drivers refuse it during a capture, and the refusal
  * invalidates the capture (../shared/cuda.md, "CUDA graph capture"). */
@@ -133,7 +135,10 @@ int tally__cu_stream_device(void *stream, int fallback)
     }
     CUdevice dev = -1;
     CUcontext ctx = NULL;
-    if (tally__cu.cuStreamGetCtx((CUstream)stream, &ctx) != CUDA_SUCCESS || !ctx) {
+    CUgreenCtx green = NULL;
+    CUresult got = tally__cu.cuStreamGetCtx_v2 ? tally__cu.cuStreamGetCtx_v2((CUstream)stream, &ctx, &green)
+                                               : tally__cu.cuStreamGetCtx((CUstream)stream, &ctx);
+    if (got != CUDA_SUCCESS || !ctx) {
         if (tally__cu.cuStreamGetDevice && tally__cu.cuStreamGetDevice((CUstream)stream, &dev) == CUDA_SUCCESS)
             return (int)dev;
         return -1;

@@ -17,6 +17,7 @@ typedef struct tally_cu {
 #define TALLY_CU_FIELD(name, version, required, params) tally_pfn_##name name;
     TALLY_CU_ENTRY_POINTS(TALLY_CU_FIELD)
 #undef TALLY_CU_FIELD
+    tally_pfn_cuStreamGetCtx_v2 cuStreamGetCtx_v2; /* CUDA 12.5 form, NULL on older drivers */
     int driver_version; /* cuDriverGetVersion, e.g. 12080 */
     int ndev;           /* cuDeviceGetCount, capped at TALLY_MAX_DEVICES */
 } tally_cu_t;
