@@ -199,6 +199,7 @@ static void body_async_capture(int fd)
     NEED(tally_record_stream(used, side) == 0);
     NEED(tally_graph_pool_begin(0, 1, 1, only_stream, s) == 0);
     NEED(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    NEED(tally_empty_cache(0) == 0); /* no device synchronise, no trim during the capture */
     void *inside = tally_malloc(4 << 20, 0, s);
     NEED(inside != NULL);
     tally_free(inside); /* a graph allocation: freed in the graph */
@@ -300,8 +301,8 @@ static void body_capture_oom(int fd)
     NEED(tally_check() == 0);
 }
 
-static const char *const body_capture_oom_env[] = {"CUDA_STANDIN_DEVICES", "2", "CUDA_STANDIN_MEMORY", "1G", "TALLY_CONF",
-                               "backend:cuda,leak_report:off", NULL};
+static const char *const body_capture_oom_env[] = {"CUDA_STANDIN_DEVICES", "2", "CUDA_STANDIN_MEMORY", "1G",
+                                                   "TALLY_CONF", "backend:cuda,leak_report:off", NULL};
 CAPTURE_TEST(test_capture_oom_frees_nothing, body_capture_oom_env, body_capture_oom)
 
 /* ---- 5: unmaps wait for the pages' streams only --------------------------------------------------------- */
