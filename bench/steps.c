@@ -46,12 +46,11 @@
 #define MiB 1048576ull
 
 /* The driver entry points reported one by one; the rest are "other". */
-static const char *const entries[] = {"cuMemCreate",      "cuMemMap",       "cuMemRelease", "cuMemSetAccess",
-                                      "cuMemUnmap",       "cuCtxSynchronize", "cuMemAlloc", "cuMemFree",
-                                      "cuMemAddressReserve", "cuMemAddressFree"};
-enum { NENTRY = sizeof entries / sizeof entries[0] };
-/* The calls that move memory: a steady step should make none. */
-static const bool moves[NENTRY] = {true, true, true, true, true, false, true, true, true, true};
+static const char *const entries[] = {"cuMemCreate",         "cuMemMap",         "cuMemRelease",
+                                      "cuMemSetAccess",      "cuMemUnmap",       "cuMemAlloc",
+                                      "cuMemFree",           "cuMemAddressReserve", "cuMemAddressFree",
+                                      "cuCtxSynchronize",    "cuStreamSynchronize"};
+enum { NENTRY = sizeof entries / sizeof entries[0], FIRST_SYNC = 9 };
 
 typedef unsigned long long (*calls_fn)(const char *);
 typedef double (*us_fn)(int);
@@ -101,11 +100,21 @@ static double memory_us(const counts_t *c, int column)
     return us;
 }
 
+/* The calls that move memory (a steady step should make none), and the
+ * synchronises before an unmap. */
 static unsigned long long memory_calls(const counts_t *c)
 {
     unsigned long long n = 0;
-    for (int i = 0; i < NENTRY; i++)
-        n += moves[i] ? c->entry[i] : 0;
+    for (int i = 0; i < FIRST_SYNC; i++)
+        n += c->entry[i];
+    return n;
+}
+
+static unsigned long long sync_calls(const counts_t *c)
+{
+    unsigned long long n = 0;
+    for (int i = FIRST_SYNC; i < NENTRY; i++)
+        n += c->entry[i];
     return n;
 }
 
@@ -185,7 +194,7 @@ static void print_counts(const char *label, const counts_t *c, double per)
         if (c->entry[i])
             printf(" %s %.1f", entries[i], (double)c->entry[i] / per);
     printf(" | other %.1f | backend %.1f | A100 %.3f ms (memory calls %.3f) | Blackwell %.3f ms (memory calls %.3f)\n",
-           (double)(c->all - memory_calls(c) - c->entry[5]) / per, (double)c->backend / per, c->us[0] / per / 1000,
+           (double)(c->all - memory_calls(c) - sync_calls(c)) / per, (double)c->backend / per, c->us[0] / per / 1000,
            memory_us(c, 0) / per / 1000, c->us[1] / per / 1000, memory_us(c, 1) / per / 1000);
 }
 
@@ -273,8 +282,8 @@ static int run(const char *path, size_t force_period, bool per_step)
     printf("  summary | %s | %.1f | %.1f | %.4f | %.1f | %.1f | %.3f | %.3f | %llu | %.3f | %.3f |\n", t.name,
            (double)peak_live / MiB, (double)s.reserved_bytes[0].peak / MiB,
            peak_live ? (double)s.reserved_bytes[0].peak / (double)peak_live : 0,
-           (double)(memory_calls(&steady) + steady.entry[5]) / ns, (double)steady.backend / ns,
-           memory_us(&steady, 0) / ns / 1000, memory_us(&steady, 1) / ns / 1000, memory_calls(&whole) + whole.entry[5],
+           (double)(memory_calls(&steady) + sync_calls(&steady)) / ns, (double)steady.backend / ns,
+           memory_us(&steady, 0) / ns / 1000, memory_us(&steady, 1) / ns / 1000, memory_calls(&whole) + sync_calls(&whole),
            memory_us(&whole, 0) / 1000, memory_us(&whole, 1) / 1000);
     for (size_t k = 0; k < t.nalloc; k++)
         tally_free(ptrs[k]);
