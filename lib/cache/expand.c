@@ -544,8 +544,13 @@ static size_t steal_runs(tally_device_t *d, size_t want, const tally_segment_t *
 }
 
 /* Requests under this size get a 20 MiB segment in PyTorch's default
- * placement; here they grow the range by expandable_grow_chunk_mb. */
+ * placement; here they grow the range by expandable_grow_chunk_mb. When
+ * each map call is one handle (expandable_move_budget not -1), blocks
+ * under GROW_ONE_HANDLE do: fewer, larger handles, and on the recorded
+ * traces the same peak (docs/benchmarks.md, run I: 10, 20, 40 and 64 MiB
+ * measured; 64 raised resnet50's). */
 #define GROW_SMALL ((size_t)10 << 20)
+#define GROW_ONE_HANDLE ((size_t)40 << 20)
 
 /* Pages to map past the block's last page in the same call, over free,
  * unmapped pages of the block after it: as many as fit under the
@@ -553,7 +558,8 @@ static size_t steal_runs(tally_device_t *d, size_t want, const tally_segment_t *
  * under 10 MiB and grows the range (the free block after it is the
  * region's last), up to the next expandable_grow_chunk_mb boundary, so the
  * next small blocks find pages mapped: those are returned in *ahead, and
- * may raise reserved memory but not the mark. run: the pages this call
+ * may raise reserved memory but not the mark (under 40 MiB when each map
+ * call is one handle). run: the pages this call
  * maps for the block itself. */
 static size_t map_ahead_pages(const tally_device_t *d, const tally_block_t *b, size_t last, size_t run,
                               size_t *ahead)
@@ -567,7 +573,8 @@ static size_t map_ahead_pages(const tally_device_t *d, const tally_block_t *b, s
     size_t under_mark = high_water[d->id] > after ? (high_water[d->id] - after) / PAGE : 0;
     size_t want = under_mark;
     size_t chunk = (size_t)TALLY_OPT(expandable_grow_chunk_mb) * ((size_t)1 << 20) / PAGE;
-    if (chunk > 1 && b->size < GROW_SMALL && !rest->next)
+    size_t grow_below = TALLY_OPT(expandable_move_budget) < 0 ? GROW_SMALL : GROW_ONE_HANDLE;
+    if (chunk > 1 && b->size < grow_below && !rest->next)
         want += (last / chunk + 1) * chunk - last - 1; /* to the next chunk boundary */
     size_t end = (rest->addr + rest->size - s->base) / PAGE; /* pages wholly inside rest end here */
     size_t n = 0;
