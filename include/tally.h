@@ -147,6 +147,14 @@ TALLY_API int tally_graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo,
                                      int (*filter)(void *arg, void *stream), void *arg);
 TALLY_API int tally_graph_pool_end(int device, uint64_t id_hi, uint64_t id_lo);
 TALLY_API int tally_graph_pool_release(int device, uint64_t id_hi, uint64_t id_lo);
+/* Promise that every CUDA graph capture of this process will be announced
+ * with tally_graph_pool_begin before it starts (as PyTorch does once its
+ * begin/end/release hooks are installed: tally.install() calls this). From
+ * then on the cached malloc/free path asks the driver nothing about
+ * captures; before it, and before any begin, each allocation on the cuda
+ * backend checks its stream with one or more driver calls. Starts nothing
+ * (no backend, no CUDA); may be called before tally_init. */
+TALLY_API void tally_graph_captures_announced(void);
 
 /* Release every fully free cached segment of device (-1: every device) to the
  * backend, after waiting for pending stream events. Returns bytes released

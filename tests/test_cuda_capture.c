@@ -401,6 +401,39 @@ static void body_cached_path(int fd)
 
 CAPTURE_TEST(test_cached_path_makes_no_driver_call, cuda_env, body_cached_path)
 
+/* tally_graph_captures_announced (what tally.install() calls once PyTorch's
+ * graph-pool hooks are set): from the first allocation on, the cached path
+ * makes no driver call, on the NULL stream (before: four per allocation,
+ * cuCtxGetCurrent, push, cuStreamIsCapturing, pop) as on a created one. */
+static void body_announced_from_the_start(int fd)
+{
+    (void)fd;
+    tally_graph_captures_announced();
+    NEED(!tally_backend_started()); /* a promise, not a start */
+    start_driver();
+    CUstream s = new_stream(0);
+    void *streams[2] = {NULL, s};
+    for (int k = 0; k < 2; k++) {
+        void *warm = tally_malloc(1 << 20, 0, streams[k]);
+        NEED(warm != NULL);
+        tally_free(warm);
+        cu_calls_reset();
+        for (int i = 0; i < 100; i++) {
+            void *p = tally_malloc(1 << 20, 0, streams[k]);
+            NEED(p == warm);
+            tally_free(p);
+        }
+        long long calls = cu_calls(NULL);
+        if (calls > 0)
+            fprintf(stderr, "%s stream: %lld driver calls (cuCtxGetCurrent %lld, cuStreamIsCapturing %lld)\n",
+                    k ? "a created" : "the NULL", calls, cu_calls("cuCtxGetCurrent"), cu_calls("cuStreamIsCapturing"));
+        NEED(calls <= 0);
+    }
+    NEED(tally_check() == 0);
+}
+
+CAPTURE_TEST(test_announced_captures_cached_path_makes_no_driver_call, cuda_env, body_announced_from_the_start)
+
 /* ---- 7: RDMA-capable pages ---------------------------------------------------------------------------------- */
 static void body_rdma(int fd)
 {
@@ -494,6 +527,7 @@ int main(void)
         cmocka_unit_test(test_capture_oom_frees_nothing),
         cmocka_unit_test(test_unmap_waits_only_for_users),
         cmocka_unit_test(test_cached_path_makes_no_driver_call),
+        cmocka_unit_test(test_announced_captures_cached_path_makes_no_driver_call),
         cmocka_unit_test(test_vmm_pages_ask_for_rdma),
         cmocka_unit_test(test_record_null_stream_other_device_warns),
     };
