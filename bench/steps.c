@@ -1,6 +1,6 @@
 /* tally-steps: the driver calls of each step of a repeating trace.
  *
- *   tally-steps [--conf KEYS] [--period N] [--per-step] TRACE.csv|DIR ...
+ *   tally-steps [--conf KEYS] [--period N] [--per-step] [--unannounced] TRACE.csv|DIR ...
  *   tally-steps --gen-repeat LIVE_MIB,BLOCK_MIB,ITERS FILE
  *
  * Replays each trace through tally (device 0; configuration as tally-replay:
@@ -332,7 +332,7 @@ int main(int argc, char **argv)
 {
     const char *conf = NULL;
     size_t period = 0;
-    bool per_step = false;
+    bool per_step = false, announced = true;
     int first = 1;
     if (argc == 4 && !strcmp(argv[1], "--gen-repeat"))
         return gen_repeat(argv[2], argv[3]);
@@ -343,14 +343,21 @@ int main(int argc, char **argv)
             period = strtoul(argv[++first], NULL, 10);
         else if (!strcmp(argv[first], "--per-step"))
             per_step = true;
+        else if (!strcmp(argv[first], "--unannounced"))
+            announced = false;
         else
             break;
     }
     if (first >= argc) {
-        fprintf(stderr, "usage: tally-steps [--conf KEYS] [--period N] [--per-step] TRACE.csv|DIR ...\n"
+        fprintf(stderr, "usage: tally-steps [--conf KEYS] [--period N] [--per-step] [--unannounced] TRACE.csv|DIR ...\n"
                         "       tally-steps --gen-repeat LIVE_MIB,BLOCK_MIB,ITERS FILE\n");
         return 2;
     }
+    /* As under PyTorch with tally.install(): every capture is announced, so
+     * the cached path makes no driver call (--unannounced: a C program that
+     * never announces one). */
+    if (announced)
+        tally_graph_captures_announced();
     if (tally_configure("backend:host,host_mode:virtual,host_capacity:80GiB,leak_report:off,stage_report:false") ||
         (getenv("TALLY_CONF") && *getenv("TALLY_CONF") && tally_configure(getenv("TALLY_CONF"))) ||
         (conf && tally_configure(conf)) || tally_init()) {
