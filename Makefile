@@ -198,6 +198,14 @@ bench: all | $(SETUP_BENCH)
 	$(MAKE) -C bench BUILD=$(abspath $(BUILD))
 	bash bench/run.sh $(abspath $(BUILD))
 
+# make bench-quick (in .ci/run): every bench/ target built, every program run
+# for a few seconds (bench/run.sh --quick), each table checked to be there.
+.PHONY: bench-quick
+bench-quick: all | $(SETUP_BENCH)
+	$(MAKE) -C bench BUILD=$(abspath $(BUILD))
+	bash bench/check_quick.sh $(abspath $(BUILD))
+
+
 asan:
 	$(MAKE) test-c BUILD=build-asan SAN="-fsanitize=address -fno-omit-frame-pointer" OPT=-O1
 ubsan:
