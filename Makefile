@@ -53,7 +53,14 @@ lib: $(BUILD)/lib/libtally.so $(BUILD)/lib/libtally.so.$(SOVERSION) $(BUILD)/lib
 # make test a C compiler and cmocka only, make bench also jemalloc and
 # mimalloc; make fuzz checks for clang's libFuzzer itself.
 SETUP_BENCH := $(BUILD)/.setup-bench-ok
+# make and make demo need only the compiler: on a fresh machine, as root,
+# setup.sh installs it before the first object is compiled.
+SETUP_BUILD := $(BUILD)/.setup-build-ok
 setup: $(SETUP)
+$(SETUP_BUILD): tools/setup.sh
+	@CC="$(CC)" bash tools/setup.sh build
+	@mkdir -p $(BUILD) && touch $@
+$(LIB_OBJ) $(LIB_CXX_OBJ): | $(SETUP_BUILD)
 $(SETUP): tools/setup.sh
 	@CC="$(CC)" bash tools/setup.sh test
 	@mkdir -p $(BUILD) && touch $@
@@ -204,7 +211,6 @@ bench: all | $(SETUP_BENCH)
 bench-quick: all | $(SETUP_BENCH)
 	$(MAKE) -C bench BUILD=$(abspath $(BUILD))
 	bash bench/check_quick.sh $(abspath $(BUILD))
-
 
 asan:
 	$(MAKE) test-c BUILD=build-asan SAN="-fsanitize=address -fno-omit-frame-pointer" OPT=-O1
