@@ -181,10 +181,40 @@ def _check_runnable(args) -> None:
         raise CliError(f"run: cannot open {script}: {e.strerror}", 2) from None
 
 
+def _check_report_path(path: str) -> None:
+    """--report's folder exists and can be written, checked before the
+    program runs (a CI job must not lose its report at the end of a run).
+    A folder named with %r or %p is checked when the report is written."""
+    folder = os.path.dirname(path) or "."
+    if "%" in folder:
+        return
+    if not os.path.isdir(folder):
+        raise CliError(f"run: --report {path}: cannot write there: no folder {folder}", 2)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CliError(f"run: --report {path}: cannot write there: folder {folder} is not writable", 2)
+
+
+def _write_run_report() -> None:
+    """Write report_path's report now, when the program has ended, and
+    leave none for the library's exit (whose failure could not change the
+    exit status): CliError if it cannot be written."""
+    if not options().get("report_path"):
+        return
+    try:
+        with _held_diagnostics():
+            _reports.write_report(None)
+    except TallyError as e:
+        raise CliError(f"run: {e}") from None
+    finally:
+        configure({"report_path": ""})
+
+
 def _cmd_run(args) -> int:
     if not args.module and not args.args:
         raise CliError("run: give a script (or -m module) to run", 2)
     _check_runnable(args)
+    if args.report:
+        _check_report_path(args.report)
     have_torch = _import_torch()
     # TALLY_CONF is checked here (the library would only say so at its first
     # allocation), but the backend is not started before the program runs, so
@@ -228,6 +258,11 @@ def _cmd_run(args) -> int:
     leak_exitcode = int(options().get("leak_exitcode", "0") or 0)
     if code == 0 and live and leak_exitcode:
         code = leak_exitcode
+    try:
+        _write_run_report()
+    except CliError as e:
+        _err(str(e))
+        code = code or e.status
     # This report replaces the one the library would print at exit; the exit
     # status rule (leak_exitcode) stays in force there.
     configure({"leak_report": "off"})

@@ -202,6 +202,30 @@ class CliTest(unittest.TestCase):
         r = self.tally("info", TALLY_LIB="/nonexistent/libtally.so", TALLY_DEBUG="1")
         self.assertIn("Traceback", r.stderr)
 
+    def test_unwritable_report_fails_the_run(self):
+        """docs/pytorch.md: a report that cannot be written is a non-zero
+        exit status, not a line lost in the output of a run that passed."""
+        ok = self.script("ok.py", "print('ran')\n")
+        # A folder that is not there: refused before the program runs.
+        r = self.tally("run", "--report", "/nonexistent/r.json", ok)
+        self.assertOneLineError(r, "tally: run: --report /nonexistent/r.json: cannot write there: no folder /nonexistent", 2)
+        # A folder named with %r is known only when the report is written: the
+        # program runs, and the status says the report was lost.
+        r = self.tally("run", "--report", "/nonexistent%r/r.json", ok, RANK="1")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("ran", r.stdout)
+        self.assertIn("tally: run: tally_write_report: cannot open '/nonexistent1/r.json' for writing", r.stderr)
+        self.assertEqual(r.stderr.count("cannot open"), 1, r.stderr)  # the library's exit does not repeat it
+        # The program's own failure status wins over the lost report's.
+        bad = self.script("bad.py", "raise SystemExit(7)\n")
+        self.assertEqual(self.tally("run", "--report", "/nonexistent%r/r.json", bad, RANK="1").returncode, 7)
+        # A writable one is written once, and the run passes.
+        report = os.path.join(self.dir, "r.json")
+        r = self.tally("run", "--report", report, ok)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(report) as f:
+            self.assertIn('"format"', f.read())
+
     def test_snapshot_to_a_bad_path_and_without_a_timeline(self):
         report = os.path.join(self.dir, "r.json")
         w = support.run_python(["-c", f"import tally; tally.write_report({report!r})"])
