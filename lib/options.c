@@ -255,8 +255,9 @@ uint64_t tally__option_bit(const char *key)
     return 0;
 }
 
-/* Edits (insert, delete, substitute, swap two neighbours) from a to b. */
-static size_t edit_distance(const char *a, const char *b)
+/* Edits (insert, delete, substitute, swap two neighbours) from a to b
+ * (also the stats reader's "did you mean", stats_json.c). */
+size_t tally__edit_distance(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
     if (la > 64 || lb > 64)
@@ -288,7 +289,7 @@ static const char *nearest_key(const char *key)
     const char *best = NULL;
     size_t best_d = 64, len = strlen(key);
     for (size_t i = 0; i < NROWS; i++) {
-        size_t d = edit_distance(key, rows[i].name);
+        size_t d = tally__edit_distance(key, rows[i].name);
         if (d < best_d) {
             best_d = d;
             best = rows[i].name;

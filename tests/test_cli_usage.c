@@ -110,7 +110,7 @@ static void test_error_wrong_schema(void **state)
     run_free(&r);
     r = tally_run("ledger '%s/bad_report.json'", fixtures);
     EXPECT_RC(r, 1);
-    HAS(r.err, "bad_report.json: not a valid tally report: byte 331: ledger[0]: \"current_bytes\" should be an "
+    HAS(r.err, "bad_report.json: not a valid tally report: byte 235: ledger[0]: \"current_bytes\" should be an "
                "integer, not string\n");
     run_free(&r);
 }

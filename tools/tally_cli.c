@@ -81,7 +81,7 @@ static int cmd_summary(int argc, char **argv)
         return cli_fail(EXIT_DATA, "%s: not a tally report or memory_stats object", file);
     }
     if (kind == DOC_STATS) {
-        rc = stats_from_obj(&doc, doc.root, "memory_stats", &s);
+        rc = stats_from_obj(&doc, doc.root, "memory_stats", &s, TALLY_STATS_DUMP);
         if (rc) {
             cli_fail(EXIT_DATA, "%s: not a valid memory_stats object: %s", file, doc.err);
             cli_doc_free(&doc);

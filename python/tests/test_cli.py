@@ -226,6 +226,43 @@ class CliTest(unittest.TestCase):
         with open(report) as f:
             self.assertIn('"format"', f.read())
 
+    def test_damaged_report_is_named(self):
+        """docs/bad-input.md: a garbled, missing or inconsistent field of a
+        report is named in one line, never read as 0; a newer version is
+        refused, an older one and a consistent hand edit are read."""
+        report = os.path.join(self.dir, "r.json")
+        w = support.run_python(["-c", "import tally; lib = tally.library(); p = lib.tally_malloc(4096, 0, None); "
+                                f"tally.write_report({report!r})"])
+        self.assertEqual(w.returncode, 0, w.stderr)
+        with open(report) as f:
+            text = f.read()
+        doc = __import__("json").loads(text)
+        current = doc["devices"][0]["stats"]["segment.all.allocated"]
+        cases = [
+            ('"active.all.allocated"', '"active.all.alocated"',
+             'devices[0].stats: unknown key "active.all.alocated" (did you mean "active.all.allocated"?)'),
+            ('"num_ooms": 0, ', "", 'devices[0].stats: key "num_ooms" is missing'),
+            (f'"segment.all.allocated": {current},', f'"segment.all.allocated": {current + 1},',
+             f'devices[0].stats: "segment.all.allocated" is {current + 1}, but small_pool + large_pool is {current}'),
+            ('"version":"0.1.0"', '"version":"9.0.0"',
+             "written by tally 9.0.0, newer than this tally (0.1.0): read it with tally 9.0 or later"),
+        ]
+        for old, new, want in cases:
+            with self.subTest(want=want):
+                self.assertIn(old, text)
+                bad = self.script("bad.json", text.replace(old, new, 1))
+                r = self.tally("snapshot", bad, "-o", os.path.join(self.dir, "x.pickle"))
+                self.assertOneLineError(r, f"tally: snapshot: {bad}: not a valid tally report: {want}", 1)
+        cut = self.script("cut.json", text[:700])
+        r = self.tally("snapshot", cut)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("malformed JSON", r.stderr)
+        self.assertIn("(char ", r.stderr)
+        for old, new in (('"version":"0.1.0"', '"version":"0.0.1"'), ('"backend":"host"', '"backend":"by-hand"')):
+            ok = self.script("ok.json", text.replace(old, new, 1))
+            r = self.tally("snapshot", ok, "-o", os.path.join(self.dir, "ok.pickle"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+
     def test_snapshot_to_a_bad_path_and_without_a_timeline(self):
         report = os.path.join(self.dir, "r.json")
         w = support.run_python(["-c", f"import tally; tally.write_report({report!r})"])
