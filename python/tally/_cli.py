@@ -339,19 +339,32 @@ def _find_cli() -> Optional[str]:
 
 
 def _run_cli(command: str, args: List[str]) -> int:
-    """Run `tally COMMAND ARGS...` (the C tool) and return its status."""
+    """Run `tally COMMAND ARGS...` (the C tool) and return its status: its
+    output, errors and exit status are the command's own."""
     cli = _find_cli()
     if not cli:
         raise CliError(f"{command}: the tally command-line tool was not found (build it with `make`, "
                        "or set TALLY_CLI to its path)", 2)
+    sys.stdout.flush()
     try:
         return subprocess.call([cli, command, *args])
     except OSError as e:
         raise CliError(f"{command}: cannot run {cli}: {e.strerror}", 2) from None
 
 
-def _cmd_merge(args) -> int:
-    return _run_cli("merge", args.reports)
+# The tally command's own subcommands (tools/tally_cli.c): `python -m tally
+# COMMAND ...` runs them as they are, so a pip-only user has the whole tool,
+# with the same help, messages and exit status.
+TOOL_COMMANDS = {
+    "summary": "the torch.cuda.memory_summary table of a report or memory_stats dump (runs `tally summary`)",
+    "ledger": "ownership by tag x stage x device, stages, live blocks (runs `tally ledger`)",
+    "merge": "merge per-rank JSON reports into one table (runs `tally merge`)",
+    "plot": "memory over time, stacked by tag, as SVG or HTML (runs `tally plot`)",
+    "tune": "replay a trace, PyTorch snapshot or report under candidate allocator settings and recommend one "
+            "(runs `tally tune`)",
+    "version": "print the version (runs `tally version`)",
+}
+PY_COMMANDS = ("run", "info", "options", "snapshot")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -385,23 +398,37 @@ def _parser() -> argparse.ArgumentParser:
     snap.add_argument("-o", "--output", help="the pickle to write (default: the report's name with .pickle)")
     snap.set_defaults(func=_cmd_snapshot)
 
-    merge = sub.add_parser("merge", help="merge per-rank JSON reports into one table (runs `tally merge`)")
-    merge.add_argument("reports", nargs="+", help="JSON reports, e.g. rank*.json")
-    merge.set_defaults(func=_cmd_merge)
-
-    tune = sub.add_parser("tune", add_help=False,
-                          help="replay a trace, PyTorch snapshot or report under candidate allocator "
-                               "settings and recommend one (runs `tally tune`; see tally tune --help)")
-    tune.add_argument("tune_args", nargs=argparse.REMAINDER, metavar="[OPTIONS] FILE",
-                      help="passed to `tally tune` as they are")
-    # main() hands `tune ...` to the C tool before parsing (its options are the tool's).
+    for name, text in TOOL_COMMANDS.items():
+        # main() hands these to the C tool before parsing (their options and
+        # help are the tool's: `python -m tally NAME --help`).
+        tool = sub.add_parser(name, add_help=False, help=text)
+        tool.add_argument("tool_args", nargs=argparse.REMAINDER, metavar="...", help="passed to the tool as they are")
     return parser
+
+
+def _unknown_command(name: str) -> int:
+    """As the tally command says it: one line naming the nearest command,
+    then where the help is; exit status 2."""
+    import difflib
+
+    commands = list(PY_COMMANDS) + list(TOOL_COMMANDS)
+    near = difflib.get_close_matches(name, commands, n=1, cutoff=0.6)
+    hint = f"did you mean '{near[0]}'? " if near else ""
+    _err(f"unknown command '{name}' ({hint}commands: {', '.join(commands)})")
+    print("Try 'python -m tally --help'.", file=sys.stderr)
+    return 2
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["tune"]:
-        return _run_cli("tune", argv[1:])
+    if argv[:1] and (argv[0] in TOOL_COMMANDS or argv[0] == "--version"):
+        try:
+            return _run_cli(argv[0], argv[1:])
+        except CliError as e:
+            _err(str(e))
+            return e.status
+    if argv[:1] and not argv[0].startswith("-") and argv[0] not in PY_COMMANDS:
+        return _unknown_command(argv[0])
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -61,7 +61,8 @@ class CliTest(unittest.TestCase):
     def test_help_lists_every_command(self):
         r = self.tally("--help")
         self.assertEqual(r.returncode, 0, r.stderr)
-        for command in ("run", "info", "options", "snapshot", "merge"):
+        for command in ("run", "info", "options", "snapshot", "summary", "ledger", "merge", "plot", "tune",
+                        "version"):
             self.assertIn(command, r.stdout)
         r = self.tally("run", "--help")
         self.assertEqual(r.returncode, 0)
@@ -391,6 +392,59 @@ class BuildTest(unittest.TestCase):
                                capture_output=True, text=True, timeout=60)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn("tally merge: 1 report", r.stdout)
+
+    def test_every_tool_command_through_the_package(self):
+        """`python -m tally` is the whole tool for a pip-only user: unpacked
+        as pip would, run outside the repository with no TALLY_CLI, TALLY_LIB
+        or build tree, every `tally` subcommand gives the same stdout, stderr
+        and exit status as the tool itself, help and errors included."""
+        with tempfile.TemporaryDirectory() as tmp:
+            name = self.build_wheel(tmp)
+            site = os.path.join(tmp, "site")
+            with zipfile.ZipFile(os.path.join(tmp, name)) as whl:
+                whl.extractall(site)
+            tool = os.path.join(site, "tally", "bin", "tally")
+            for member in ("tally/bin/tally", "tally/libtally.so"):
+                os.chmod(os.path.join(site, member), 0o755)
+            env = {k: v for k, v in os.environ.items() if k not in ("TALLY_CLI", "TALLY_LIB", "PYTHONPATH")}
+            env.update(PATH="/usr/bin:/bin", TALLY_CONF="backend:host,timeline:true,trace:true")
+            report = os.path.join(tmp, "r.json")
+            code = ("import tally; lib = tally.library()\n"
+                    "with tally.stage('load'), tally.tag('weights'):\n"
+                    "    kept = [lib.tally_malloc(1 << 20, 0, None) for _ in range(3)]\n"
+                    f"tally.write_report({report!r})\n")
+            w = subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=site), cwd=tmp,
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(w.returncode, 0, w.stderr)
+            trace = os.path.join(str(support.REPO), "tests", "fixtures", "tune", "small.pickle")
+            cases = [
+                ["summary", report], ["summary", "--device", "0", "-a", report], ["summary", "--help"],
+                ["summary"], ["summary", "missing.json"], ["ledger", report], ["ledger", "--help"],
+                ["merge", report], ["merge", "--json", report], ["merge"],
+                ["plot", report, "-o", os.path.join(tmp, "p.svg")], ["plot", report], ["plot", "--help"],
+                ["tune", "--help"], ["tune", report], ["version"], ["--version"],
+            ]
+            if os.path.exists(trace):
+                cases.append(["tune", trace])
+            for args in cases:
+                with self.subTest(args=args):
+                    want = subprocess.run([tool, *args], env=env, cwd=tmp, capture_output=True, text=True, timeout=120)
+                    got = subprocess.run([sys.executable, "-m", "tally", *args], env=dict(env, PYTHONPATH=site),
+                                         cwd=tmp, capture_output=True, text=True, timeout=120)
+                    # Timings (tune's "0.01 s") are the one thing that may differ.
+                    seconds = __import__("re").compile(r"[0-9]+\.[0-9]+ s\b")
+                    self.assertEqual((got.returncode, got.stdout, seconds.sub("T s", got.stderr)),
+                                     (want.returncode, want.stdout, seconds.sub("T s", want.stderr)))
+            # The answers are real ones, not two identical failures.
+            r = subprocess.run([sys.executable, "-m", "tally", "ledger", report], env=dict(env, PYTHONPATH=site),
+                               cwd=tmp, capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("weights", r.stdout)
+            # A misspelt command: one line with the nearest, exit 2, as the tool.
+            r = subprocess.run([sys.executable, "-m", "tally", "sumary", report], env=dict(env, PYTHONPATH=site),
+                               cwd=tmp, capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("tally: unknown command 'sumary' (did you mean 'summary'?", r.stderr)
 
     @unittest.skipUnless(os.environ.get("TALLY_TEST_PIP"), "set TALLY_TEST_PIP=1 to pip-install into a venv")
     def test_pip_install_into_a_venv(self):
