@@ -275,7 +275,15 @@ def _cmd_info(args) -> int:
     _init()
     print(f"tally {library().tally_version().decode()}")
     print(f"library: {library_path()}")
-    print(f"backend: {library().tally_backend_name().decode()}")
+    backend = library().tally_backend_name().decode()
+    chosen = options().get("backend", "auto")
+    # The library says why only when a driver is there but unusable; here the
+    # choice is always explained.
+    if chosen == "auto" and backend == "host":
+        backend += " (backend:auto: no usable CUDA driver, so simulated devices in host memory)"
+    elif chosen == "auto":
+        backend += " (backend:auto: the CUDA driver works)"
+    print(f"backend: {backend}")
     print(f"devices: {library().tally_device_count()}")
     # What tally.install() would make an out-of-memory raise (building the
     # shim now if torch is there and it is not cached yet).
