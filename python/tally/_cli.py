@@ -209,6 +209,24 @@ def _write_run_report() -> None:
         configure({"report_path": ""})
 
 
+def _runner_file(filename: str) -> bool:
+    """A frame of the machinery that starts the program (this module,
+    tally/__main__.py, runpy), not of the program itself (lib/pystack.c
+    leaves the same frames out of recorded sites)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return (filename in (os.path.join(here, "_cli.py"), os.path.join(here, "__main__.py"), runpy.__file__,
+                         "<frozen runpy>") or filename.endswith(os.sep + "runpy.py"))
+
+
+def _print_program_error() -> None:
+    """The program's exception as Python prints it for `python script.py`:
+    the runner's frames (which come first) left out."""
+    exc_type, exc, tb = sys.exc_info()
+    while tb is not None and _runner_file(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(exc_type, exc, tb)
+
+
 def _cmd_run(args) -> int:
     if not args.module and not args.args:
         raise CliError("run: give a script (or -m module) to run", 2)
@@ -243,10 +261,10 @@ def _cmd_run(args) -> int:
     except SystemExit as e:
         code = _exit_code(e.code)
     except KeyboardInterrupt:
-        traceback.print_exc()
+        _print_program_error()
         code = 130
     except BaseException:  # the program's own error: reported as Python would
-        traceback.print_exc()
+        _print_program_error()
         code = 1
     finally:
         sys.argv[:] = saved_argv

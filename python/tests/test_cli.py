@@ -227,6 +227,34 @@ class CliTest(unittest.TestCase):
         with open(report) as f:
             self.assertIn('"format"', f.read())
 
+    def test_runner_frames_are_hidden(self):
+        """Under `python -m tally run`, the runner's own frames (tally/_cli.py,
+        tally/__main__.py, runpy) are neither recorded in allocation sites
+        (python_stack) nor shown in the program's traceback."""
+        script = self.script("deep.py", textwrap.dedent("""\
+            import tally
+            lib = tally.library()
+            kept = []
+            def inner():
+                kept.append(lib.tally_malloc(4096, 0, None))
+            def outer():
+                inner()
+            outer()
+            def boom():
+                raise ValueError("bad")
+            boom()
+            """))
+        report = os.path.join(self.dir, "deep.json")
+        r = self.tally("run", "--conf", "python_stack:8", "--report", report, script)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        tb = r.stderr[r.stderr.index("Traceback"):r.stderr.index("ValueError: bad")]
+        self.assertEqual([line.split(",")[0].strip() for line in tb.splitlines() if line.strip().startswith("File")],
+                         [f'File "{script}"'] * 2, tb)
+        with open(report) as f:
+            doc = __import__("json").load(f)
+        frames = [(fr["filename"], fr["name"]) for site in doc["sites"] for fr in site["frames"]]
+        self.assertEqual(frames, [(script, "inner"), (script, "outer"), (script, "<module>")])
+
     def test_damaged_report_is_named(self):
         """docs/bad-input.md: a garbled, missing or inconsistent field of a
         report is named in one line, never read as 0; a newer version is
