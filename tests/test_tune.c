@@ -247,6 +247,10 @@ static void test_rows_give_peak_reserved(void **state)
     tally_json_t *rows = tune_json(path, "--capacity 1GiB");
     assert_int_equal(jint(&rows->items[0], "peak_reserved_bytes"), 800 << 20);
     tally__json_free(rows);
+    /* A CSV trace has no devices to pick from: --device is refused, not ignored. */
+    expect_one_line_error(tune("--device 0 '%s'", path), 2,
+                          "is a CSV trace, which holds one device's allocations (--device picks a device of a "
+                          "PyTorch snapshot or a report)");
 }
 
 static void test_snapshot_command(void **state)

@@ -38,7 +38,7 @@ static const char tune_help[] =
     "                    a recommendation may make (default: 4 x PyTorch's default,\n"
     "                    at least 64)\n"
     "  --device N        the device whose allocations to replay (default: the\n"
-    "                    one with the most events)\n"
+    "                    one with the most events); snapshots and reports only\n"
     "  --jobs N          worker processes (default: the online CPUs)\n"
     "  --json            print one JSON array of rows instead of the table\n"
     "  --plot OUT.svg    draw reserved memory over the trace, recommendation and\n"
@@ -372,6 +372,12 @@ int tune_main(int argc, char **argv)
     tune_input_t in;
     if (tune_input_load(file, (int)device, &in, err, sizeof err))
         return tune_err(1, "%s", err);
+    /* A CSV trace has no device column: --device would silently do nothing. */
+    if (device >= 0 && strcmp(in.kind, "CSV trace") == 0) {
+        tune_input_free(&in);
+        return tune_err(2, "--device %ld: %s is a CSV trace, which holds one device's allocations (--device picks "
+                        "a device of a PyTorch snapshot or a report)", device, file);
+    }
     if (!capacity)
         capacity = in.capacity > 0 ? (uint64_t)in.capacity : 80 * GIB;
     tune_row_t rows[TUNE_MAX_ROWS];
