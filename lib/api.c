@@ -129,6 +129,7 @@ static void do_init_locked(void)
         return;
     }
     char why[256] = "";
+    tally__env_hints(); /* once, as the process starts using tally */
     const tally_backend_t *be = choose_backend(why, sizeof why);
     if (!be || be->init(&tally__opt, why, sizeof why)) {
         tally__g.init_rc = -TALLY_EBACKEND;

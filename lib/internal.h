@@ -106,6 +106,7 @@ void tally__sink_writer(void *arg, const char *text, size_t len);
 
 /* ---- options (options.c) ------------------------------------------------- */
 size_t tally__edit_distance(const char *a, const char *b);
+void tally__env_hints(void); /* LEAK_REPORT=..., TALLY_CONFIG=...: "did you mean TALLY_CONF" */
 enum { TALLY_BACKEND_AUTO, TALLY_BACKEND_HOST, TALLY_BACKEND_CUDA, TALLY_BACKEND_ASYNC };
 enum { TALLY_HOST_BACKED, TALLY_HOST_VIRTUAL };
 enum { TALLY_LEAK_OFF, TALLY_LEAK_SUMMARY, TALLY_LEAK_FULL };

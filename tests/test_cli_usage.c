@@ -133,7 +133,9 @@ static void test_error_bad_flags(void **state)
         {"plot x.json", "no output given: -o OUT.svg or -o OUT.html"},
         {"plot x.json -o out.png", "the output must end in .svg or .html, not 'out.png'"},
         {"plot x.json -o out.svg --x frames", "--x takes 'time' or 'events', not 'frames'"},
-        {"frobnicate", "tally: unknown command 'frobnicate'"},
+        {"frobnicate", "tally: unknown command 'frobnicate' (commands: summary,"},
+        {"sumary x.json", "tally: unknown command 'sumary' (did you mean 'summary'? commands: summary,"},
+        {"legder", "(did you mean 'ledger'?"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         run_t r = tally_run("%s", cases[i].args);

@@ -306,5 +306,19 @@ int main(int argc, char **argv)
             return cmds[i].fn(argc - 1, argv + 1);
         }
     }
+    /* The nearest command, when it is near enough to be a typo. */
+    const char *near = NULL;
+    size_t best = 3;
+    static const char *const names[] = {"summary", "ledger", "merge", "plot", "tune", "version"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        size_t d = tally__edit_distance(cmd, names[i]);
+        if (d < best) {
+            best = d;
+            near = names[i];
+        }
+    }
+    if (near)
+        return cli_usage("unknown command '%s' (did you mean '%s'? commands: summary, ledger, merge, plot, tune, "
+                         "version)", cmd, near);
     return cli_usage("unknown command '%s' (commands: summary, ledger, merge, plot, tune, version)", cmd);
 }
