@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "skip.h"
+
 #include <libgen.h>
 #include <limits.h>
 #include <math.h>
@@ -596,7 +598,7 @@ static void test_shared_snapshots(void **state)
 {
     (void)state;
     if (!shared[0])
-        skip();
+        SKIP("no shared traces: set TALLY_TRACES, or put them in ../shared/traces beside the repository");
     char path[PATH_MAX + 128], err[1024];
     snprintf(path, sizeof path, "%s/reference.json", shared);
     char *text = slurp(path);
@@ -637,7 +639,7 @@ static void test_shared_recommendation(void **state)
 {
     (void)state;
     if (!shared[0])
-        skip();
+        SKIP("no shared traces: set TALLY_TRACES, or put them in ../shared/traces beside the repository");
     char path[PATH_MAX + 128], err[512];
     char **list;
     int n = trace_dir_list(shared, &list, err, sizeof err);
