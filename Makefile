@@ -18,16 +18,16 @@ WARN    := -Wall -Wextra -Wpedantic -Wstrict-prototypes -Wshadow -Wno-unused-par
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -g $(WARN) -fvisibility=hidden -fPIC $(SAN) -Iinclude -Ilib
 LDLIBS  := -lpthread -ldl -lm
 
-# The cuda and async backends (lib/cuda/) are always compiled: they open
+# The cuda and async backends (lib/backend/cuda/) are always compiled: they open
 # libcuda.so.1 with dlopen at run time, so the build needs no CUDA toolkit and
 # libtally.so depends on no CUDA library.
-LIB_SRC  := $(sort $(wildcard lib/*.c lib/cuda/*.c))
-LIB_HDR  := $(wildcard lib/*.h lib/cuda/*.h)
+LIB_SRC  := $(sort $(wildcard lib/*/*.c lib/*/*/*.c))
+LIB_HDR  := $(wildcard lib/*/*.h lib/*/*/*.h)
 LIB_OBJ  := $(LIB_SRC:lib/%.c=$(BUILD)/obj/%.o)
-# C++ (lib/torch_oom.cc, the OOM exception for PyTorch): libtally.so only.
+# C++ (lib/torch/torch_oom.cc, the OOM exception for PyTorch): libtally.so only.
 CXX      ?= c++
 CXXFLAGS += -std=c++17 $(OPT) -g -Wall -Wextra -fvisibility=hidden -fPIC $(SAN) -Iinclude -Ilib
-LIB_CXX_SRC := $(sort $(wildcard lib/*.cc))
+LIB_CXX_SRC := $(sort $(wildcard lib/*/*.cc))
 LIB_CXX_OBJ := $(LIB_CXX_SRC:lib/%.cc=$(BUILD)/obj/%.o)
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 # C++ tests (tests/test_*.cc): what only C++ can check (the C++ parts of
@@ -68,7 +68,7 @@ $(SETUP_BENCH): tools/setup.sh
 	@CC="$(CC)" bash tools/setup.sh bench
 	@mkdir -p $(BUILD) && touch $@
 
-# The library itself needs only a C compiler (no CUDA: lib/cuda/ loads
+# The library itself needs only a C compiler (no CUDA: lib/backend/cuda/ loads
 # libcuda.so.1 at run time).
 $(BUILD)/obj/%.o: lib/%.c $(LIB_HDR) include/tally.h
 	@mkdir -p $(dir $@)
@@ -79,10 +79,10 @@ $(BUILD)/obj/%.o: lib/%.cc include/tally.h
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
 # tally_torch_alloc may unwind a C++ exception (torch_oom.cc) through its frame.
-$(BUILD)/obj/torch_abi.o: CFLAGS += -fexceptions
+$(BUILD)/obj/torch/torch_abi.o: CFLAGS += -fexceptions
 # unwinder:fp walks frame pointers from the site capture through tally_malloc
-# to its caller (lib/unwind.c): these frames keep theirs.
-$(BUILD)/obj/api.o $(BUILD)/obj/site.o $(BUILD)/obj/unwind.o $(BUILD)/obj/torch_abi.o: CFLAGS += -fno-omit-frame-pointer
+# to its caller (lib/ledger/unwind.c): these frames keep theirs.
+$(BUILD)/obj/api/api.o $(BUILD)/obj/ledger/site.o $(BUILD)/obj/ledger/unwind.o $(BUILD)/obj/torch/torch_abi.o: CFLAGS += -fno-omit-frame-pointer
 
 $(BUILD)/lib/libtally.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -98,11 +98,14 @@ $(BUILD)/lib/libtally.so: $(LIB_OBJ) $(LIB_CXX_OBJ) lib/exports.map
 $(BUILD)/lib/libtally.so.$(SOVERSION): $(BUILD)/lib/libtally.so
 	ln -sf libtally.so $@
 
-# tally tune (tools/tune*.c, tools/pickle.c) replays traces with bench/trace.c.
+# The tally command: tools/tally_cli.c (main, summary, ledger) and its pieces
+# (tools/cli_*.c); tally tune (tools/tune*.c, tools/pickle.c) replays traces
+# with bench/trace.c.
+CLI_SRC  := $(sort $(wildcard tools/cli_*.c))
 TOOL_SRC := $(sort $(wildcard tools/tune*.c)) tools/pickle.c bench/trace.c
-$(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(TOOL_SRC) bench/trace.h $(BUILD)/lib/libtally.a
+$(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(CLI_SRC) $(TOOL_SRC) bench/trace.h $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(TOOL_SRC) $(BUILD)/lib/libtally.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(CLI_SRC) $(TOOL_SRC) $(BUILD)/lib/libtally.a $(LDLIBS)
 
 $(BUILD)/bin/demo: tools/demo.c $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
@@ -121,14 +124,19 @@ $(BUILD)/tests/%: tests/%.cc $(wildcard tests/*.h) $(BUILD)/lib/libtally.so $(BU
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< -L$(BUILD)/lib -ltally -Wl,-rpath,$(CURDIR)/$(BUILD)/lib -lcmocka $(LDLIBS)
 
+# test_standin_cost checks the stand-in's cost table (tests/standin/cost.c).
+$(BUILD)/tests/test_standin_cost: tests/test_standin_cost.c tests/standin/cost.c tests/standin/cost.h $(wildcard tests/*.h) | $(SETUP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Wno-pedantic -Itests -o $@ $< tests/standin/cost.c -lcmocka $(LDLIBS)
+
 # driver.h against CUDA's cuda.h, where a toolkit is installed (only this
 # test looks at CUDA_HOME; the library never does).
 CUDA_HOME ?= /usr/local/cuda
 CUDA_H_DIR := $(if $(wildcard $(CUDA_HOME)/include/cuda.h),$(CUDA_HOME)/include)
-$(BUILD)/tests/test_driver_h: tests/test_driver_h.c tests/driver_h_names.sh lib/cuda/driver.h | $(SETUP)
+$(BUILD)/tests/test_driver_h: tests/test_driver_h.c tests/driver_h_names.sh lib/backend/cuda/driver.h | $(SETUP)
 	@mkdir -p $(dir $@)
-	CC="$(CC)" bash tests/driver_h_names.sh --cuda-side lib/cuda/driver.h > $(BUILD)/tests/driver_h_cuda.h
-	CC="$(CC)" bash tests/driver_h_names.sh lib/cuda/driver.h > $(BUILD)/tests/driver_h_names.h
+	CC="$(CC)" bash tests/driver_h_names.sh --cuda-side lib/backend/cuda/driver.h > $(BUILD)/tests/driver_h_cuda.h
+	CC="$(CC)" bash tests/driver_h_names.sh lib/backend/cuda/driver.h > $(BUILD)/tests/driver_h_names.h
 	$(CC) $(CFLAGS) -Wno-pedantic $(if $(CUDA_H_DIR),-DTALLY_CUDA_H_CHECK -I$(BUILD)/tests -isystem $(CUDA_H_DIR)) \
 		-o $@ $< -lcmocka $(LDLIBS)
 
@@ -161,7 +169,8 @@ test-py: lib $(STANDIN_LIB)
 # the docs quote (tests/docs_figures.py).
 test-sh: lib $(CLI) $(BUILD)/bin/demo
 	@MAKE="$(MAKE)" BUILD=$(BUILD) TEST_RESULTS=$(TEST_RESULTS)/sh bash tests/run.sh \
-		tests/check_install.sh tests/check_setup.sh tests/check_run.sh tests/check_demo.sh tests/check_docs.sh
+		tests/check_install.sh tests/check_setup.sh tests/check_run.sh tests/check_demo.sh tests/check_layers.sh \
+		tests/check_docs.sh
 
 # ---- install ----
 PREFIX       ?= /usr/local
@@ -202,7 +211,7 @@ uninstall:
 		$(DESTDIR)$(LIBDIR)/libtally.so $(DESTDIR)$(LIBDIR)/libtally.a $(DESTDIR)$(INCLUDEDIR)/tally.h \
 		$(DESTDIR)$(PKGCONFIGDIR)/tally.pc $(DESTDIR)$(PKGCONFIGDIR)/tally-static.pc $(DESTDIR)$(BINDIR)/tally
 
-bench: all | $(SETUP_BENCH)
+bench: all $(STANDIN_LIB) | $(SETUP_BENCH)
 	$(MAKE) -C bench BUILD=$(abspath $(BUILD))
 	bash bench/run.sh $(abspath $(BUILD))
 
@@ -234,7 +243,7 @@ cross-aarch64:
 	@command -v $(AARCH64_PREFIX)gcc >/dev/null && command -v $(AARCH64_PREFIX)g++ >/dev/null || \
 		{ echo "cross-aarch64: $(AARCH64_PREFIX)gcc / g++ not found; run: sudo apt-get install -y gcc-aarch64-linux-gnu g++-aarch64-linux-gnu" >&2; exit 1; }
 	$(MAKE) lib BUILD=build-aarch64 CC=$(AARCH64_PREFIX)gcc CXX=$(AARCH64_PREFIX)g++ CUDA_HOME=/nonexistent
-	@for f in build-aarch64/lib/libtally.so build-aarch64/obj/api.o; do \
+	@for f in build-aarch64/lib/libtally.so build-aarch64/obj/api/api.o; do \
 		file -b $$f | grep -q 'ARM aarch64' || { echo "cross-aarch64: $$f is not an aarch64 ELF: $$(file -b $$f)" >&2; exit 1; }; \
 		echo "cross-aarch64: $$f: $$(file -b $$f | cut -d, -f1-2)"; done
 
@@ -256,14 +265,14 @@ FUZZ_JOBS    ?= 1
 FUZZ_COVERAGE = -fsanitize=fuzzer-no-link
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -O1 -g $(WARN) -Wno-pedantic -fvisibility=hidden -Iinclude -Ilib -Itools
-# 16 ended stages kept instead of 256 (lib/stage.h): the history is
+# 16 ended stages kept instead of 256 (lib/ledger/stage.h): the history is
 # process-wide, and at 256 the JSON report fuzz_api parses back was 130 KB.
 FUZZ_CFLAGS  += -DTALLY_STAGE_HISTORY=16
 FUZZ_NAMES   := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_TARGETS ?= $(FUZZ_NAMES)
-# lib/meta.c's private heap hides metadata overflows from ASan: the fuzz
+# lib/core/meta.c's private heap hides metadata overflows from ASan: the fuzz
 # build takes its metadata from malloc instead (tests/fuzz/meta_malloc.c).
-FUZZ_LIB_SRC := $(filter-out lib/meta.c,$(LIB_SRC)) tests/fuzz/meta_malloc.c
+FUZZ_LIB_SRC := $(filter-out lib/core/meta.c,$(LIB_SRC)) tests/fuzz/meta_malloc.c
 FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(FUZZ_LIB_SRC))
 FUZZ_BINS    := $(FUZZ_NAMES:%=$(FUZZ_BUILD)/%)
 FUZZ_OK      := $(FUZZ_BUILD)/.libfuzzer-ok
@@ -293,32 +302,38 @@ $(FUZZ_BUILD)/obj/%.o: %.c $(LIB_HDR) include/tally.h | $(FUZZ_OK)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_COVERAGE) $(FUZZ_SAN) -c $< -o $@
 
-$(FUZZ_BUILD)/obj/lib/torch_abi.o: FUZZ_CFLAGS += -fexceptions
+$(FUZZ_BUILD)/obj/lib/torch/torch_abi.o: FUZZ_CFLAGS += -fexceptions
 # tree.c (the pools) and check.c (tally_check's recounts) are built without
 # coverage instrumentation (ASan still checks them): their loops over bins,
 # segments and ledger rows were a third of fuzz_api's time in comparison
 # hooks, and their branches say nothing about the API's behaviour.
-$(FUZZ_BUILD)/obj/lib/tree.o: FUZZ_COVERAGE :=
-$(FUZZ_BUILD)/obj/lib/check.o: FUZZ_COVERAGE :=
+$(FUZZ_BUILD)/obj/lib/cache/tree.o: FUZZ_COVERAGE :=
+$(FUZZ_BUILD)/obj/lib/cache/check.o: FUZZ_COVERAGE :=
 
 $(FUZZ_BUILD)/libtally-fuzz.a: $(FUZZ_LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c tests/fuzz/*.h)
-# fuzz_report (which includes tools/tally_cli.c) and fuzz_tune_input link tally tune's sources.
-FUZZ_TOOLS   :=
-$(FUZZ_BUILD)/fuzz_report $(FUZZ_BUILD)/fuzz_tune_input $(BUILD)/fuzz-replay/fuzz_report \
-	$(BUILD)/fuzz-replay/fuzz_tune_input: \
-	FUZZ_TOOLS := $(TOOL_SRC)
+# fuzz_api's parts (tests/fuzz/api_*.c, not targets of their own).
+FUZZ_API_SRC := $(sort $(wildcard tests/fuzz/api_*.c))
+FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c tests/fuzz/*.h) $(FUZZ_API_SRC)
+# What a target links beside its own file: fuzz_api and fuzz_api_expand
+# (which includes fuzz_api.c) fuzz_api's parts; fuzz_report (which includes
+# tools/tally_cli.c) the command's pieces and tally tune's sources;
+# fuzz_tune_input tally tune's sources.
+FUZZ_LINK    :=
+$(FUZZ_BUILD)/fuzz_api $(FUZZ_BUILD)/fuzz_api_expand $(BUILD)/fuzz-replay/fuzz_api \
+	$(BUILD)/fuzz-replay/fuzz_api_expand: FUZZ_LINK := $(FUZZ_API_SRC)
+$(FUZZ_BUILD)/fuzz_report $(BUILD)/fuzz-replay/fuzz_report: FUZZ_LINK := $(CLI_SRC) $(TOOL_SRC)
+$(FUZZ_BUILD)/fuzz_tune_input $(BUILD)/fuzz-replay/fuzz_tune_input: FUZZ_LINK := $(TOOL_SRC)
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard tools/*.h tools/*.c) $(FUZZ_BUILD)/libtally-fuzz.a
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $< $(FUZZ_TOOLS) $(FUZZ_BUILD)/libtally-fuzz.a -lpthread -ldl -lm
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $< $(FUZZ_LINK) $(FUZZ_BUILD)/libtally-fuzz.a -lpthread -ldl -lm
 
 # Replay: the same targets with a plain main (tests/fuzz/replay_main.c),
 # against the library of $(BUILD) (so `make asan` replays under ASan).
 REPLAY_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz-replay/%)
 $(BUILD)/fuzz-replay/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(FUZZ_SRC) $(wildcard tools/*.h tools/*.c) $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Wno-pedantic -Itools -o $@ $< tests/fuzz/replay_main.c $(FUZZ_TOOLS) $(BUILD)/lib/libtally.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Wno-pedantic -Itools -o $@ $< tests/fuzz/replay_main.c $(FUZZ_LINK) $(BUILD)/lib/libtally.a $(LDLIBS)
 
 fuzz-replay: $(REPLAY_BINS)
 	@bash tests/fuzz/replay.sh $(BUILD)/fuzz-replay $(FUZZ_NAMES)

@@ -134,16 +134,31 @@ TALLY_API int tally_pool_peer_access(int device, int peer);
  * not allocating) reuses it, counting one more use; release drops one use,
  * and a pool with no use left gives its free segments back now and at each
  * empty_cache. filter is called with the device's lock held and must not
- * call tally. Under the async backend the driver's pools handle graph memory
- * and these calls do nothing. 0, or -TALLY_EINVAL (bad device, id (0, 0),
- * unknown pool on release), -TALLY_ESTATE (begin twice, end without begin). */
+ * call tally. Between begin and end a capture is taken to be under way, on
+ * every device: tally queries and synchronises no event, releases nothing
+ * (empty_cache and the out-of-memory path free no segment) and unmaps no
+ * page; once any begin was seen, tally relies on these calls to learn of
+ * captures, so a program that calls them for some captures must call them
+ * for all. Under the async backend the driver's pools handle graph memory:
+ * the pools serve nothing, and frees of blocks allocated outside a capture
+ * wait for its end. 0, or -TALLY_EINVAL (bad device, id (0, 0), unknown pool
+ * on release), -TALLY_ESTATE (begin twice, end without begin). */
 TALLY_API int tally_graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo,
                                      int (*filter)(void *arg, void *stream), void *arg);
 TALLY_API int tally_graph_pool_end(int device, uint64_t id_hi, uint64_t id_lo);
 TALLY_API int tally_graph_pool_release(int device, uint64_t id_hi, uint64_t id_lo);
+/* Promise that every CUDA graph capture of this process will be announced
+ * with tally_graph_pool_begin before it starts (as PyTorch does once its
+ * begin/end/release hooks are installed: tally.install() calls this). From
+ * then on the cached malloc/free path asks the driver nothing about
+ * captures; before it, and before any begin, each allocation on the cuda
+ * backend checks its stream with one or more driver calls. Starts nothing
+ * (no backend, no CUDA); may be called before tally_init. */
+TALLY_API void tally_graph_captures_announced(void);
 
 /* Release every fully free cached segment of device (-1: every device) to the
- * backend, after waiting for pending stream events. Returns bytes released. */
+ * backend, after waiting for pending stream events. Returns bytes released
+ * (0 while a CUDA graph capture may be under way: tally_graph_pool_begin). */
 TALLY_API size_t tally_empty_cache(int device);
 
 /* Limit device's reserved memory to fraction of its capacity, as
@@ -293,7 +308,7 @@ TALLY_API int tally_write_report(const char *path);
  * alloc: size bytes on device for stream; NULL for size 0. When it fails it
  * calls the raiser set with tally_torch_set_oom_raiser (c10::OutOfMemoryError
  * when the Python package built its shim), else, when the library was linked
- * with lib/torch_oom.cc, throws std::runtime_error ("CUDA out of memory.
+ * with lib/torch/torch_oom.cc, throws std::runtime_error ("CUDA out of memory.
  * Tried to allocate ...", a Python RuntimeError); otherwise returns NULL. */
 TALLY_API void *tally_torch_alloc(size_t size, int device, void *stream);
 
@@ -310,7 +325,7 @@ TALLY_API void tally_torch_memory_fraction(double fraction, int device);
 TALLY_API void tally_torch_record_stream(void *ptr, void *stream);
 
 /* 1 when tally_torch_alloc raises a C++ exception on failure (a raiser is set,
- * or lib/torch_oom.cc is linked in), 0 when it returns NULL. */
+ * or lib/torch/torch_oom.cc is linked in), 0 when it returns NULL. */
 TALLY_API int tally_torch_oom_raises(void);
 
 /* The function tally_torch_alloc calls when an allocation fails, with oom
@@ -320,7 +335,7 @@ TALLY_API int tally_torch_oom_raises(void);
  * one compiled against the installed PyTorch that throws
  * c10::OutOfMemoryError (Python: torch.cuda.OutOfMemoryError), so cuDNN's
  * smaller-workspace fallback works (docs/pytorch.md). NULL restores the
- * default: lib/torch_oom.cc's std::runtime_error. */
+ * default: lib/torch/torch_oom.cc's std::runtime_error. */
 typedef void (*tally_torch_raise_fn)(int oom, const char *message);
 TALLY_API void tally_torch_set_oom_raiser(tally_torch_raise_fn raise);
 
@@ -360,7 +375,7 @@ TALLY_API int tally_host_calls(int device, tally_host_calls_t *out);
 
 #ifdef __cplusplus
 /* C++ only: PyTorch's CUDA graph pool hooks for a pluggable allocator
- * (lib/torch_graph.cc, in libtally.so only), with the exact types PyTorch
+ * (lib/torch/torch_graph.cc, in libtally.so only), with the exact types PyTorch
  * calls them with: the pool id is c10::cuda::MempoolId_t and the filter a
  * std::function<bool(cudaStream_t)> (cudaStream_t is CUstream_st *). Pass
  * their addresses to the allocator object's set_begin_allocate_to_pool,

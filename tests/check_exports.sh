@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The shared library exports only tally_* symbols, every exported function
 # is declared in include/tally.h, and it depends on no CUDA library (the
-# CUDA driver is opened with dlopen at run time: lib/cuda/loader.c).
+# CUDA driver is opened with dlopen at run time: lib/backend/cuda/loader.c).
 set -u
 so=${1:-build/lib/libtally.so}
 syms=$(nm -D --defined-only "$so" | awk '$2 ~ /^[TDBRVW]$/ {print $3}' | sed 's/@.*//' | sort -u)

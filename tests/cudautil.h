@@ -4,7 +4,7 @@
  * driver (TALLY_REAL_CUDA=1).
  *
  * - cu_load(): dlopen("libcuda.so.1") by the ordinary search path and fill
- *   `cu`, one function pointer per entry point of lib/cuda/driver.h, through
+ *   `cu`, one function pointer per entry point of lib/backend/cuda/driver.h, through
  *   cuGetProcAddress(_v2) with the CUDA version driver.h declares. Entry
  *   points the driver is too old for stay NULL.
  * - CU_OK(call): the call returns CUDA_SUCCESS, else the test fails with the
@@ -15,6 +15,8 @@
  * - cu_ctx_active(dev): whether the device's primary context is active.
  * - cu_is_standin(): the loaded driver is the stand-in (it exports
  *   cuda_standin_version): for the few checks that only make sense there.
+ * - cu_calls(name) / cu_calls_reset(): the stand-in's count of calls per
+ *   entry point (-1 on a real driver), for paths that must make none.
  * - Test fixtures: cu_test_init(), cu_ctx_setup / cu_ctx_teardown,
  *   CU_NEED_DRIVER() / CU_NEED_TWO() / CU_NEED_STANDIN() (skip unless).
  *
@@ -28,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/driver.h"
+#include "backend/cuda/driver.h"
 #include "skip.h"
 
 struct cu_api {
@@ -192,6 +194,29 @@ static inline int cu_ctx_active(CUdevice dev)
 static inline int cu_is_standin(void)
 {
     return cu_lib && dlsym(cu_lib, "cuda_standin_version") != NULL;
+}
+
+/* Calls of the entry point `name` (driver.h's plain name; NULL: all of
+ * them) counted by the stand-in since the last cu_calls_reset(), in every
+ * thread; -1 on a real driver (which counts nothing). */
+static inline long long cu_calls(const char *name)
+{
+    void *sym = cu_lib ? dlsym(cu_lib, "cuda_standin_calls") : NULL;
+    unsigned long long (*fn)(const char *) = NULL;
+    if (!sym)
+        return -1;
+    memcpy(&fn, &sym, sizeof sym);
+    return (long long)fn(name);
+}
+
+static inline void cu_calls_reset(void)
+{
+    void *sym = cu_lib ? dlsym(cu_lib, "cuda_standin_counts_reset") : NULL;
+    void (*fn)(void) = NULL;
+    if (!sym)
+        return;
+    memcpy(&fn, &sym, sizeof sym);
+    fn();
 }
 
 /* ---- test fixtures -------------------------------------------------------------------------------- */

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# For tests/test_driver_h.c: from lib/cuda/driver.h, write
+# For tests/test_driver_h.c: from lib/backend/cuda/driver.h, write
 #   with --cuda-side: cuda.h's value of each constant and each type driver.h
 #     declares, kept as tally_cu_X (included right after cuda.h);
 #   otherwise: #define X tally_dh_X for every CUDA type, struct tag and
 #     constant driver.h declares (so driver.h can be included after cuda.h),
 #     and TALLY_DH_ASSERTS: static assertions that each tally_dh_X equals
 #     tally_cu_X (constants) or has its size (types).
-# Usage: driver_h_names.sh [--cuda-side] lib/cuda/driver.h > header
+# Usage: driver_h_names.sh [--cuda-side] lib/backend/cuda/driver.h > header
 set -eu
 side=0
 if [ "${1:-}" = --cuda-side ]; then side=1; shift; fi
-h=${1:-lib/cuda/driver.h}
+h=${1:-lib/backend/cuda/driver.h}
 # Identifiers of CUDA's own spelling (CU..., cuuint64_t) outside comments and
 # #define lines (the two stream handles are handled by the test).
 names=$(${CC:-cc} -fpreprocessed -dD -E -P "$h" | grep -v '^#' | grep -oE '\b(CU[A-Za-z0-9_]+|cuuint64_t)\b' | sort -u)

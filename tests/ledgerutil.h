@@ -32,8 +32,8 @@
 #include <unistd.h>
 
 #include "tally.h"
-#include "json.h" /* the library's internal reader (tests link libtally.a) */
-#include "stage.h" /* tally__stage_open, tally__g: lu_setup_clean's clean-up */
+#include "report/json.h" /* the library's internal reader (tests link libtally.a) */
+#include "ledger/stage.h" /* tally__stage_open, tally__g: lu_setup_clean's clean-up */
 
 #define LU_KiB ((size_t)1 << 10)
 #define LU_MiB ((size_t)1 << 20)

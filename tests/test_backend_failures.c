@@ -392,7 +392,7 @@ static void test_failure_releases_the_cache_then_retries(void **state)
     tally_set_sink(NULL, NULL);
 }
 
-/* The same workloads with expandable_segments:true (lib/expand.c): the
+/* The same workloads with expandable_segments:true (lib/cache/expand.c): the
  * large pool maps 2 MiB pages into one reserved range per stream, and the
  * injected failures hit those map calls. expandable_segments is read at
  * initialisation, so this runs the binary again in a child process. */

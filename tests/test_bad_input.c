@@ -6,7 +6,7 @@
  * configuration parsed back. */
 #include <dirent.h>
 #include "testutil.h"
-#include "internal.h" /* tally__options_parse, for the known-bug test */
+#include "core/internal.h" /* tally__options_parse, for the known-bug test */
 
 #include <sys/stat.h>
 #include <unistd.h>

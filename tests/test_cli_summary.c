@@ -18,8 +18,8 @@
 
 #define CLIUTIL_REPORTS /* the children, setup, tally_run, HAS, EXPECT_RC */
 #include "cliutil.h"
-#include "json.h"
-#include "report.h"
+#include "report/json.h"
+#include "report/report.h"
 
 /* ---- expected tables (PyTorch's rules applied to memory_stats.json) ------------ */
 

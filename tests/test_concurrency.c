@@ -342,7 +342,7 @@ static void *report_main(void *arg)
 /* Runtime keys change while allocations, frees, stage ends and reports read
  * them: they are stored and read as relaxed atomics, and the two strings
  * (persistent_tags, report_path) are copied under the configuration lock
- * (lib/internal.h, TALLY_OPT). Meaningful under `make tsan`. */
+ * (lib/core/internal.h, TALLY_OPT). Meaningful under `make tsan`. */
 static atomic_int configure_stop;
 
 static void *configure_main(void *arg)

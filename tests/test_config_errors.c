@@ -11,7 +11,7 @@
  * This process runs with backend:host,host_devices:2. */
 #include "testutil.h"
 
-#include "internal.h"
+#include "core/internal.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-/* Expandable segments on the cuda backend (lib/cuda/vmm.c: CUDA's virtual
+/* Expandable segments on the cuda backend (lib/backend/cuda/vmm.c: CUDA's virtual
  * memory management API). `make test` runs them against the CUDA stand-in;
  * with TALLY_REAL_CUDA=1 on a GPU machine they run against the real driver
  * (figures the stand-in fixes exactly, such as the driver's free memory

@@ -1,4 +1,4 @@
-/* lib/cuda/driver.h against CUDA's own cuda.h: every constant, enum value
+/* lib/backend/cuda/driver.h against CUDA's own cuda.h: every constant, enum value
  * and type size, and the layout (offsetof) of every structure driver.h
  * declares, compared by static assertions, so a mistake fails the build of
  * this test. The Makefile builds it with TALLY_CUDA_H_CHECK and cuda.h's
@@ -29,7 +29,7 @@ static const uintptr_t cuda_per_thread = (uintptr_t)CU_STREAM_PER_THREAD;
 
 #include "driver_h_cuda.h"
 #include "driver_h_names.h"
-#include "cuda/driver.h"
+#include "backend/cuda/driver.h"
 
 TALLY_DH_ASSERTS;
 

@@ -4,7 +4,7 @@
  * the peak; empty_cache unmaps them; every invariant holds throughout. */
 #include "testutil.h"
 
-#include "backend.h"
+#include "backend/backend.h"
 
 #define PAGE (2 * MiB)
 

@@ -1,4 +1,4 @@
-/* fork and tally (lib/fork.c): pthread_atfork handlers take every lock of
+/* fork and tally (lib/api/fork.c): pthread_atfork handlers take every lock of
  * the library around fork, so a child never inherits a lock held by another
  * thread; the child's leak report leaves out the blocks it inherited; a
  * child whose parent started a device backend (cuda, async) is refused the
@@ -7,7 +7,7 @@
  * Every case runs in a child process (tests/ledgerutil.h), which forks
  * grandchildren. */
 #include "ledgerutil.h"
-#include "cache.h" /* tally__g and the host backend's table (tests link libtally.a) */
+#include "cache/cache.h" /* tally__g and the host backend's table (tests link libtally.a) */
 
 #include <signal.h>
 #include <stdatomic.h>

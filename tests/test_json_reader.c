@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json.h"
+#include "report/json.h"
 
 /* ---- JSON reader -------------------------------------------------------- */
 

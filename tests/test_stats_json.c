@@ -4,8 +4,8 @@
 #include "testutil.h" /* tu_buf_t, tu_buf_write */
 #include <inttypes.h>
 
-#include "json.h"
-#include "report.h"
+#include "report/json.h"
+#include "report/report.h"
 
 /* ---- stats JSON --------------------------------------------------------- */
 

@@ -7,7 +7,7 @@
  * division), not whatever the renderer happens to print. */
 #include "testutil.h" /* tu_buf_t, tu_buf_write */
 
-#include "report.h"
+#include "report/report.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 

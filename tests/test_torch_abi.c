@@ -317,7 +317,7 @@ static void test_init_hook(void **state)
 }
 
 /* An allocation that cannot be served never returns a silent NULL to
- * PyTorch when lib/torch_oom.cc is linked in: it throws. Built without it,
+ * PyTorch when lib/torch/torch_oom.cc is linked in: it throws. Built without it,
  * alloc returns NULL with the OOM message as the last error. */
 static void test_out_of_memory(void **state)
 {
@@ -405,7 +405,7 @@ static void test_after_exit_report(void **state)
         close(fds[0]);
         dup2(fds[1], 2);
         /* The child's own block: a forked child's leak report leaves out
-         * what it inherited (lib/fork.c). */
+         * what it inherited (lib/api/fork.c). */
         void *kept = t.alloc(12345, 1, NULL);
         if (!kept)
             _exit(5);

@@ -1,4 +1,4 @@
-// PyTorch's CUDA graph pool hooks (lib/torch_graph.cc) called as PyTorch
+// PyTorch's CUDA graph pool hooks (lib/torch/torch_graph.cc) called as PyTorch
 // calls them: with a std::pair pool id and a std::function filter built
 // here, on the host backend (graph pools are part of the cache, not of a
 // device). Checks that allocations the filter claims go to the pool and

@@ -5,7 +5,7 @@
 // and base_alloc (tally_torch_base_alloc), the segment holding a pointer.
 //
 // Linked with libtally.so as PyTorch loads it: without a raiser, alloc throws
-// the fallback std::runtime_error (lib/torch_oom.cc); with one, the raiser's
+// the fallback std::runtime_error (lib/torch/torch_oom.cc); with one, the raiser's
 // own exception type arrives.
 #include <setjmp.h>
 #include <stdarg.h>
@@ -64,7 +64,7 @@ int setup(void **)
     return 0;
 }
 
-// No raiser set: libtally.so's fallback (lib/torch_oom.cc) throws
+// No raiser set: libtally.so's fallback (lib/torch/torch_oom.cc) throws
 // std::runtime_error with the same message.
 void test_without_raiser_alloc_throws_runtime_error(void **)
 {

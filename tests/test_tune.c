@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "cliutil.h"
-#include "json.h"
+#include "report/json.h"
 
 #define MiB ((uint64_t)1 << 20)
 

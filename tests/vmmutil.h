@@ -30,7 +30,7 @@
 #include <unistd.h>
 
 #include "cudautil.h"
-#include "cuda/vmm.h"
+#include "backend/cuda/vmm.h"
 #include "tally.h"
 
 #define MiB ((size_t)1 << 20)

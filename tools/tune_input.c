@@ -6,8 +6,8 @@
  * index; id < 0 frees block -id; docs/reports.md). */
 #include "tune.h"
 
-#include "json.h"
-#include "report.h" /* the strict stats reader */
+#include "report/json.h"
+#include "report/report.h" /* the strict stats reader */
 #include "pickle.h"
 
 #include <errno.h>

@@ -324,11 +324,11 @@ if [ -z "${TALLY_LIB:-}" ]; then
   mkdir -p "$BUILD" && touch "$BUILD/.setup-ok"
   make -C "$ROOT" lib >"$WORK/make.log" 2>&1 || { tail -30 "$WORK/make.log"; echo "torch_check: make lib failed"; exit 1; }
   TALLY_LIB="$BUILD/lib/libtally.so"
-  # Until the Makefile links lib/torch_oom.cc into libtally.so, link a copy
+  # Until the Makefile links lib/torch/torch_oom.cc into libtally.so, link a copy
   # that has it, so the OOM path is still checked (and say so).
   if ! "$PYTHON" -c "import ctypes,sys; sys.exit(0 if ctypes.CDLL('$TALLY_LIB').tally_torch_oom_raises() else 1)"; then
-    echo "NOTE: $TALLY_LIB lacks lib/torch_oom.cc (Makefile change not applied): checking a copy linked with it"
-    g++ -std=c++17 -O2 -fPIC -fvisibility=hidden -c "$ROOT/lib/torch_oom.cc" -o "$WORK/torch_oom.o"
+    echo "NOTE: $TALLY_LIB lacks lib/torch/torch_oom.cc (Makefile change not applied): checking a copy linked with it"
+    g++ -std=c++17 -O2 -fPIC -fvisibility=hidden -c "$ROOT/lib/torch/torch_oom.cc" -o "$WORK/torch_oom.o"
     cuda_home=${CUDA_HOME:-/usr/local/cuda}
     cuda_libs=()
     [ -e "$cuda_home/lib64/libcudart.so" ] && cuda_libs=(-L"$cuda_home/lib64" -lcudart "-Wl,-rpath,$cuda_home/lib64")

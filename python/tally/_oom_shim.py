@@ -1,7 +1,7 @@
 """The out-of-memory exception PyTorch expects: ``c10::OutOfMemoryError``.
 
 libtally.so raises ``std::runtime_error`` when an allocation fails
-(lib/torch_oom.cc): Python then sees a ``RuntimeError``, and cuDNN, which
+(lib/torch/torch_oom.cc): Python then sees a ``RuntimeError``, and cuDNN, which
 catches only ``c10::OutOfMemoryError`` to retry with a smaller workspace,
 fails instead of falling back. The exception type lives in PyTorch's libc10,
 which tally does not link, so this module compiles a small C++ shim

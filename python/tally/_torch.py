@@ -31,7 +31,7 @@ _HOOKS = (
     ("set_memory_fraction_fn", "tally_torch_memory_fraction"),
     ("set_record_stream_fn", "tally_torch_record_stream"),
     ("set_base_alloc_fn", "tally_torch_base_alloc"),
-    # CUDA graph pools (C++ signatures, lib/torch_graph.cc); without them tally
+    # CUDA graph pools (C++ signatures, lib/torch/torch_graph.cc); without them tally
     # refuses allocations on a capturing stream rather than share its memory.
     ("set_begin_allocate_to_pool", "tally_torch_begin_allocate_to_pool"),
     ("set_end_allocate_to_pool_fn", "tally_torch_end_allocate_to_pool"),
@@ -114,10 +114,14 @@ def install(conf: Optional[Any] = None):
         lazy_call(_refuse_host_memory_for_cuda)
     if missing:
         warnings.warn(f"tally: this PyTorch lacks {', '.join(missing)}; those hooks do not reach tally", stacklevel=2)
+    if not any(setter in missing for setter, name in _HOOKS if "pool" in name):
+        # PyTorch announces every capture through the graph-pool hooks: the
+        # cached path need not ask the driver about captures.
+        library().tally_graph_captures_announced()
     _oom_shim.install(torch)
     if not library().tally_torch_oom_raises():
         warnings.warn(
-            "tally: this libtally.so was built without lib/torch_oom.cc, so an out-of-memory cannot be "
+            "tally: this libtally.so was built without lib/torch/torch_oom.cc, so an out-of-memory cannot be "
             "raised as a Python error; PyTorch would receive a NULL pointer",
             stacklevel=2,
         )

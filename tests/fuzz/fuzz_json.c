@@ -1,4 +1,4 @@
-/* Fuzz target: the JSON reader (tally__json_parse, lib/json.c), which the
+/* Fuzz target: the JSON reader (tally__json_parse, lib/report/json_reader.c), which the
  * tally command uses on files it is given.
  *
  * On every input: no crash, no read outside the input, nothing leaked.
@@ -7,8 +7,8 @@
  * the input, strings are NUL-terminated at their length, lookups agree with
  * the members; and the tree written out again (by the small writer below)
  * parses back to an equal tree. A violation aborts. */
-#include "internal.h"
-#include "json.h"
+#include "core/internal.h"
+#include "report/json.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* Fuzz target: the TALLY_CONF parser (tally__options_parse, lib/options.c)
+/* Fuzz target: the TALLY_CONF parser (tally__options_parse, lib/core/options.c)
  * on arbitrary bytes.
  *
  * Properties checked on every input (the input is one configuration
@@ -14,7 +14,7 @@
  *    package does it (text before the first "    #", stripped, joined with
  *    ','), to the same options, and print the same text again.
  * A violation aborts with a message naming the input and the field. */
-#include "internal.h"
+#include "core/internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

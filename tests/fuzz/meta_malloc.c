@@ -1,9 +1,9 @@
-/* Metadata memory for the fuzz build: lib/meta.c's own heap carves objects
+/* Metadata memory for the fuzz build: lib/core/meta.c's own heap carves objects
  * out of large mmap'ed chunks, so AddressSanitizer cannot see an overflow
  * from one metadata object into the next. The fuzz targets are linked with
- * this file instead of lib/meta.c: every metadata object is its own malloc
- * block, and ASan checks its bounds. Same interface as lib/meta.c. */
-#include "internal.h"
+ * this file instead of lib/core/meta.c: every metadata object is its own malloc
+ * block, and ASan checks its bounds. Same interface as lib/core/meta.c. */
+#include "core/internal.h"
 
 #include <malloc.h>
 #include <stdatomic.h>
@@ -13,7 +13,7 @@
 static _Atomic size_t meta_bytes;
 
 /* malloc locks for itself (and glibc's fork handling keeps it consistent);
- * the fork handlers (lib/fork.c) still take the heap's lock in their order. */
+ * the fork handlers (lib/api/fork.c) still take the heap's lock in their order. */
 static tally_mutex_t heap_lock = TALLY_MUTEX_INIT;
 tally_mutex_t *tally__heap_lock(void)
 {

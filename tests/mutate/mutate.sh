@@ -48,7 +48,7 @@ libs() { printf '%s/lib/libtally.so %s/lib/libtally.a %s/bin/tally %s/standin/li
 # (tests/standin/, a libcuda.so.1 on host memory), first on the library
 # search path as the Makefile's STANDIN_ENV puts it, unless TALLY_REAL_CUDA=1
 # (a GPU machine: the real driver). Without it the CUDA tests skip, and every
-# mutation of lib/cuda/ would survive.
+# mutation of lib/backend/cuda/ would survive.
 with_standin() {
     local dir=$1; shift
     if [ "${TALLY_REAL_CUDA:-0}" = 1 ]; then

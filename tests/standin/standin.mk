@@ -1,12 +1,12 @@
 # The CUDA stand-in (tests/standin/): a libcuda.so.1 on host memory that the
 # C and Python tests load through LD_LIBRARY_PATH (see the Makefile's test-c
-# and test-py). It needs no CUDA toolkit: lib/cuda/driver.h declares
+# and test-py). It needs no CUDA toolkit: lib/backend/cuda/driver.h declares
 # everything. docs/standin.md says what it models.
 STANDIN_SRC := $(sort $(wildcard tests/standin/*.c))
 STANDIN_OBJ := $(STANDIN_SRC:tests/standin/%.c=$(BUILD)/standin/obj/%.o)
 STANDIN_LIB := $(BUILD)/standin/libcuda.so.1
 
-$(BUILD)/standin/obj/%.o: tests/standin/%.c tests/standin/standin.h lib/cuda/driver.h
+$(BUILD)/standin/obj/%.o: tests/standin/%.c tests/standin/standin.h tests/standin/cost.h lib/backend/cuda/driver.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 

@@ -141,6 +141,20 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
     return rc;
 }
 
+/* How many cuMemCreate calls asked for gpuDirectRDMACapable memory
+ * (CUmemAllocationProp.allocFlags: 'This flag if set indicates that the memory
+ * will be used as a buffer for GPU Direct RDMA'; the stand-in models no RDMA
+ * and only counts it, for tests). */
+static unsigned long long si_rdma_creates;
+
+SI_EXPORT unsigned long long cuda_standin_rdma_creates(void)
+{
+    pthread_mutex_lock(&si_lock);
+    unsigned long long n = si_rdma_creates;
+    pthread_mutex_unlock(&si_lock);
+    return n;
+}
+
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                      unsigned long long flags)
 {
@@ -160,6 +174,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
     } else {
         *h = (struct si_handle){.size = size, .dev = prop->location.id, .next = si_handles};
         si_handles = h;
+        if (prop->allocFlags.gpuDirectRDMACapable)
+            si_rdma_creates++;
         *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
     }
     pthread_mutex_unlock(&si_lock);
@@ -255,6 +271,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
         for (struct si_mapping **p = &si_mappings; *p;) {
             struct si_mapping *m = *p;
             if (m->addr >= lo && m->addr + m->size <= hi) {
+                si_count_mappings(__func__, 1);
                 *p = m->next;
                 m->handle->maps--;
                 si_handle_maybe_free(m->handle);
@@ -283,8 +300,15 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
             return CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_lock(&si_lock);
-    if (!si_covered_by_mappings((uintptr_t)ptr, size, false))
+    if (!si_covered_by_mappings((uintptr_t)ptr, size, false)) {
         rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        /* The cost model charges per mapping the range covers (cost.h). */
+        unsigned long long n = 0;
+        for (struct si_mapping *m = si_mappings; m; m = m->next)
+            n += m->addr < (uintptr_t)ptr + size && (uintptr_t)ptr < m->addr + m->size;
+        si_count_mappings(__func__, n);
+    }
     pthread_mutex_unlock(&si_lock);
     return rc;
 }

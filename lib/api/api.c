@@ -1,0 +1,700 @@
+/* The public C API: initialisation (options, backend choice, devices),
+ * argument checks, and the lock around each call into the cache. Bad input
+ * is rejected here with one line naming the problem; the cache below only
+ * ever sees valid devices, sizes and blocks. */
+#include "api/api.h"
+#include "ledger/site.h"
+#include "ledger/suppress.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+static pthread_once_t options_once = PTHREAD_ONCE_INIT;
+static int options_rc;
+static char options_error[512];
+/* 0 before initialisation, 1 after, 2 in a forked child refused its
+ * parent's device backend (tally__after_fork_child). */
+static _Atomic int initialised;
+
+const char *tally_version(void)
+{
+    return TALLY_VERSION;
+}
+
+/* Defaults, then TALLY_CONF; once, before anything else. */
+static void load_options(void)
+{
+    tally__fork_register();
+    tally__options_set_checker(tally__sup_check_option);
+    tally__options_default(&tally__opt);
+    const char *conf = getenv("TALLY_CONF");
+    if (conf && *conf) {
+        options_rc = tally__options_parse(&tally__opt, conf, false, NULL);
+        if (options_rc)
+            snprintf(options_error, sizeof options_error, "TALLY_CONF: %s", tally_last_error());
+    }
+}
+
+/* The cap needs only the device's size: the backend's capacity (CUDA:
+ * cuDeviceTotalMem, no context) where it has one, so a fraction set for
+ * every device starts none of them. */
+static int apply_fraction_locked(tally_device_t *d, double fraction)
+{
+    size_t free_b = 0, total = 0;
+    const tally_backend_t *be = tally__g.backend;
+    if (be->capacity ? be->capacity(d->id, &total) : be->mem_info(d->id, &free_b, &total))
+        return tally__fail(TALLY_EBACKEND, "memory fraction: cannot read the capacity of device %d", d->id);
+    d->fraction = fraction;
+    d->allowed_max = fraction > 0 && fraction < 1.0 ? (uint64_t)(fraction * (double)total) : UINT64_MAX;
+    if (fraction == 0)
+        d->allowed_max = 0;
+    return 0;
+}
+
+/* backend:auto takes cuda when the driver loads and reports a device, else
+ * host. It says so (one line on the sink, with why) only when that is
+ * news: a driver is installed but cannot be used. Host on a machine with no
+ * NVIDIA driver, and cuda where it works, are what one expects, and a line
+ * in every process would be noise (reports and `python -m tally info` name
+ * the backend). */
+static const tally_backend_t *choose_backend(char *why, size_t whylen)
+{
+    (void)why;
+    (void)whylen;
+    switch (tally__opt.backend) {
+    case TALLY_BACKEND_HOST:
+        return &tally__backend_host;
+    case TALLY_BACKEND_CUDA:
+        return &tally__backend_cuda;
+    case TALLY_BACKEND_ASYNC:
+        return &tally__backend_async;
+    default:
+        break;
+    }
+    char probe[256];
+    if (tally__cu_load(probe, sizeof probe) > 0)
+        return &tally__backend_cuda;
+    if (tally__cu_loaded())
+        tally__diag("backend auto: using host, simulated devices (%s)", probe);
+    return &tally__backend_host;
+}
+
+void tally__exit_register(void);
+
+/* home_device:auto is LOCAL_RANK when it is one of the ndev devices, else none. */
+static int resolve_home(int home, int ndev)
+{
+    if (home != -2)
+        return home;
+    const char *lr = getenv("LOCAL_RANK");
+    char *end;
+    long v = lr && *lr ? strtol(lr, &end, 10) : -1;
+    return lr && *lr && !*end && v >= 0 && v < ndev ? (int)v : -1;
+}
+
+/* A home_device number this process has no device for is refused. */
+static int check_home(int home, int ndev)
+{
+    if (home < ndev)
+        return 0;
+    return tally__fail_quiet(TALLY_ECONF, "config: home_device: %d is not a device (%d device%s: %s%d)", home,
+                             ndev, ndev == 1 ? "" : "s", ndev > 1 ? "0 to " : "", ndev - 1);
+}
+
+static void do_init_locked(void);
+
+/* Under config_lock: a tally_configure racing the first use either lands
+ * before initialisation reads the options or sees it done (and is then
+ * held to the runtime keys), never in between. */
+static void do_init(void)
+{
+    tally__mutex_lock(tally__config_lock());
+    do_init_locked();
+    tally__mutex_unlock(tally__config_lock());
+}
+
+static void do_init_locked(void)
+{
+    pthread_once(&options_once, load_options);
+    if (options_rc) {
+        tally__g.init_rc = options_rc;
+        snprintf(tally__g.init_error, sizeof tally__g.init_error, "%s", options_error);
+        return;
+    }
+    char why[256] = "";
+    tally__env_hints(); /* once, as the process starts using tally */
+    const tally_backend_t *be = choose_backend(why, sizeof why);
+    if (!be || be->init(&tally__opt, why, sizeof why)) {
+        tally__g.init_rc = -TALLY_EBACKEND;
+        if (be)
+            snprintf(tally__g.init_error, sizeof tally__g.init_error, "backend %s unusable: %s", be->name,
+                     why[0] ? why : "init failed");
+        else
+            snprintf(tally__g.init_error, sizeof tally__g.init_error, "%s", why);
+        tally__diag("%s", tally__g.init_error);
+        return;
+    }
+    if (tally__opt.expandable_segments && !be->map) {
+        tally__g.init_rc = -TALLY_ECONF;
+        snprintf(tally__g.init_error, sizeof tally__g.init_error,
+                 "expandable_segments: backend %s cannot map pages (host and cuda can)", be->name);
+        tally__diag("%s", tally__g.init_error);
+        return;
+    }
+    tally__g.backend = be;
+    /* The layers above the cache, told of every block and device event. */
+    tally__cache_set_hooks(&(tally_cache_hooks_t){tally__ledger_block_alloc_locked, tally__ledger_block_free_locked,
+                                                  tally__ledger_device_event_locked, tally__report_oom_locked});
+    int n = be->device_count();
+    if (n > TALLY_MAX_DEVICES)
+        n = TALLY_MAX_DEVICES;
+    if (check_home(tally__opt.home_setting, n)) {
+        tally__g.init_rc = -TALLY_ECONF;
+        snprintf(tally__g.init_error, sizeof tally__g.init_error, "%s", tally_last_error());
+        tally__diag("%s", tally__g.init_error);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        tally_device_t *d = tally__meta_calloc(sizeof *d);
+        if (!d || tally__ptrmap_init(&d->map, 1024) || tally__ledger_device_init(d)) {
+            tally__g.init_rc = -TALLY_ENOMEM;
+            snprintf(tally__g.init_error, sizeof tally__g.init_error, "out of host memory at initialisation");
+            return;
+        }
+        atomic_init(&d->lock.state, 0);
+        d->id = i;
+        d->small.kind = TALLY_POOL_SMALL;
+        d->large.kind = TALLY_POOL_LARGE;
+        d->allowed_max = UINT64_MAX;
+        d->stats.max_split_size = tally__opt.max_split_size == UINT64_MAX ? -1 : (int64_t)tally__opt.max_split_size;
+        tally__g.dev[i] = d;
+    }
+    tally__g.ndev = n;
+    if (tally__opt.memory_fraction > 0)
+        for (int i = 0; i < n; i++)
+            apply_fraction_locked(tally__g.dev[i], tally__opt.memory_fraction);
+    tally__opt.home_device = resolve_home(tally__opt.home_setting, n);
+    tally__exit_register();
+    atomic_store(&initialised, 1);
+}
+
+static _Atomic int refusal_said;
+
+int tally__ensure_init(void)
+{
+    if (TALLY_LIKELY(atomic_load_explicit(&initialised, memory_order_acquire) == 1))
+        return 0;
+    pthread_once(&tally__g.once, do_init);
+    if (TALLY_UNLIKELY(tally__g.init_rc)) {
+        if (atomic_load(&initialised) == 2 && !atomic_exchange(&refusal_said, 1))
+            tally__diag("%s", tally__g.init_error);
+        return tally__fail_quiet(-tally__g.init_rc, "%s", tally__g.init_error);
+    }
+    return 0;
+}
+
+/* fork.c, in the child: memory and streams of a device backend belong to the
+ * parent's CUDA context, which the child cannot use; every call that needs
+ * the backend fails from now on, saying so once. */
+void tally__after_fork_child(void)
+{
+    if (atomic_load(&initialised) != 1 || tally__g.backend == &tally__backend_host)
+        return;
+    snprintf(tally__g.init_error, sizeof tally__g.init_error,
+             "backend %s: CUDA cannot be used in a forked child (fork after CUDA started); start workers with "
+             "multiprocessing's 'spawn'",
+             tally__g.backend->name);
+    tally__g.init_rc = -TALLY_EBACKEND;
+    atomic_store(&refusal_said, 0);
+    atomic_store(&initialised, 2);
+}
+
+int tally_backend_started(void)
+{
+    return atomic_load(&initialised) != 0;
+}
+
+int tally_init(void)
+{
+    return tally__ensure_init();
+}
+
+bool tally__is_initialised(void)
+{
+    return atomic_load(&initialised) != 0;
+}
+
+/* After initialisation only runtime keys change (the parser refuses the
+ * rest); store each so that unlocked readers (TALLY_OPT) never see a torn
+ * value. Strings change under config_lock, which their readers take. */
+static void publish_runtime(const tally_options_t *n)
+{
+#define STORE(f) __atomic_store_n(&tally__opt.f, n->f, __ATOMIC_RELAXED)
+    STORE(backtrace_depth);
+    STORE(python_stack);
+    STORE(unwinder);
+    STORE(release_at_stage_end);
+    STORE(stage_report);
+    STORE(leak_report);
+    STORE(leak_exitcode);
+    STORE(home_device);
+    STORE(home_setting);
+    STORE(timeline);
+    STORE(expandable_grow_chunk_mb);
+    STORE(trace);
+    STORE(expandable_handle_mb);
+#undef STORE
+    __atomic_store(&tally__opt.gc_threshold, &n->gc_threshold, __ATOMIC_RELAXED);
+    __atomic_store(&tally__opt.memory_fraction, &n->memory_fraction, __ATOMIC_RELAXED);
+    memcpy(tally__opt.persistent_tags, n->persistent_tags, sizeof tally__opt.persistent_tags);
+    memcpy(tally__opt.report_path, n->report_path, sizeof tally__opt.report_path);
+    memcpy(tally__opt.leak_suppressions, n->leak_suppressions, sizeof tally__opt.leak_suppressions);
+}
+
+int tally_configure(const char *conf)
+{
+    if (!conf)
+        return tally__fail(TALLY_EINVAL, "tally_configure: conf is NULL");
+    pthread_once(&options_once, load_options);
+    tally__mutex_lock(tally__config_lock());
+    uint64_t seen = 0;
+    int rc;
+    if (!tally__is_initialised()) {
+        rc = tally__options_parse(&tally__opt, conf, false, &seen);
+        tally__mutex_unlock(tally__config_lock());
+        return rc;
+    }
+    tally_options_t next;
+    memcpy(&next, &tally__opt, sizeof next);
+    rc = tally__options_parse(&next, conf, true, &seen);
+    if (rc == 0) {
+        /* Given again, the fraction is applied again: a per-device
+         * tally_set_memory_fraction may have changed it since. */
+        if (seen & tally__option_bit("memory_fraction")) {
+            for (int i = 0; i < tally__g.ndev; i++) {
+                tally_device_t *d = tally__g.dev[i];
+                tally__mutex_lock(&d->lock);
+                /* As a key, 0 is "no cap" (its default); the per-device
+                 * call keeps PyTorch's meaning of 0. */
+                apply_fraction_locked(d, next.memory_fraction > 0 ? next.memory_fraction : 1.0);
+                tally__mutex_unlock(&d->lock);
+            }
+        }
+        next.home_device = resolve_home(next.home_setting, tally__g.ndev);
+        rc = check_home(next.home_setting, tally__g.ndev);
+        if (rc)
+            tally__diag("%s", tally_last_error());
+        else
+            publish_runtime(&next);
+    }
+    tally__mutex_unlock(tally__config_lock());
+    return rc;
+}
+
+int tally_write_options(tally_write_fn write, void *arg)
+{
+    if (!write)
+        return tally__fail(TALLY_EINVAL, "tally_write_options: write is NULL");
+    pthread_once(&options_once, load_options);
+    tally__mutex_lock(tally__config_lock());
+    tally_options_t copy = tally__opt;
+    tally__mutex_unlock(tally__config_lock());
+    tally_out_t o;
+    tally__out_init(&o, write, arg);
+    return tally__options_write(&copy, &o);
+}
+
+const char *tally_backend_name(void)
+{
+    if (tally__ensure_init())
+        return "none";
+    return tally__g.backend->name;
+}
+
+int tally_device_count(void)
+{
+    int rc = tally__ensure_init();
+    return rc ? rc : tally__g.ndev;
+}
+
+/* The device, or NULL with an error naming the call and the number. */
+tally_device_t *tally__device(int device, const char *fn)
+{
+    if (tally__ensure_init())
+        return NULL;
+    return tally__device_lookup(device, fn);
+}
+
+void *tally_malloc(size_t size, int device, void *stream)
+{
+    if (size == 0)
+        return NULL;
+    if (TALLY_UNLIKELY((ssize_t)size < 0)) {
+        tally__fail(TALLY_EINVAL, "tally_malloc: size %zu is negative as a signed size (%zd)", size, (ssize_t)size);
+        return NULL;
+    }
+    tally_device_t *d = tally__device(device, "tally_malloc");
+    if (!d)
+        return NULL;
+    /* The allocation site is unwound before the lock: it is slow. */
+    void *site = NULL;
+    int depth = TALLY_OPT(backtrace_depth), pydepth = TALLY_OPT(python_stack);
+    if (TALLY_UNLIKELY(depth > 0 || pydepth > 0) && tally__opt.ledger)
+        site = tally__site_capture(depth, pydepth);
+    tally__mutex_lock(&d->lock);
+    tally_block_t *b = tally__cache_malloc_locked(d, size, stream, site);
+    void *p = b ? (void *)b->addr : NULL;
+    tally__mutex_unlock(&d->lock);
+    return p;
+}
+
+/* ---- finding a block by pointer ----------------------------------------- */
+
+static _Thread_local int last_device;
+
+/* Lock the device holding ptr's live block and return the block (the lock
+ * stays held), or NULL with no lock held. take removes it from the map. */
+static tally_block_t *find_live(uintptr_t a, bool take, tally_device_t **out)
+{
+    int n = tally__g.ndev;
+    int i = last_device < n ? last_device : 0;
+    for (int k = 0; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
+        tally_device_t *d = tally__g.dev[i];
+        tally__mutex_lock(&d->lock);
+        tally_block_t *b = take ? tally__ptrmap_take(&d->map, a) : tally__ptrmap_get(&d->map, a);
+        if (b) {
+            last_device = i;
+            *out = d;
+            return b;
+        }
+        tally__mutex_unlock(&d->lock);
+    }
+    return NULL;
+}
+
+/* The newest record of a block freed at address a on device d, or NULL. */
+static const tally_freed_t *freed_at_locked(tally_device_t *d, uintptr_t a)
+{
+    for (uint32_t k = 0; k < TALLY_FREED_RING; k++) {
+        const tally_freed_t *f = &d->freed[(d->freed_next - 1 - k) % TALLY_FREED_RING];
+        if (f->addr == a && f->seq)
+            return f;
+    }
+    return NULL;
+}
+
+static int report_double_free(const char *fn, uintptr_t a, int device, tally_freed_t f)
+{
+    /* Only a free can be a double free; any other use is a use after free. */
+    const char *what = strcmp(fn, "tally_free") == 0 ? "double free" : "use after free";
+    return tally__fail(TALLY_EINVAL, "%s: %s of %p (device %d, %zu bytes, tag %s, stage %s, allocation #%llu)", fn,
+                       what, (void *)a, device, f.size, tally__tag_name(f.tag), tally__stage_name(f.stage),
+                       (unsigned long long)f.seq);
+}
+
+/* Why ptr is not a live block: a double free (naming its owner), a pointer
+ * inside a segment, or one tally never returned. The device whose segment
+ * holds the address decides: an address can be reused on another device
+ * once a segment goes back to the backend. */
+static int bad_pointer(const char *fn, uintptr_t a)
+{
+    for (int i = 0; i < tally__g.ndev; i++) {
+        tally_device_t *d = tally__g.dev[i];
+        tally__mutex_lock(&d->lock);
+        tally_segment_t *s = tally__cache_segment_of_locked(d, a);
+        const tally_freed_t *f = s ? freed_at_locked(d, a) : NULL;
+        tally_freed_t copy = f ? *f : (tally_freed_t){0};
+        tally__mutex_unlock(&d->lock);
+        if (f)
+            return report_double_free(fn, a, i, copy);
+        if (s)
+            return tally__fail(TALLY_EINVAL,
+                               "%s: %p is inside a segment of device %d but is not the start of a live block "
+                               "(double free or interior pointer)",
+                               fn, (void *)a, i);
+    }
+    /* No segment holds it: a block whose segment was since released? */
+    for (int i = 0; i < tally__g.ndev; i++) {
+        tally_device_t *d = tally__g.dev[i];
+        tally__mutex_lock(&d->lock);
+        const tally_freed_t *f = freed_at_locked(d, a);
+        tally_freed_t copy = f ? *f : (tally_freed_t){0};
+        tally__mutex_unlock(&d->lock);
+        if (f)
+            return report_double_free(fn, a, i, copy);
+    }
+    return tally__fail(TALLY_EINVAL, "%s: pointer %p was not allocated by tally", fn, (void *)a);
+}
+
+void tally_free(void *ptr)
+{
+    if (!ptr || tally__ensure_init())
+        return;
+    tally_device_t *d;
+    tally_block_t *b = find_live((uintptr_t)ptr, true, &d);
+    if (!b) {
+        bad_pointer("tally_free", (uintptr_t)ptr);
+        return;
+    }
+    tally__cache_free_locked(d, b);
+    tally__mutex_unlock(&d->lock);
+}
+
+int tally_ignore(void *ptr)
+{
+    int rc = tally__ensure_init();
+    if (rc)
+        return rc;
+    tally_device_t *d;
+    tally_block_t *b = ptr ? find_live((uintptr_t)ptr, false, &d) : NULL;
+    if (!b)
+        return ptr ? bad_pointer("tally_ignore", (uintptr_t)ptr) : tally__fail(TALLY_EINVAL, "tally_ignore: ptr is NULL");
+    b->ignored = 1;
+    tally__mutex_unlock(&d->lock);
+    return 0;
+}
+
+int tally_free_checked(void *ptr, size_t size, int device)
+{
+    if (!ptr)
+        return 0;
+    int rc = tally__ensure_init();
+    if (rc)
+        return rc;
+    tally_device_t *d;
+    tally_block_t *b = find_live((uintptr_t)ptr, true, &d);
+    if (!b)
+        return bad_pointer("tally_free", (uintptr_t)ptr);
+    size_t req = b->requested;
+    tally__cache_free_locked(d, b);
+    tally__mutex_unlock(&d->lock);
+    if (device != d->id)
+        return tally__fail(TALLY_EINVAL, "tally_free: %p belongs to device %d, not %d as the caller says (freed anyway)",
+                           ptr, d->id, device);
+    if (size != req)
+        return tally__fail(TALLY_EINVAL, "tally_free: %p was allocated with %zu bytes, not %zu as the caller says "
+                           "(freed anyway)", ptr, req, size);
+    return 0;
+}
+
+int tally_record_stream(void *ptr, void *stream)
+{
+    int rc = tally__ensure_init();
+    if (rc)
+        return rc;
+    if (!ptr)
+        return tally__fail(TALLY_EINVAL, "tally_record_stream: pointer is NULL");
+    tally_device_t *d;
+    tally_block_t *b = find_live((uintptr_t)ptr, false, &d);
+    if (!b)
+        return bad_pointer("tally_record_stream", (uintptr_t)ptr);
+    rc = tally__cache_record_stream_locked(d, b, stream);
+    tally__mutex_unlock(&d->lock);
+    return rc;
+}
+
+int tally_block_info(const void *ptr, tally_block_info_t *info)
+{
+    int rc = tally__ensure_init();
+    if (rc)
+        return rc;
+    if (!ptr || !info)
+        return tally__fail(TALLY_EINVAL, "tally_block_info: NULL argument");
+    tally_device_t *d;
+    tally_block_t *b = find_live((uintptr_t)ptr, false, &d);
+    if (!b)
+        return tally__fail_quiet(TALLY_EINVAL, "tally_block_info: %p is not a live block", ptr);
+    info->device = d->id;
+    info->stream = b->stream;
+    info->requested_size = b->requested;
+    info->size = b->size;
+    info->tag = b->tag;
+    info->stage = b->stage;
+    info->seq = b->seq;
+    tally__mutex_unlock(&d->lock);
+    return 0;
+}
+
+size_t tally_empty_cache(int device)
+{
+    if (tally__ensure_init())
+        return 0;
+    if (device != -1 && !tally__device(device, "tally_empty_cache"))
+        return 0;
+    size_t released = 0;
+    for (int i = 0; i < tally__g.ndev; i++) {
+        if (device != -1 && device != i)
+            continue;
+        tally_device_t *d = tally__g.dev[i];
+        tally__mutex_lock(&d->lock);
+        released += tally__cache_release_all_locked(d);
+        tally__mutex_unlock(&d->lock);
+    }
+    return released;
+}
+
+int tally_set_memory_fraction(double fraction, int device)
+{
+    if (!(fraction >= 0.0 && fraction <= 1.0))
+        return tally__fail(TALLY_EINVAL, "tally_set_memory_fraction: fraction %g is not in [0, 1]", fraction);
+    tally_device_t *d = tally__device(device, "tally_set_memory_fraction");
+    if (!d)
+        return -TALLY_EINVAL;
+    tally__mutex_lock(&d->lock);
+    int rc = apply_fraction_locked(d, fraction);
+    tally__mutex_unlock(&d->lock);
+    return rc;
+}
+
+int tally_pool_peer_access(int device, int peer)
+{
+    tally_device_t *d = tally__device(device, "tally_pool_peer_access");
+    if (!d)
+        return -TALLY_EINVAL;
+    if (!tally__device(peer, "tally_pool_peer_access"))
+        return -TALLY_EINVAL;
+    if (peer == device)
+        return tally__fail(TALLY_EINVAL, "tally_pool_peer_access: peer %d is the device itself", peer);
+    const tally_backend_t *be = tally__g.backend;
+    if (!be->pool_peer_access)
+        return 0; /* memory follows the program's own peer access */
+    char why[256] = "";
+    tally__mutex_lock(&d->lock);
+    int rc = be->pool_peer_access(device, peer, why, sizeof why);
+    tally__mutex_unlock(&d->lock);
+    return rc ? tally__fail(TALLY_EBACKEND, "tally_pool_peer_access: device %d, peer %d: %s", device, peer, why) : 0;
+}
+
+int tally_get_memory_fraction(int device, double *fraction)
+{
+    if (!fraction)
+        return tally__fail(TALLY_EINVAL, "tally_get_memory_fraction: fraction is NULL");
+    tally_device_t *d = tally__device(device, "tally_get_memory_fraction");
+    if (!d)
+        return -TALLY_EINVAL;
+    tally__mutex_lock(&d->lock);
+    *fraction = d->allowed_max == UINT64_MAX ? 1.0 : d->fraction;
+    tally__mutex_unlock(&d->lock);
+    return 0;
+}
+
+int tally_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes)
+{
+    if (!free_bytes || !total_bytes)
+        return tally__fail(TALLY_EINVAL, "tally_mem_get_info: NULL argument");
+    tally_device_t *d = tally__device(device, "tally_mem_get_info");
+    if (!d)
+        return -TALLY_EINVAL;
+    tally__mutex_lock(&d->lock);
+    int rc = tally__g.backend->mem_info(device, free_bytes, total_bytes);
+    tally__mutex_unlock(&d->lock);
+    return rc ? tally__fail(TALLY_EBACKEND, "tally_mem_get_info: backend failed on device %d", device) : 0;
+}
+
+int tally_check(void)
+{
+    int rc = tally__ensure_init();
+    if (rc)
+        return rc;
+    char why[400];
+    for (int i = 0; i < tally__g.ndev; i++) {
+        tally_device_t *d = tally__g.dev[i];
+        tally__mutex_lock(&d->lock);
+        rc = tally__cache_check_locked(d, why, sizeof why);
+        tally__mutex_unlock(&d->lock);
+        if (rc)
+            return tally__fail(TALLY_ESTATE, "tally_check: device %d: %s", i, why);
+    }
+    return 0;
+}
+
+int tally_get_stats(int device, tally_stats_t *out)
+{
+    if (!out)
+        return tally__fail(TALLY_EINVAL, "tally_get_stats: out is NULL");
+    tally_device_t *d = tally__device(device, "tally_get_stats");
+    if (!d)
+        return -TALLY_EINVAL;
+    tally__mutex_lock(&d->lock);
+    tally__cache_fill_derived_locked(d, out);
+    tally__mutex_unlock(&d->lock);
+    return 0;
+}
+
+int tally_reset_peak_stats(int device)
+{
+    tally_device_t *d = tally__device(device, "tally_reset_peak_stats");
+    if (!d)
+        return -TALLY_EINVAL;
+    tally__mutex_lock(&d->lock);
+    tally__stats_reset_peak(&d->stats);
+    if (tally__g.backend->pool_reset_peak)
+        tally__g.backend->pool_reset_peak(d->id);
+    tally__mutex_unlock(&d->lock);
+    return 0;
+}
+
+int tally_reset_accumulated_stats(int device)
+{
+    tally_device_t *d = tally__device(device, "tally_reset_accumulated_stats");
+    if (!d)
+        return -TALLY_EINVAL;
+    tally__mutex_lock(&d->lock);
+    tally__stats_reset_accumulated(&d->stats);
+    d->accum_reset = true;
+    tally__mutex_unlock(&d->lock);
+    return 0;
+}
+
+int tally_write_stats_json(int device, tally_write_fn write, void *arg)
+{
+    tally_stats_t s;
+    if (!write)
+        return tally__fail(TALLY_EINVAL, "tally_write_stats_json: write is NULL");
+    int rc = tally_get_stats(device, &s);
+    if (rc)
+        return rc;
+    tally_out_t o;
+    tally__out_init(&o, write, arg);
+    tally__stats_json(&s, &o);
+    tally__out_flush(&o);
+    return o.failed ? -TALLY_ENOMEM : 0;
+}
+
+static int need_host(const char *fn)
+{
+    int rc = tally__ensure_init();
+    if (rc)
+        return rc;
+    if (tally__g.backend != &tally__backend_host)
+        return tally__fail(TALLY_ESTATE, "%s: only the host backend has this control (backend is %s)", fn,
+                           tally__g.backend->name);
+    return 0;
+}
+
+int tally_host_stream_hold(void *stream, int hold)
+{
+    int rc = need_host("tally_host_stream_hold");
+    return rc ? rc : tally__host_stream_hold(stream, hold);
+}
+
+int tally_host_fail_alloc(uint64_t nth, uint64_t every)
+{
+    int rc = need_host("tally_host_fail_alloc");
+    return rc ? rc : tally__host_fail_alloc(nth, every);
+}
+
+int tally_host_calls(int device, tally_host_calls_t *out)
+{
+    int rc = need_host("tally_host_calls");
+    if (rc)
+        return rc;
+    if (!out)
+        return tally__fail(TALLY_EINVAL, "tally_host_calls: out is NULL");
+    if (!tally__device(device, "tally_host_calls"))
+        return -TALLY_EINVAL;
+    return tally__host_calls(device, out);
+}

@@ -1,0 +1,764 @@
+/* The caching allocator, with PyTorch's native semantics as the baseline
+ * (docs/architecture.md): 512-byte rounding (optionally power-of-two
+ * divisions), a small pool (<= 1 MiB, 2 MiB segments) and a large pool
+ * (20 MiB segments under 10 MiB, else 2 MiB-rounded), best fit per stream,
+ * splitting and merging, max_split_size, garbage collection under a memory
+ * fraction, the release-and-retry sequence before an OOM, and stream events
+ * that hold a block back until other streams are done with it.
+ * Every function here runs with the device's lock held. */
+#include "cache/cache.h"
+
+#include <stdio.h>
+#include <string.h>
+
+tally_global_t tally__g = {.once = PTHREAD_ONCE_INIT};
+
+/* Until the API installs the layers above (tally__cache_set_hooks), the
+ * cache tells nobody. */
+static void no_block(tally_device_t *d, tally_block_t *b) { (void)d; (void)b; }
+static void no_event(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream)
+{
+    (void)d, (void)action, (void)addr, (void)size, (void)stream;
+}
+static void no_oom(tally_device_t *d, size_t asked, size_t rounded, size_t segment, const char *why)
+{
+    (void)d, (void)asked, (void)rounded, (void)segment, (void)why;
+}
+tally_cache_hooks_t tally__cache_hooks = {no_block, no_block, no_event, no_oom};
+
+void tally__cache_set_hooks(const tally_cache_hooks_t *h)
+{
+    tally__cache_hooks = (tally_cache_hooks_t){h->block_alloc ? h->block_alloc : no_block,
+                                               h->block_free ? h->block_free : no_block,
+                                               h->device_event ? h->device_event : no_event,
+                                               h->oom ? h->oom : no_oom};
+}
+
+tally_device_t *tally__device_lookup(int device, const char *fn)
+{
+    if (device < 0 || device >= tally__g.ndev) {
+        tally__fail(TALLY_EINVAL, "%s: device %d does not exist (backend %s has %d device%s)", fn, device,
+                    tally__g.backend ? tally__g.backend->name : "none", tally__g.ndev, tally__g.ndev == 1 ? "" : "s");
+        return NULL;
+    }
+    return tally__g.dev[device];
+}
+
+#define MIN_BLOCK 512u
+#define SMALL_SIZE ((size_t)1 << 20)
+#define SMALL_BUFFER ((size_t)2 << 20)
+#define LARGE_BUFFER ((size_t)20 << 20)
+#define MIN_LARGE_ALLOC ((size_t)10 << 20)
+#define ROUND_LARGE ((size_t)2 << 20)
+
+static inline int floor_log2(size_t x)
+{
+    return 63 - __builtin_clzll((unsigned long long)x);
+}
+
+size_t tally__round_size(size_t size)
+{
+    if (size < MIN_BLOCK)
+        return MIN_BLOCK;
+    int idx = floor_log2(size) - 20;
+    if (idx < 0)
+        idx = 0;
+    if (idx >= TALLY_ROUNDUP_INTERVALS)
+        idx = TALLY_ROUNDUP_INTERVALS - 1;
+    size_t div = tally__opt.roundup_divisions[idx];
+    if (div > 1 && size > (size_t)MIN_BLOCK * div) {
+        if ((size & (size - 1)) == 0)
+            return size;
+        size_t floor2 = (size_t)1 << floor_log2(size);
+        size_t step = floor2 >> floor_log2(div);
+        if (step == 0)
+            return floor2 << 1;
+        size_t r = size & ~(step - 1);
+        return r == size ? size : r + step;
+    }
+    return (size + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
+}
+
+size_t tally__segment_size(size_t rounded)
+{
+    if (rounded <= SMALL_SIZE)
+        return SMALL_BUFFER;
+    if (rounded < MIN_LARGE_ALLOC)
+        return LARGE_BUFFER;
+    return (rounded + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
+}
+
+tally_pool_t *tally__pool_for(tally_device_t *d, tally_gpool_t *gp, int kind)
+{
+    if (TALLY_UNLIKELY(gp != NULL))
+        return kind == TALLY_POOL_SMALL ? &gp->small : &gp->large;
+    return kind == TALLY_POOL_SMALL ? &d->small : &d->large;
+}
+
+/* The pool a free block of b's segment belongs in. */
+static inline tally_pool_t *pool_of(tally_device_t *d, const tally_block_t *b)
+{
+    return tally__pool_for(d, b->seg->gp, b->pool);
+}
+
+/* ---- block records ------------------------------------------------------- */
+
+static tally_block_t *block_new(tally_device_t *d)
+{
+    if (!d->spare_blocks) {
+        enum { BATCH = 64 };
+        tally_block_t *batch = tally__meta_alloc(BATCH * sizeof *batch);
+        if (!batch)
+            return NULL;
+        for (int i = 0; i < BATCH; i++) {
+            batch[i].next = d->spare_blocks;
+            d->spare_blocks = &batch[i];
+        }
+    }
+    tally_block_t *b = d->spare_blocks;
+    d->spare_blocks = b->next;
+    /* Callers set addr, size, stream, seg, pool, prev and next. */
+    b->left = b->right = NULL;
+    b->state = BLOCK_FREE;
+    b->paged = 0;
+    b->deferred = 0;
+    b->event_count = 0;
+    b->nuses = b->cap_uses = 0;
+    b->uses = NULL;
+    b->requested = 0;
+    b->tag = b->stage = 0;
+    b->lentry = UINT32_MAX;
+    b->seq = 0;
+    b->site = NULL;
+    return b;
+}
+
+static void block_delete(tally_device_t *d, tally_block_t *b)
+{
+    tally__meta_free(b->uses);
+    b->uses = NULL;
+    b->next = d->spare_blocks;
+    d->spare_blocks = b;
+}
+
+/* ---- segments ------------------------------------------------------------ */
+
+void tally__segment_link_locked(tally_device_t *d, tally_segment_t *s)
+{
+    s->prev = NULL;
+    s->next = d->segments;
+    if (d->segments)
+        d->segments->prev = s;
+    d->segments = s;
+    d->nsegments++;
+}
+
+static void segment_unlink(tally_device_t *d, tally_segment_t *s)
+{
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        d->segments = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    d->nsegments--;
+}
+
+tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t addr)
+{
+    for (tally_segment_t *s = d->segments; s; s = s->next)
+        if (addr >= s->base && addr - s->base < s->size)
+            return s;
+    return NULL;
+}
+
+/* Return a whole segment (one block) to the backend; in_pool says whether
+ * the block sits in its pool (pass-through blocks never do). */
+static void release_segment(tally_device_t *d, tally_block_t *b, bool in_pool)
+{
+    tally_segment_t *s = b->seg;
+    if (in_pool)
+        tally__pool_erase(pool_of(d, b), b);
+    if (s->ex) {
+        /* Its pages are unmapped (and counted) one by one. */
+        tally__expand_release_locked(d, s);
+    } else {
+        d->stats.num_device_free++;
+        tally__g.backend->free(d->id, (void *)b->addr, b->size, b->stream);
+        d->reserved -= b->size;
+        tally__stat_pool_dec(d->stats.reserved_bytes, b->pool, (int64_t)b->size);
+        if (b->size >= tally__opt.max_split_size)
+            tally__stat_dec(&d->stats.oversize_segments, 1);
+    }
+    tally__stat_pool_dec(d->stats.segment, b->pool, 1);
+    tally__cache_hooks.device_event(d, TALLY_EV_SEGMENT_FREE, b->addr, b->size, b->stream);
+    segment_unlink(d, s);
+    if (TALLY_UNLIKELY(s->gp != NULL))
+        tally__gpool_segment_gone_locked(d, s->gp);
+    tally__meta_free(s);
+    block_delete(d, b);
+}
+
+static void release_block(tally_device_t *d, tally_block_t *b)
+{
+    release_segment(d, b, true);
+}
+
+/* Blocks are collected first: releasing changes the pool being walked. */
+typedef struct collect {
+    tally_block_t **items;
+    size_t n, cap;
+    size_t min_size;
+} collect_t;
+
+static void collect_whole(tally_block_t *b, void *arg)
+{
+    collect_t *c = arg;
+    if (b->prev || b->next || b->size < c->min_size)
+        return;
+    if (c->n < c->cap)
+        c->items[c->n++] = b;
+}
+
+/* Release whole free segments of pool p until want bytes are given back
+ * (SIZE_MAX: all of them). */
+static size_t release_pool(tally_device_t *d, tally_pool_t *p, size_t want)
+{
+    /* Nothing is released while a capture may be under way: cuMemFree may
+     * synchronise (PyTorch releases nothing then either). */
+    if (!p->count || tally__capture_on_locked(d))
+        return 0;
+    collect_t c = {tally__meta_alloc(p->count * sizeof(tally_block_t *)), 0, p->count, 0};
+    if (!c.items)
+        return 0;
+    tally__pool_walk(p, collect_whole, &c);
+    size_t released = 0;
+    for (size_t i = 0; i < c.n && released < want; i++) {
+        /* An expandable segment gives back its mapped pages, not its range. */
+        tally_block_t *b = c.items[i];
+        if (b->seg->ex && tally__expand_unmap_held_locked(d))
+            continue; /* no unmap during a capture: the next release */
+        released += b->seg->ex ? tally__expand_mapped_bytes(b->seg) : b->size;
+        release_block(d, b);
+    }
+    tally__meta_free(c.items);
+    return released;
+}
+
+/* Release every whole free segment of pool p (graph pools, release_all). */
+size_t tally__cache_release_pool_locked(tally_device_t *d, tally_pool_t *p)
+{
+    return release_pool(d, p, SIZE_MAX);
+}
+
+/* Release whole free small-pool segments until at least want bytes are
+ * given back (expandable segments move this memory to where large blocks
+ * need pages, as they move idle pages). Returns the bytes released. */
+size_t tally__cache_release_small_locked(tally_device_t *d, size_t want)
+{
+    return want ? release_pool(d, &d->small, want) : 0;
+}
+
+/* ---- free ---------------------------------------------------------------- */
+
+static size_t try_merge(tally_device_t *d, tally_block_t *dst, tally_block_t *src)
+{
+    if (!src || src->state != BLOCK_FREE)
+        return 0;
+    if (src == dst->prev) {
+        dst->addr = src->addr;
+        dst->prev = src->prev;
+        if (dst->prev)
+            dst->prev->next = dst;
+        else
+            dst->seg->head = dst;
+    } else {
+        dst->next = src->next;
+        if (dst->next)
+            dst->next->prev = dst;
+    }
+    size_t subsumed = src->size;
+    dst->size += subsumed;
+    tally__pool_erase(pool_of(d, src), src);
+    block_delete(d, src);
+    return subsumed;
+}
+
+/* Put a block whose user is done (and whose events completed) into its pool,
+ * merging with free neighbours. */
+void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b)
+{
+    size_t original = b->size;
+    int64_t dblocks = 0, dbytes = 0;
+    if (b->paged) {
+        tally__expand_unref_locked(b);
+        b->paged = 0;
+    }
+    tally_block_t *cands[2] = {b->prev, b->next};
+    for (int i = 0; i < 2; i++) {
+        size_t s = try_merge(d, b, cands[i]);
+        if (s) {
+            dblocks -= 1;
+            dbytes -= (int64_t)s;
+        }
+    }
+    b->state = BLOCK_FREE;
+    tally__pool_insert(pool_of(d, b), b);
+    if (b->prev || b->next) {
+        dblocks += 1;
+        dbytes += (int64_t)b->size;
+    }
+    /* Free pieces of an expandable segment can always be released (their
+     * pages unmapped), so they are not "non-releasable" (PyTorch agrees). */
+    if (dblocks && !b->seg->ex)
+        tally__stat_pool(d->stats.inactive_split, b->pool, dblocks);
+    if (dbytes && !b->seg->ex)
+        tally__stat_pool(d->stats.inactive_split_bytes, b->pool, dbytes);
+    tally__stat_pool_dec(d->stats.active, b->pool, 1);
+    tally__stat_pool_dec(d->stats.active_bytes, b->pool, (int64_t)original);
+    tally__stat_pool_dec(d->stats.requested_bytes, b->pool, (int64_t)b->requested);
+}
+
+/* Pass-through free of a block used on other streams: the device's free
+ * stream (when the backend has one) waits for the block's stream and every
+ * use, and the free is queued there, so the block's own (compute) stream
+ * never waits for side streams (PyTorch's async allocator does the same);
+ * else the block's stream waits for the uses. */
+void tally__cache_passthrough_free_locked(tally_device_t *d, tally_block_t *b)
+{
+    const tally_backend_t *be = tally__g.backend;
+    void *fs = b->nuses && be->free_stream ? be->free_stream(d->id) : NULL;
+    if (fs) {
+        tally_use_t own = {b->stream, d->id};
+        tally__events_wait_for_use_locked(d, fs, &own);
+    }
+    for (uint16_t i = 0; i < b->nuses; i++)
+        tally__events_wait_for_use_locked(d, fs ? fs : b->stream, &b->uses[i]);
+    if (fs)
+        b->stream = fs; /* the free is queued on the free stream */
+    b->nuses = 0;
+    tally__stat_pool_dec(d->stats.active, b->pool, 1);
+    tally__stat_pool_dec(d->stats.active_bytes, b->pool, (int64_t)b->size);
+    tally__stat_pool_dec(d->stats.requested_bytes, b->pool, (int64_t)b->requested);
+    b->state = BLOCK_FREE;
+    release_segment(d, b, false);
+}
+
+void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
+{
+    tally__stat_pool_dec(d->stats.allocation, b->pool, 1);
+    tally__stat_pool_dec(d->stats.allocated_bytes, b->pool, (int64_t)b->size);
+    if (b->size >= tally__opt.max_split_size)
+        tally__stat_dec(&d->stats.oversize_allocations, 1);
+    tally__cache_hooks.block_free(d, b);
+    tally_freed_t *f = &d->freed[d->freed_next++ % TALLY_FREED_RING];
+    f->addr = b->addr;
+    f->size = b->requested;
+    f->tag = b->tag;
+    f->stage = b->stage;
+    f->seq = b->seq;
+    if (TALLY_UNLIKELY(tally__g.backend->passthrough)) {
+        /* During a capture only a graph allocation with no other stream's
+         * use is freed at once (a free node on its own stream): any other
+         * free waits for the capture to end (cuMemFreeAsync in a capture
+         * takes only graph allocations, and a free through the free stream
+         * would join that stream into the capture, unjoined). */
+        if (TALLY_UNLIKELY(tally__g.backend->stream_capturing != NULL) && !(b->in_capture && !b->nuses) &&
+            (tally__events_uses_captured_locked(d, b) || tally__events_capture_on_locked(d, b->stream, true)) &&
+            tally__capture_defer_locked(d, b) == 0) {
+            b->state = BLOCK_PENDING;
+            return;
+        }
+        tally__cache_passthrough_free_locked(d, b);
+        return;
+    }
+    if (b->nuses) {
+        b->state = BLOCK_PENDING;
+        /* During a capture the uses may be captured work: their events
+         * are inserted once the capture has ended. */
+        if (TALLY_UNLIKELY(tally__g.backend->stream_capturing != NULL) && tally__events_uses_captured_locked(d, b) &&
+            tally__capture_defer_locked(d, b) == 0)
+            return;
+        tally__cache_insert_events_locked(d, b);
+        if (b->event_count)
+            return;
+    }
+    tally__cache_free_block_locked(d, b);
+}
+
+/* ---- allocate ------------------------------------------------------------ */
+
+typedef struct alloc_params {
+    void *stream;
+    size_t size;       /* rounded request */
+    size_t alloc_size; /* segment size if a new one is needed */
+    int pool;
+    tally_gpool_t *gp; /* graph pool it goes to, or NULL */
+    tally_block_t *block;
+    int err;           /* TALLY_ENOMEM or TALLY_EBACKEND after a failed backend call */
+    char why[256];
+} alloc_params_t;
+
+static bool gc_enabled(tally_device_t *d)
+{
+    return d->allowed_max != UINT64_MAX && tally__opt_double(&tally__opt.gc_threshold) > 0;
+}
+
+static bool get_free_block(tally_device_t *d, alloc_params_t *p)
+{
+    tally_pool_t *pool = tally__pool_for(d, p->gp, p->pool);
+    if (gc_enabled(d))
+        pool->get_free_calls++;
+    tally_block_t *b = tally__pool_lower_bound(pool, p->stream, p->size);
+    if (!b)
+        return false;
+    uint64_t msplit = tally__opt.max_split_size;
+    if (!b->seg->ex && p->size < msplit && b->size >= msplit)
+        return false;
+    if (!b->seg->ex && p->size >= msplit && b->size >= p->size + tally__opt.max_non_split_rounding)
+        return false;
+    if (b->seg->ex && !tally__expand_mapped_locked(b, p->size)) {
+        /* Expandable segments: the best fit needs new pages (a map call);
+         * one of the next few larger free blocks may not. */
+        tally_block_t *c = b;
+        for (int k = 4; k > 0 && (c = tally__pool_after(pool, c)); k--) {
+            if (c->seg->ex && tally__expand_mapped_locked(c, p->size)) {
+                b = c;
+                break;
+            }
+        }
+    }
+    tally__pool_erase(pool, b);
+    p->block = b;
+    return true;
+}
+
+static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
+{
+    size_t size = p->alloc_size;
+    if (retry)
+        d->stats.num_alloc_retries++;
+    if (d->allowed_max != UINT64_MAX && d->reserved + size > d->allowed_max) {
+        p->err = TALLY_ENOMEM;
+        snprintf(p->why, sizeof p->why, "memory fraction limit of %llu bytes reached",
+                 (unsigned long long)d->allowed_max);
+        return false;
+    }
+    struct tally_binset *bins;
+    if (tally__pool_prepare(tally__pool_for(d, p->gp, p->pool), p->stream, &bins)) {
+        p->err = TALLY_ENOMEM;
+        snprintf(p->why, sizeof p->why, "out of host memory for metadata");
+        return false;
+    }
+    void *ptr = NULL;
+    int rc = tally__g.backend->alloc(d->id, size, p->stream, &ptr, p->why, sizeof p->why);
+    if (rc) {
+        p->err = rc;
+        return false;
+    }
+    tally_segment_t *s = tally__meta_calloc(sizeof *s);
+    tally_block_t *b = s ? block_new(d) : NULL;
+    if (!b) {
+        tally__meta_free(s);
+        tally__g.backend->free(d->id, ptr, size, p->stream);
+        p->err = TALLY_ENOMEM;
+        snprintf(p->why, sizeof p->why, "out of host memory for metadata");
+        return false;
+    }
+    s->base = (uintptr_t)ptr;
+    s->size = size;
+    s->stream = p->stream;
+    s->pool = (uint8_t)p->pool;
+    s->device = d->id;
+    s->gp = p->gp;
+    if (p->gp)
+        p->gp->nsegments++;
+    s->head = b;
+    s->bins = bins;
+    tally__segment_link_locked(d, s);
+    b->addr = (uintptr_t)ptr;
+    b->size = size;
+    b->stream = p->stream;
+    b->seg = s;
+    b->pool = (uint8_t)p->pool;
+    b->prev = b->next = NULL;
+    d->reserved += size;
+    tally__stat_pool_inc(d->stats.segment, p->pool, 1);
+    tally__stat_pool_inc(d->stats.reserved_bytes, p->pool, (int64_t)size);
+    if (size >= tally__opt.max_split_size)
+        tally__stat_inc(&d->stats.oversize_segments, 1);
+    d->stats.num_device_alloc++;
+    tally__cache_hooks.device_event(d, TALLY_EV_SEGMENT_ALLOC, b->addr, size, p->stream);
+    p->block = b;
+    return true;
+}
+
+/* With max_split_size set: free one cached oversize block big enough for the
+ * request, or several of the largest ones that together are. */
+static bool release_available_cached_blocks(tally_device_t *d, alloc_params_t *p)
+{
+    uint64_t msplit = tally__opt.max_split_size;
+    /* Small-pool blocks (<= 2 MiB) are never oversize (max_split_size >= 20 MiB);
+     * nothing is released during a capture (release_pool). */
+    if (msplit == UINT64_MAX || p->pool == TALLY_POOL_SMALL || tally__capture_on_locked(d))
+        return false;
+    tally_pool_t *pool = tally__pool_for(d, p->gp, p->pool);
+    size_t want = p->size < msplit ? (size_t)msplit : p->size;
+    tally_block_t *b = tally__pool_lower_bound(pool, p->stream, want);
+    if (b) {
+        release_block(d, b);
+        return true;
+    }
+    /* No single block is big enough: release the largest ones of this
+     * stream, from the top down, until together they are. */
+    size_t released = 0;
+    tally_block_t *cur = tally__pool_before(pool, p->stream, want, 0);
+    while (released < want && cur && cur->size >= msplit && cur->stream == p->stream) {
+        tally_block_t *prev = tally__pool_before(pool, cur->stream, cur->size, cur->addr);
+        if (cur->prev || cur->next) {
+            cur = prev;
+            continue;
+        }
+        released += cur->size;
+        release_block(d, cur);
+        cur = prev;
+    }
+    return released >= want;
+}
+
+static void garbage_collect(tally_device_t *d)
+{
+    uint64_t threshold = (uint64_t)(tally__opt_double(&tally__opt.gc_threshold) * (double)d->allowed_max);
+    if (d->reserved <= threshold || tally__capture_on_locked(d))
+        return; /* nothing is released during a capture (release_pool) */
+    uint64_t target = d->reserved - threshold, reclaimed = 0;
+    tally_pool_t *pool = &d->large;
+    collect_t c = {tally__meta_alloc((pool->count + 1) * sizeof(tally_block_t *)), 0, pool->count, 0};
+    if (!c.items)
+        return;
+    tally__pool_walk(pool, collect_whole, &c);
+    double total_age = 0;
+    size_t n = c.n;
+    for (size_t i = 0; i < c.n; i++)
+        total_age += (double)(pool->get_free_calls - c.items[i]->gc_base);
+    bool freed = true;
+    while (reclaimed < target && freed && n > 0) {
+        double age_threshold = total_age / (double)n;
+        freed = false;
+        for (size_t i = 0; i < c.n; i++) {
+            tally_block_t *b = c.items[i];
+            if (!b)
+                continue;
+            double age = (double)(pool->get_free_calls - b->gc_base);
+            if (age >= age_threshold) {
+                freed = true;
+                reclaimed += b->size;
+                total_age -= age;
+                n--;
+                c.items[i] = NULL;
+                release_block(d, b);
+            }
+        }
+    }
+    tally__meta_free(c.items);
+}
+
+/* Hand a block chosen by tally__cache_malloc_locked back to its pool. */
+static void undo_handout(tally_device_t *d, tally_block_t *b)
+{
+    b->requested = 0;
+    tally__stat_pool_inc(d->stats.active, b->pool, 1);
+    tally__stat_pool_inc(d->stats.active_bytes, b->pool, (int64_t)b->size);
+    tally__cache_free_block_locked(d, b);
+}
+
+size_t tally__cache_release_all_locked(tally_device_t *d)
+{
+    const tally_backend_t *be = tally__g.backend;
+    if (be->passthrough) {
+        /* The pool holds the cache: wait for the device, then trim it
+         * (not while a capture may be under way: that would end it). */
+        uint64_t before[4] = {0}, after[4] = {0};
+        if (tally__capture_on_locked(d))
+            return 0;
+        d->stats.num_sync_all_streams++;
+        be->synchronize(d->id);
+        be->pool_usage(d->id, before);
+        be->trim(d->id, 0);
+        be->pool_usage(d->id, after);
+        return before[0] > after[0] ? (size_t)(before[0] - after[0]) : 0;
+    }
+    if (tally__capture_on_locked(d))
+        return 0; /* no event synchronised, nothing released during a capture */
+    tally__events_wait_all_locked(d);
+    size_t released = tally__cache_release_pool_locked(d, &d->large);
+    released += tally__cache_release_pool_locked(d, &d->small);
+    if (TALLY_UNLIKELY(d->gpools != NULL))
+        released += tally__gpool_release_freeable_locked(d);
+    if (tally__expand_on())
+        released += tally__expand_trim_locked(d);
+    return released;
+}
+
+/* A cached block, else a new segment, with PyTorch's retry sequence; for a
+ * pass-through backend always a new allocation (the backend's pool caches). */
+static bool find_block(tally_device_t *d, alloc_params_t *p)
+{
+    if (TALLY_UNLIKELY(tally__g.backend->passthrough)) {
+        p->alloc_size = p->size;
+        return alloc_block(d, p, false) ||
+               (p->err == TALLY_ENOMEM && (tally__cache_release_all_locked(d), true) && alloc_block(d, p, true));
+    }
+    if (get_free_block(d, p))
+        return true;
+    if (p->pool == TALLY_POOL_LARGE && tally__expand_on() && !p->gp) {
+        /* The stream's region holds every large block; memory is mapped
+         * once the block is chosen (tally__cache_malloc_locked). */
+        int rc = tally__expand_region_locked(d, p->stream, block_new, p->why, sizeof p->why);
+        if (rc) {
+            p->err = rc;
+            return false;
+        }
+        if (get_free_block(d, p))
+            return true;
+        p->err = TALLY_ENOMEM;
+        snprintf(p->why, sizeof p->why, "no free range of %zu bytes in the expandable segment", p->size);
+        return false;
+    }
+    if (gc_enabled(d))
+        garbage_collect(d);
+    return alloc_block(d, p, false) ||
+           (p->err == TALLY_ENOMEM && release_available_cached_blocks(d, p) && alloc_block(d, p, false)) ||
+           (p->err == TALLY_ENOMEM && (tally__cache_release_all_locked(d), true) && alloc_block(d, p, true));
+}
+
+static bool should_split(const tally_block_t *b, size_t size)
+{
+    size_t remaining = b->size - size;
+    if (b->pool == TALLY_POOL_SMALL || b->seg->ex)
+        return remaining >= MIN_BLOCK;
+    return size < tally__opt.max_split_size && remaining > SMALL_SIZE;
+}
+
+/* An allocation that cannot be served: OOM (counted, reported with who holds
+ * the memory) or a backend error. */
+static void report_failure(tally_device_t *d, size_t orig, alloc_params_t *p)
+{
+    if (p->err == TALLY_ENOMEM) {
+        d->stats.num_ooms++;
+        tally__cache_hooks.device_event(d, TALLY_EV_OOM, 0, p->alloc_size, p->stream);
+        tally__cache_hooks.oom(d, orig, p->size, p->alloc_size, p->why);
+        tally__fail_quiet(TALLY_ENOMEM, "out of memory on device %d: %zu bytes asked (%s)", d->id, orig, p->why);
+    } else {
+        tally__fail(TALLY_EBACKEND, "device %d: backend error: %s", d->id, p->why);
+    }
+}
+
+tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *stream, void *site)
+{
+    alloc_params_t p;
+    /* While a capture is under way no event is looked at. */
+    bool capturing = tally__g.backend->stream_capturing && tally__events_capture_on_locked(d, stream, true);
+    if (!capturing && d->events_head)
+        tally__events_process_locked(d, false);
+    /* Pass-through: graph pools are records only (graph_pool.c). */
+    p.gp = TALLY_UNLIKELY(d->nallocating) && !tally__g.backend->passthrough ? tally__gpool_match_locked(d, stream)
+                                                                             : NULL;
+    if (TALLY_UNLIKELY(capturing) && !p.gp && tally__capture_listed(d, stream) && !tally__g.backend->passthrough) {
+        /* Memory the graph would use on replay must not go back to eager
+         * code: without a graph pool there is no safe place for it. */
+        tally__fail(TALLY_ESTATE,
+                    "tally_malloc: stream %p of device %d is capturing a CUDA graph and no graph pool is open for it: "
+                    "under PyTorch, torch.cuda.graph needs tally's graph-pool hooks (tally.install() sets them; "
+                    "PyTorch 2.3 or newer); from C, call tally_graph_pool_begin before the capture",
+                    stream, d->id);
+        return NULL;
+    }
+    p.stream = stream;
+    p.size = tally__round_size(orig);
+    p.pool = p.size <= SMALL_SIZE ? TALLY_POOL_SMALL : TALLY_POOL_LARGE;
+    p.alloc_size = tally__segment_size(p.size);
+    p.block = NULL;
+    p.err = 0;
+    p.why[0] = 0;
+    if (!find_block(d, &p)) {
+        report_failure(d, orig, &p);
+        return NULL;
+    }
+    tally_block_t *b = p.block;
+    /* Out of the pool from here on: no merge may take it. */
+    b->state = BLOCK_ALLOCATED;
+    bool already_split = b->prev || b->next;
+    bool counted = !b->seg->ex; /* expandable pieces are never non-releasable */
+    if (!tally__g.backend->passthrough && should_split(b, p.size)) {
+        tally_block_t *rest = block_new(d);
+        if (rest) {
+            /* The front piece is handed out; the rest goes back to the pool. */
+            rest->addr = b->addr + p.size;
+            rest->size = b->size - p.size;
+            rest->stream = b->stream;
+            rest->seg = b->seg;
+            rest->pool = b->pool;
+            rest->state = BLOCK_FREE;
+            rest->prev = b;
+            rest->next = b->next;
+            if (rest->next)
+                rest->next->prev = rest;
+            b->next = rest;
+            b->size = p.size;
+            tally__pool_insert(pool_of(d, b), rest);
+            if (counted && already_split) {
+                tally__stat_pool_dec(d->stats.inactive_split_bytes, b->pool, (int64_t)b->size);
+            } else if (counted) {
+                tally__stat_pool_inc(d->stats.inactive_split_bytes, b->pool, (int64_t)rest->size);
+                tally__stat_pool_inc(d->stats.inactive_split, b->pool, 1);
+            }
+        } else if (already_split && counted) {
+            /* No record for the remainder: hand out the whole block. */
+            tally__stat_pool_dec(d->stats.inactive_split_bytes, b->pool, (int64_t)b->size);
+            tally__stat_pool_dec(d->stats.inactive_split, b->pool, 1);
+        }
+    } else if (already_split && counted) {
+        tally__stat_pool_dec(d->stats.inactive_split_bytes, b->pool, (int64_t)b->size);
+        tally__stat_pool_dec(d->stats.inactive_split, b->pool, 1);
+    }
+    if (b->seg->ex) {
+        /* Back the block with pages; on OOM release what is cached and
+         * retry once, as for a new segment. */
+        int rc = tally__expand_map_locked(d, b, true, p.why, sizeof p.why);
+        if (rc == TALLY_ENOMEM) {
+            tally__cache_release_all_locked(d);
+            d->stats.num_alloc_retries++;
+            rc = tally__expand_map_locked(d, b, false, p.why, sizeof p.why);
+        }
+        if (rc) {
+            undo_handout(d, b);
+            p.err = rc;
+            report_failure(d, orig, &p);
+            return NULL;
+        }
+        b->paged = 1;
+    }
+    if (tally__ptrmap_put(&d->map, b->addr, b)) {
+        /* Cannot track it: put it back and fail cleanly. */
+        undo_handout(d, b);
+        tally__fail(TALLY_ENOMEM, "out of host memory for the pointer map");
+        return NULL;
+    }
+    b->state = BLOCK_ALLOCATED;
+    b->requested = orig;
+    b->seq = ++d->seq;
+    tally__stat_pool_inc(d->stats.allocation, b->pool, 1);
+    tally__stat_pool_inc(d->stats.allocated_bytes, b->pool, (int64_t)b->size);
+    tally__stat_pool_inc(d->stats.active, b->pool, 1);
+    tally__stat_pool_inc(d->stats.active_bytes, b->pool, (int64_t)b->size);
+    tally__stat_pool_inc(d->stats.requested_bytes, b->pool, (int64_t)orig);
+    if (b->size >= tally__opt.max_split_size)
+        tally__stat_inc(&d->stats.oversize_allocations, 1);
+    b->site = site;
+    b->ignored = 0;
+    /* Pass-through: a graph allocation may be freed inside its capture. */
+    b->in_capture = TALLY_UNLIKELY(capturing) && tally__capture_listed(d, stream);
+    tally__cache_hooks.block_alloc(d, b);
+    return b;
+}

@@ -1,0 +1,311 @@
+/* The caching layer's data: segments (one backend allocation each), blocks
+ * (pieces of a segment, chained by address), pools of free blocks ordered by
+ * (stream, size, address), the pointer map of handed-out blocks, and the
+ * per-device state that one lock protects. Functions ending in _locked need
+ * that device's lock held. */
+#ifndef TALLY_CACHE_H
+#define TALLY_CACHE_H
+
+#include "backend/backend.h"
+#include "core/internal.h"
+
+enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2 };
+
+typedef struct tally_segment tally_segment_t;
+typedef struct tally_expand tally_expand_t;
+typedef struct tally_block tally_block_t;
+typedef struct tally_gpool tally_gpool_t;
+
+/* A stream a block was used on (record_stream), with the device that
+ * stream belongs to: events for the use are made on that device. */
+typedef struct tally_use {
+    void *stream;
+    int device;
+} tally_use_t;
+
+struct tally_block {
+    uintptr_t addr;
+    size_t size;      /* bytes of the block (rounded) */
+    size_t requested; /* bytes asked for */
+    void *stream;
+    tally_segment_t *seg;
+    tally_block_t *prev, *next;  /* address neighbours in the segment */
+    tally_block_t *left, *right; /* free-pool treap links */
+    uint32_t prio;               /* treap priority */
+    uint8_t pool;                /* TALLY_POOL_SMALL or TALLY_POOL_LARGE */
+    uint8_t state;               /* BLOCK_* */
+    uint8_t paged;               /* counted on its expandable segment's pages */
+    uint8_t deferred;            /* pending: events wait for a capture to end */
+    uint8_t ignored;             /* tally_ignore: kept on purpose, not a leak */
+    uint8_t in_capture;          /* pass-through: allocated on a capturing stream (a graph allocation) */
+    uint16_t event_count;        /* outstanding stream events */
+    uint16_t nuses, cap_uses;    /* streams recorded by record_stream */
+    tally_use_t *uses;
+    uint64_t gc_base; /* pool's get-free call count when it became free */
+    /* Ledger facts (ledger.c). */
+    uint32_t tag, stage;
+    uint32_t lentry; /* index of its ledger row */
+    uint32_t epoch;  /* stage instance it was born in (ledger.h) */
+    uint64_t seq;
+    void *site;
+};
+
+struct tally_segment {
+    uintptr_t base;
+    size_t size;
+    void *stream;
+    uint8_t pool;
+    int device;
+    tally_segment_t *prev, *next; /* device's segment list */
+    tally_block_t *head;          /* lowest-address block */
+    struct tally_binset *bins;    /* small pool: its stream's bin set */
+    tally_expand_t *ex;           /* expandable segment: its pages (expand.c) */
+    tally_gpool_t *gp;            /* graph pool it belongs to, or NULL (graph_pool.c) */
+};
+
+/* Small-pool free blocks of one stream, binned by exact size (tree.c). */
+#define TALLY_SMALL_BINS 4096
+typedef struct tally_binset {
+    void *stream;
+    uint64_t summary;  /* bit w: bits[w] != 0 */
+    uint64_t bits[TALLY_SMALL_BINS / 64];
+    tally_block_t *roots[TALLY_SMALL_BINS];
+} tally_binset_t;
+
+/* Free blocks: the large pool is one treap ordered by (stream, size,
+ * address); the small pool is a bin set per stream. */
+typedef struct tally_pool {
+    tally_block_t *root;
+    tally_binset_t **sets;
+    uint32_t nsets, cap_sets, last_set;
+    size_t count;
+    uint64_t get_free_calls;
+    uint8_t kind;
+} tally_pool_t;
+
+/* Open-addressing map from block address to block (handed-out blocks). */
+typedef struct tally_ptrmap {
+    uintptr_t *keys;
+    tally_block_t **vals;
+    size_t mask; /* capacity - 1 */
+    size_t count;
+} tally_ptrmap_t;
+
+typedef struct tally_event_entry {
+    void *event;
+    void *stream;   /* the stream it was recorded on */
+    int device;     /* the device of that stream (and of the event) */
+    tally_block_t *block;
+    struct tally_event_entry *next;
+} tally_event_entry_t;
+
+/* A private pool for the blocks allocated during one CUDA graph capture
+ * (PyTorch's MempoolId_t is the pair hi, lo): its free blocks serve only
+ * allocations routed to it, never eager ones (graph_pool.c). */
+struct tally_gpool {
+    uint64_t hi, lo;
+    int (*filter)(void *arg, void *stream); /* which allocations go here; NULL: all */
+    void *arg;
+    bool allocating;   /* between begin and end */
+    int use_count;     /* begins not yet released */
+    tally_pool_t small, large;
+    size_t nsegments;
+    tally_gpool_t *next;
+};
+
+#define TALLY_MAX_CAPTURING 8
+
+/* Recently freed blocks, kept to name the owner in a double-free report. */
+#define TALLY_FREED_RING 1024
+typedef struct tally_freed {
+    uintptr_t addr;
+    size_t size;
+    uint32_t tag, stage;
+    uint64_t seq;
+} tally_freed_t;
+
+typedef struct tally_device {
+    tally_mutex_t lock;
+    int id;
+    tally_pool_t small, large;
+    tally_stats_t stats;
+    tally_segment_t *segments;
+    size_t nsegments;
+    tally_ptrmap_t map;
+    tally_block_t *spare_blocks;        /* free list of block records */
+    tally_event_entry_t *events_head, *events_tail;
+    tally_event_entry_t *spare_entries;
+    void **spare_events;
+    size_t nspare_events, cap_spare_events;
+    uint64_t reserved;                  /* bytes obtained from the backend */
+    uint64_t allowed_max;               /* memory-fraction cap, UINT64_MAX if none */
+    double fraction;
+    uint64_t seq;
+    uint64_t inherited_seq;             /* blocks numbered up to it came from the parent at fork (fork.c) */
+    bool accum_reset;                   /* allocated - freed no longer equals current */
+    tally_freed_t freed[TALLY_FREED_RING];
+    uint32_t freed_next;
+    void *ledger;                       /* ledger.c's per-device counters */
+    /* CUDA graph capture (graph_pool.c): streams seen capturing, blocks
+     * whose events wait for the captures to end, private pools. */
+    void *capturing[TALLY_MAX_CAPTURING];
+    int ncapturing;
+    tally_block_t **deferred;
+    size_t ndeferred, cap_deferred;
+    tally_gpool_t *gpools;
+    int nallocating;                    /* graph pools between begin and end */
+} tally_device_t;
+
+typedef struct tally_global {
+    pthread_once_t once;
+    int init_rc;
+    char init_error[512];
+    const tally_backend_t *backend;
+    int ndev;
+    tally_device_t *dev[TALLY_MAX_DEVICES];
+    /* Captures announced (graph_pool.c): graph pools between begin and end,
+     * on every device together (a global-mode capture forbids unsafe calls
+     * from every thread, whatever the device); and whether any ever was (from
+     * then on tally relies on announcements and asks the driver nothing on
+     * the cached path outside them). */
+    _Atomic int announced;
+    _Atomic bool announces;
+} tally_global_t;
+
+extern tally_global_t tally__g;
+
+/* The device of an initialised library, or NULL with an error naming fn
+ * and the number (the API's tally__device initialises first). */
+tally_device_t *tally__device_lookup(int device, const char *fn);
+
+/* What the cache tells the layers above it, under the device lock. The API
+ * installs the table at initialisation (the ledger's accounting, timeline
+ * and trace; the OOM report); until then, and for a NULL entry, nothing is
+ * told. The cache never names those layers. */
+enum {
+    TALLY_EV_ALLOC,
+    TALLY_EV_FREE,
+    TALLY_EV_SEGMENT_ALLOC,
+    TALLY_EV_SEGMENT_FREE,
+    TALLY_EV_OOM,
+    TALLY_EV_STAGE_BEGIN,
+    TALLY_EV_STAGE_END
+};
+typedef struct tally_cache_hooks {
+    /* A block was handed out (b->site already set) / is being freed. */
+    void (*block_alloc)(tally_device_t *d, tally_block_t *b);
+    void (*block_free)(tally_device_t *d, tally_block_t *b);
+    /* A segment came or went, or an allocation ran out of memory
+     * (TALLY_EV_SEGMENT_ALLOC, TALLY_EV_SEGMENT_FREE, TALLY_EV_OOM). */
+    void (*device_event)(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream);
+    /* An allocation failed for lack of memory: asked, rounded, the segment
+     * size it needed, and why. */
+    void (*oom)(tally_device_t *d, size_t asked, size_t rounded, size_t segment, const char *why);
+} tally_cache_hooks_t;
+extern tally_cache_hooks_t tally__cache_hooks;
+void tally__cache_set_hooks(const tally_cache_hooks_t *h);
+
+/* tree.c: free-block pools */
+/* Make room for blocks of stream (before its first segment); 0 or -1. */
+int tally__pool_prepare(tally_pool_t *p, void *stream, struct tally_binset **set);
+void tally__pool_insert(tally_pool_t *p, tally_block_t *b);
+void tally__pool_erase(tally_pool_t *p, tally_block_t *b);
+/* Best fit: the smallest block of this stream with size >= size (lowest
+ * address among equals), or NULL. */
+tally_block_t *tally__pool_lower_bound(tally_pool_t *p, void *stream, size_t size);
+/* Largest block with key < (stream, size, addr), or NULL. */
+tally_block_t *tally__pool_before(tally_pool_t *p, void *stream, size_t size, uintptr_t addr);
+/* Large pool: the next block after b in (stream, size, address) order on
+ * b's stream, or NULL. */
+tally_block_t *tally__pool_after(tally_pool_t *p, const tally_block_t *b);
+/* In-order walk; fn may not modify the pool. Returns the number visited. */
+size_t tally__pool_walk(const tally_pool_t *p, void (*fn)(tally_block_t *, void *), void *arg);
+/* Verify order and heap property; returns node count or -1. */
+long tally__pool_verify(const tally_pool_t *p);
+
+/* ptrmap.c */
+int tally__ptrmap_init(tally_ptrmap_t *m, size_t capacity);
+int tally__ptrmap_put(tally_ptrmap_t *m, uintptr_t key, tally_block_t *b);
+tally_block_t *tally__ptrmap_get(const tally_ptrmap_t *m, uintptr_t key);
+tally_block_t *tally__ptrmap_take(tally_ptrmap_t *m, uintptr_t key);
+void tally__ptrmap_free(tally_ptrmap_t *m);
+
+/* cache.c */
+tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t size, void *stream, void *site);
+void tally__cache_free_locked(tally_device_t *d, tally_block_t *b);
+int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void *stream);
+size_t tally__cache_release_all_locked(tally_device_t *d);
+size_t tally__cache_release_small_locked(tally_device_t *d, size_t want);
+int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen);
+void tally__cache_fill_derived_locked(tally_device_t *d, tally_stats_t *out);
+/* expand.c: expandable segments (large pool, 2 MiB pages mapped on demand) */
+bool tally__expand_on(void);
+int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *(*new_block)(tally_device_t *),
+                                char *why, size_t whylen);
+int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more, char *why, size_t whylen);
+void tally__expand_unref_locked(tally_block_t *b);
+bool tally__expand_mapped_locked(const tally_block_t *b, size_t size);
+/* Whether unmapping is held back on d: a CUDA graph capture is under way. */
+bool tally__expand_unmap_held_locked(tally_device_t *d);
+size_t tally__expand_trim_locked(tally_device_t *d);
+size_t tally__expand_release_locked(tally_device_t *d, tally_segment_t *s);
+size_t tally__expand_mapped_bytes(const tally_segment_t *s);
+int tally__expand_check_locked(const tally_segment_t *s, char *why, size_t whylen);
+
+/* graph_pool.c: capture tracking and graph pools */
+/* Note stream when it captures; re-check the streams seen capturing.
+ * Returns whether any capture is under way on the device. */
+bool tally__capture_check_locked(tally_device_t *d, void *stream);
+/* Whether stream is among the streams known to capture. */
+bool tally__capture_listed(const tally_device_t *d, void *stream);
+/* Re-check known capturing streams only. */
+bool tally__capture_underway_locked(tally_device_t *d);
+/* Whether a capture may be under way, so that no potentially unsafe call
+ * (event query or synchronise, stream or device synchronise, cuMemFree,
+ * unmap) may be made: one is announced on any device, or a stream of d is
+ * known to capture. Makes no driver call unless d has streams listed. */
+bool tally__capture_on_locked(tally_device_t *d);
+/* Remember a block whose events must wait for the capture to end. */
+int tally__capture_defer_locked(tally_device_t *d, tally_block_t *b);
+/* The graph pool an allocation on stream goes to, or NULL. */
+tally_gpool_t *tally__gpool_match_locked(tally_device_t *d, void *stream);
+/* The bodies of tally_graph_pool_begin, _end and _release (include/tally.h),
+ * for an initialised library (lib/api/graph.c initialises first). */
+int tally__graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo, int (*filter)(void *arg, void *stream),
+                            void *arg);
+int tally__graph_pool_end(int device, uint64_t id_hi, uint64_t id_lo);
+int tally__graph_pool_release(int device, uint64_t id_hi, uint64_t id_lo);
+/* Release the whole free segments of graph pools no longer in use. */
+size_t tally__gpool_release_freeable_locked(tally_device_t *d);
+/* The pool of kind for allocations to gp (NULL: the device's own). */
+tally_pool_t *tally__pool_for(tally_device_t *d, tally_gpool_t *gp, int kind);
+/* A segment of gp goes back to the backend. */
+void tally__gpool_segment_gone_locked(tally_device_t *d, tally_gpool_t *gp);
+/* cache.c, for graph_pool.c and events.c */
+size_t tally__cache_release_pool_locked(tally_device_t *d, tally_pool_t *p);
+/* Put a block whose user is done (and whose events completed) in its pool. */
+void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b);
+
+/* events.c: stream uses and events */
+/* Record one event per use (on each use's stream and device). */
+void tally__cache_insert_events_locked(tally_device_t *d, tally_block_t *b);
+/* Resolve completed events (all, waiting, when wait is set). */
+void tally__events_process_locked(tally_device_t *d, bool wait);
+/* Wait for every pending event (counted as a sync of all streams). */
+void tally__events_wait_all_locked(tally_device_t *d);
+/* Whether a capture is under way (check_stream: look at stream too); when
+ * none is, deferred blocks get their events. */
+bool tally__events_capture_on_locked(tally_device_t *d, void *stream, bool check_stream);
+/* Whether a capture is under way on the device or on a use of b. */
+bool tally__events_uses_captured_locked(tally_device_t *d, tally_block_t *b);
+/* Pass-through free (cache.c): the backend frees, after the block's uses. */
+void tally__cache_passthrough_free_locked(tally_device_t *d, tally_block_t *b);
+/* Make stream (of d) wait for the work queued so far on u's stream. */
+void tally__events_wait_for_use_locked(tally_device_t *d, void *stream, const tally_use_t *u);
+
+/* Put a new segment on the device's list. */
+void tally__segment_link_locked(tally_device_t *d, tally_segment_t *s);
+/* The device's segment containing addr, or NULL. */
+tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t addr);
+
+#endif

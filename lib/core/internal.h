@@ -1,0 +1,228 @@
+/* Declarations shared between the library's files (never installed).
+ * Names: public tally_*, cross-file internals tally__*, the rest static.
+ *
+ * Lock order: a device lock (tally_device_t.lock) may be held while taking
+ * the ledger's name lock or the sink lock; never the other way round, and
+ * never two device locks at once (except the fork handlers, which hold
+ * them all, in device order, while no other thread holds two). The whole
+ * order is stage, config, devices, names, site, python frames, host backend,
+ * sink, heap. */
+#ifndef TALLY_INTERNAL_H
+#define TALLY_INTERNAL_H
+
+#define TALLY_BUILDING_LIBRARY 1
+#include "tally.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define TALLY_INTERNAL __attribute__((visibility("hidden")))
+#define TALLY_LIKELY(x) __builtin_expect(!!(x), 1)
+#define TALLY_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---- locks ---------------------------------------------------------------- */
+/* A small futex lock (0 free, 1 held, 2 held with waiters): one atomic
+ * exchange to take it uncontended, a short spin, then sleep in the kernel.
+ * Cheaper than pthread_mutex_t on the hot path; see lock.c. */
+typedef struct tally_mutex {
+    _Atomic int state;
+} tally_mutex_t;
+#define TALLY_MUTEX_INIT {0}
+void tally__mutex_wait(tally_mutex_t *m);
+void tally__mutex_wake(tally_mutex_t *m);
+static inline void tally__mutex_lock(tally_mutex_t *m)
+{
+    int expected = 0;
+    if (TALLY_LIKELY(atomic_compare_exchange_strong_explicit(&m->state, &expected, 1, memory_order_acquire,
+                                                             memory_order_relaxed)))
+        return;
+    tally__mutex_wait(m);
+}
+static inline void tally__mutex_unlock(tally_mutex_t *m)
+{
+    if (TALLY_UNLIKELY(atomic_exchange_explicit(&m->state, 0, memory_order_release) == 2))
+        tally__mutex_wake(m);
+}
+/* The library's other locks, for the fork handlers (fork.c), which take
+ * them all in this order: stage, config, every device, names, site, host,
+ * sink, heap. */
+tally_mutex_t *tally__stage_lock(void);
+tally_mutex_t *tally__config_lock(void);
+tally_mutex_t *tally__names_lock(void);
+tally_mutex_t *tally__site_lock(void);
+tally_mutex_t *tally__pystack_lock(void);
+tally_mutex_t *tally__host_lock(void);
+tally_mutex_t *tally__sink_lock(void);
+tally_mutex_t *tally__heap_lock(void);
+
+/* ---- host-side metadata memory (jemalloc private arena, meta.c) ----------- */
+void *tally__meta_alloc(size_t size);
+void *tally__meta_calloc(size_t size);
+void tally__meta_free(void *p);
+char *tally__meta_strdup(const char *s);
+/* Bytes of metadata currently held (for docs / tests). */
+size_t tally__meta_bytes(void);
+/* "jemalloc" when a private jemalloc arena is in use, else "tally-heap". */
+const char *tally__meta_source(void);
+
+/* ---- output and diagnostics (out.c) -------------------------------------- */
+typedef struct tally_out {
+    tally_write_fn write;
+    void *arg;
+    size_t len;
+    int failed;
+    char buf[4096];
+} tally_out_t;
+void tally__out_init(tally_out_t *o, tally_write_fn write, void *arg);
+void tally__out_write(tally_out_t *o, const char *text, size_t len);
+void tally__out_puts(tally_out_t *o, const char *text);
+void tally__out_printf(tally_out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void tally__out_json_str(tally_out_t *o, const char *s);
+void tally__out_flush(tally_out_t *o);
+void tally__write_file(void *arg, const char *text, size_t len);
+/* A temporary file beside dest, created exclusively (never through a
+ * planted symlink) under an unpredictable name left in tmp. */
+FILE *tally__create_beside(const char *dest, char *tmp, size_t tmplen);
+
+/* One line "tally: ..." to the sink. */
+void tally__diag(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Record the message as this thread's last error, write it to the sink, and
+ * return -code. fail_quiet records without writing. */
+int tally__fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int tally__fail_quiet(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void tally__clear_error(void);
+void tally__sink_write(const char *text, size_t len);
+void tally__sink_writer(void *arg, const char *text, size_t len);
+/* "1.5 GiB" (bytes under 1 KiB as "N B"). */
+void tally__fmt_bytes(uint64_t bytes, char *buf, size_t len);
+/* "" for 1, "s" otherwise. */
+const char *tally__plural(uint64_t n);
+
+/* ---- options (options.c) ------------------------------------------------- */
+size_t tally__edit_distance(const char *a, const char *b);
+void tally__env_hints(void); /* LEAK_REPORT=..., TALLY_CONFIG=...: "did you mean TALLY_CONF" */
+enum { TALLY_BACKEND_AUTO, TALLY_BACKEND_HOST, TALLY_BACKEND_CUDA, TALLY_BACKEND_ASYNC };
+enum { TALLY_HOST_BACKED, TALLY_HOST_VIRTUAL };
+enum { TALLY_LEAK_OFF, TALLY_LEAK_SUMMARY, TALLY_LEAK_FULL };
+enum { TALLY_UNWIND_AUTO, TALLY_UNWIND_GLIBC, TALLY_UNWIND_FP };
+#define TALLY_ROUNDUP_INTERVALS 16
+#define TALLY_MAX_DEVICES 64
+
+typedef struct tally_options {
+    int backend;
+    int host_devices;
+    uint64_t host_capacity;
+    int host_mode;
+    uint64_t max_split_size;            /* UINT64_MAX: unlimited */
+    uint64_t max_non_split_rounding;    /* oversize reuse slack, bytes */
+    double gc_threshold;                /* 0: off */
+    uint32_t roundup_divisions[TALLY_ROUNDUP_INTERVALS];
+    double memory_fraction;             /* 0: none; applies to every device */
+    int ledger;                         /* record tags / stages per block */
+    int backtrace_depth;
+    int python_stack;                   /* Python frames per allocation site */
+    int unwinder;                       /* TALLY_UNWIND_* (unwind.c) */
+    int release_at_stage_end;
+    int stage_report;
+    int leak_report;
+    int leak_exitcode;
+    int home_device;                    /* in effect: -1 none, else a device number */
+    int home_setting;                   /* as configured: -2 auto, -1 none, or a number */
+    int timeline;
+    int timeline_events;
+    int trace;                          /* record every alloc and free (alloc_trace.c) */
+    int expandable_segments;            /* large pool in one growing range per stream */
+    int expandable_grow_chunk_mb;       /* a small block growing its range maps up to this boundary */
+    int expandable_handle_mb;           /* blocks at least this large map their new pages as one handle (0: off) */
+    int async_private_pool;             /* async backend: own pool, not the device default */
+    uint64_t async_release_threshold;   /* bytes the async pool keeps cached */
+    char persistent_tags[512];
+    char report_path[512];
+    char leak_suppressions[512];        /* LeakSanitizer-style suppressions file */
+} tally_options_t;
+
+extern tally_options_t tally__opt;
+/* Options marked runtime may change while other threads run: read them
+ * with TALLY_OPT (a relaxed atomic load; tally_configure stores them the
+ * same way), and the two strings with tally__opt_string (under the
+ * configuration lock). The other options are fixed once initialised. */
+#define TALLY_OPT(field) __atomic_load_n(&tally__opt.field, __ATOMIC_RELAXED)
+static inline double tally__opt_double(const double *field)
+{
+    double v;
+    __atomic_load(field, &v, __ATOMIC_RELAXED);
+    return v;
+}
+/* Copy a runtime string option (persistent_tags, report_path) into buf[512]. */
+void tally__opt_string(const char *field, char *buf);
+/* A further check of string values (today leak_suppressions: the file must
+ * parse), called by tally__options_parse with the key and the value; it
+ * returns 0 or a negative code after tally__fail. NULL: no check. */
+void tally__options_set_checker(int (*fn)(const char *key, const char *value));
+/* Parse conf into opt (validating every key); when runtime is set, reject
+ * keys that cannot change after initialisation. On error opt is unchanged. */
+int tally__options_parse(tally_options_t *opt, const char *conf, bool runtime, uint64_t *seen);
+/* Bit of a key in the seen mask of tally__options_parse. */
+uint64_t tally__option_bit(const char *key);
+void tally__options_default(tally_options_t *opt);
+/* Parse a size with optional suffix (B, KB, KiB, MB, MiB, GB, GiB, TB, TiB). */
+int tally__parse_size(const char *s, uint64_t *out);
+/* -1 with the escape in bad (3 bytes) when path has a % escape other than
+ * %p, %r, %% (report_path's). */
+int tally__check_path_escapes(const char *path, char *bad);
+/* The options as key:value lines with their help. */
+int tally__options_write(const tally_options_t *o, tally_out_t *out);
+/* Rounded block size and segment size for a request (cache.c). */
+size_t tally__round_size(size_t size);
+size_t tally__segment_size(size_t rounded);
+
+/* ---- statistics (stats.c) ------------------------------------------------ */
+static inline void tally__stat_add(tally_stat_t *s, int64_t amount)
+{
+    s->current += amount;
+    if (s->current > s->peak)
+        s->peak = s->current;
+    if (amount > 0)
+        s->allocated += amount;
+    else
+        s->freed -= amount;
+}
+/* Known-sign updates, branch-free apart from the peak. */
+static inline void tally__stat_inc(tally_stat_t *s, int64_t n)
+{
+    s->current += n;
+    s->allocated += n;
+    if (s->current > s->peak)
+        s->peak = s->current;
+}
+static inline void tally__stat_dec(tally_stat_t *s, int64_t n)
+{
+    s->current -= n;
+    s->freed += n;
+}
+static inline void tally__stat_pool_inc(tally_stat_t *arr, int pool, int64_t n)
+{
+    tally__stat_inc(&arr[TALLY_POOL_ALL], n);
+    tally__stat_inc(&arr[pool], n);
+}
+static inline void tally__stat_pool_dec(tally_stat_t *arr, int pool, int64_t n)
+{
+    tally__stat_dec(&arr[TALLY_POOL_ALL], n);
+    tally__stat_dec(&arr[pool], n);
+}
+/* Add amount to the "all" entry and to the pool's entry of a stat array. */
+static inline void tally__stat_pool(tally_stat_t *arr, int pool, int64_t amount)
+{
+    tally__stat_add(&arr[TALLY_POOL_ALL], amount);
+    tally__stat_add(&arr[pool], amount);
+}
+void tally__stats_reset_peak(tally_stats_t *s);
+void tally__stats_reset_accumulated(tally_stats_t *s);
+/* Flat JSON of memory_stats keys for s. */
+void tally__stats_json(const tally_stats_t *s, tally_out_t *o);
+
+#endif /* TALLY_INTERNAL_H */

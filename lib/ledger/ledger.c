@@ -1,0 +1,175 @@
+/* The ledger's hot half: the per-thread tag stack and the counters per
+ * (tag, stage, device) that every allocation and free updates. A block
+ * carries its row index, so a free touches one row without any lookup; an
+ * allocation finds its row through a one-entry cache, else a small hash on
+ * the integer pair. No string is hashed here. */
+#include "ledger/ledger.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+#define TAG_STACK 64
+/* One thread-local object, so the hot path resolves one TLS address. */
+typedef struct tag_state {
+    int depth;
+    uint32_t stack[TAG_STACK];
+} tag_state_t;
+static _Thread_local tag_state_t tags;
+
+/* Innermost stage (stage.c writes it; allocations read it). */
+_Atomic uint64_t tally__current_stage;
+
+int tally_tag_push(const char *tag)
+{
+    uint32_t id;
+    if (!tag)
+        return tally__fail(TALLY_EINVAL, "tally_tag_push: tag is NULL");
+    tag_state_t *t = &tags;
+    if (t->depth == TAG_STACK)
+        return tally__fail(TALLY_ESTATE, "tally_tag_push: '%s': tag stack is full (%d deep)", tag, TAG_STACK);
+    int rc = tally__intern_tag(tag, &id);
+    if (rc)
+        return tally__fail(-rc, "tally_tag_push: %s", tally_last_error());
+    t->stack[t->depth++] = id;
+    return 0;
+}
+
+int tally_tag_pop(void)
+{
+    tag_state_t *t = &tags;
+    if (t->depth == 0)
+        return tally__fail(TALLY_ESTATE, "tally_tag_pop: the tag stack of this thread is empty");
+    t->depth--;
+    return 0;
+}
+
+uint32_t tally__current_tag(void)
+{
+    const tag_state_t *t = &tags;
+    return t->depth ? t->stack[t->depth - 1] : TALLY_TAG_NONE;
+}
+
+int tally__ledger_device_init(tally_device_t *d)
+{
+    tally_ledger_dev_t *ld = tally__meta_calloc(sizeof *ld);
+    if (!ld)
+        return -TALLY_ENOMEM;
+    ld->last_key = UINT64_MAX;
+    d->ledger = ld;
+    return 0;
+}
+
+static inline uint32_t key_slot(uint64_t key, uint32_t mask)
+{
+    return (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 40) & mask;
+}
+
+static int rows_grow(tally_ledger_dev_t *ld)
+{
+    uint32_t cap = ld->cap ? ld->cap * 2 : 32;
+    tally_ledger_entry_t *rows = tally__meta_alloc(cap * sizeof *rows);
+    uint32_t *index = tally__meta_alloc(cap * 2 * sizeof *index);
+    if (!rows || !index) {
+        tally__meta_free(rows);
+        tally__meta_free(index);
+        return -1;
+    }
+    if (ld->count)
+        memcpy(rows, ld->entries, ld->count * sizeof *rows);
+    memset(index, 0xff, cap * 2 * sizeof *index);
+    uint32_t mask = cap * 2 - 1;
+    for (uint32_t r = 0; r < ld->count; r++) {
+        uint64_t k = (uint64_t)rows[r].tag << 32 | rows[r].stage;
+        uint32_t i = key_slot(k, mask);
+        while (index[i] != UINT32_MAX)
+            i = (i + 1) & mask;
+        index[i] = r;
+    }
+    tally__meta_free(ld->entries);
+    tally__meta_free(ld->index);
+    ld->entries = rows;
+    ld->index = index;
+    ld->cap = cap;
+    ld->index_mask = mask;
+    return 0;
+}
+
+/* Row of (tag, stage), created on first use; UINT32_MAX without memory. */
+static uint32_t row_of(tally_ledger_dev_t *ld, uint32_t tag, uint32_t stage)
+{
+    uint64_t key = (uint64_t)tag << 32 | stage;
+    if (key == ld->last_key)
+        return ld->last_idx;
+    if (ld->count == ld->cap && rows_grow(ld))
+        return UINT32_MAX;
+    uint32_t i = key_slot(key, ld->index_mask);
+    while (ld->index[i] != UINT32_MAX) {
+        tally_ledger_entry_t *e = &ld->entries[ld->index[i]];
+        if (e->tag == tag && e->stage == stage)
+            break;
+        i = (i + 1) & ld->index_mask;
+    }
+    if (ld->index[i] == UINT32_MAX) {
+        uint32_t r = ld->count++;
+        memset(&ld->entries[r], 0, sizeof ld->entries[r]);
+        ld->entries[r].tag = tag;
+        ld->entries[r].stage = stage;
+        ld->index[i] = r;
+    }
+    ld->last_key = key;
+    ld->last_idx = ld->index[i];
+    return ld->last_idx;
+}
+
+void tally__ledger_on_alloc_locked(tally_device_t *d, tally_block_t *b)
+{
+    tally_ledger_dev_t *ld = d->ledger;
+    int64_t alloc = d->stats.allocated_bytes[TALLY_POOL_ALL].current;
+    int64_t reserved = d->stats.reserved_bytes[TALLY_POOL_ALL].current;
+    if (alloc > ld->win_peak_alloc)
+        ld->win_peak_alloc = alloc;
+    if (reserved > ld->win_peak_reserved)
+        ld->win_peak_reserved = reserved;
+    b->lentry = UINT32_MAX;
+    b->epoch = 0;
+    if (!tally__opt.ledger)
+        return;
+    b->tag = tally__current_tag();
+    uint64_t st = atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
+    b->stage = (uint32_t)st;
+    b->epoch = (uint32_t)(st >> 32);
+    uint32_t r = row_of(ld, b->tag, b->stage);
+    if (TALLY_UNLIKELY(r == UINT32_MAX))
+        return;
+    tally__stat_inc(&ld->entries[r].bytes, (int64_t)b->size);
+    tally__stat_inc(&ld->entries[r].blocks, 1);
+    b->lentry = r;
+}
+
+void tally__ledger_on_free_locked(tally_device_t *d, tally_block_t *b)
+{
+    if (b->lentry == UINT32_MAX)
+        return;
+    tally_ledger_dev_t *ld = d->ledger;
+    tally__stat_dec(&ld->entries[b->lentry].bytes, (int64_t)b->size);
+    tally__stat_dec(&ld->entries[b->lentry].blocks, 1);
+}
+
+void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b)
+{
+    tally__ledger_on_alloc_locked(d, b);
+    tally__timeline_block_locked(d, TALLY_EV_ALLOC, b);
+    tally__trace_block_locked(d, 1, b);
+}
+
+void tally__ledger_block_free_locked(tally_device_t *d, tally_block_t *b)
+{
+    tally__ledger_on_free_locked(d, b);
+    tally__timeline_block_locked(d, TALLY_EV_FREE, b);
+    tally__trace_block_locked(d, 0, b);
+}
+
+void tally__ledger_device_event_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream)
+{
+    tally__timeline_locked(d, action, addr, size, stream);
+}
