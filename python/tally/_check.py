@@ -1,5 +1,5 @@
 """Strict checks of what the Python side reads from a tally JSON report, the
-same rules as the tally command's reader (lib/stats_json.c,
+same rules as the tally command's reader (lib/report/stats_json.c,
 tools/cli_report.h; docs/bad-input.md): a stats key that is not tally's, a
 missing key, or counts that do not add up are named, never read as 0. A
 report of a newer tally is refused naming both versions; older ones are

@@ -211,7 +211,7 @@ def _write_run_report() -> None:
 
 def _runner_file(filename: str) -> bool:
     """A frame of the machinery that starts the program (this module,
-    tally/__main__.py, runpy), not of the program itself (lib/pystack.c
+    tally/__main__.py, runpy), not of the program itself (lib/ledger/pystack.c
     leaves the same frames out of recorded sites)."""
     here = os.path.dirname(os.path.abspath(__file__))
     return (filename in (os.path.join(here, "_cli.py"), os.path.join(here, "__main__.py"), runpy.__file__,
