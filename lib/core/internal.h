@@ -105,6 +105,7 @@ const char *tally__plural(uint64_t n);
 /* ---- options (options.c) ------------------------------------------------- */
 enum { TALLY_BACKEND_AUTO, TALLY_BACKEND_HOST, TALLY_BACKEND_CUDA, TALLY_BACKEND_ASYNC };
 enum { TALLY_HOST_BACKED, TALLY_HOST_VIRTUAL };
+enum { TALLY_SLEEP_ALLOC_REFUSE, TALLY_SLEEP_ALLOC_WAKE };
 enum { TALLY_LEAK_OFF, TALLY_LEAK_SUMMARY, TALLY_LEAK_FULL };
 enum { TALLY_UNWIND_AUTO, TALLY_UNWIND_GLIBC, TALLY_UNWIND_FP };
 #define TALLY_ROUNDUP_INTERVALS 16
@@ -138,7 +139,9 @@ typedef struct tally_options {
     int expandable_handle_mb;           /* blocks at least this large map their new pages as one handle (0: off) */
     int async_private_pool;             /* async backend: own pool, not the device default */
     uint64_t async_release_threshold;   /* bytes the async pool keeps cached */
+    int sleep_alloc;                    /* TALLY_SLEEP_ALLOC_REFUSE or _WAKE (docs/sleep.md) */
     char persistent_tags[512];
+    char private_tags[512];             /* tags with private pools, | separated (fixed at init) */
     char report_path[512];
     char leak_suppressions[512];        /* LeakSanitizer-style suppressions file */
 } tally_options_t;
