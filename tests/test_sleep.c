@@ -7,6 +7,7 @@
  * Two simulated 1 GiB devices in backed mode (contents are real), with kv
  * and weights private through the configuration. */
 #include "ledgerutil.h"
+#include "sleeputil.h"
 
 #include <signal.h>
 
@@ -47,38 +48,6 @@ static tally_sleep_info_t info(const char *tag, int device)
     tally_sleep_info_t i;
     LU_OK(tally_tag_sleep_info(tag, device, &i));
     return i;
-}
-
-/* Whether touching p faults (in a forked child: the mapping is inherited). */
-static bool faults(void *p)
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        signal(SIGSEGV, SIG_DFL); /* cmocka's handler would carry on with the tests */
-        signal(SIGBUS, SIG_DFL);
-        *(volatile char *)p = 1;
-        _exit(0);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    return WIFSIGNALED(st) && (WTERMSIG(st) == SIGSEGV || WTERMSIG(st) == SIGBUS);
-}
-
-static void fill(void *p, size_t n, unsigned seed)
-{
-    unsigned char *c = p;
-    for (size_t i = 0; i < n; i++)
-        c[i] = (unsigned char)((i * 131u + seed) >> 3);
-}
-
-static bool same(const void *p, size_t n, unsigned seed)
-{
-    const unsigned char *c = p;
-    for (size_t i = 0; i < n; i++)
-        if (c[i] != (unsigned char)((i * 131u + seed) >> 3))
-            return false;
-    return true;
 }
 
 /* ---- private placement ------------------------------------------------------------------ */
@@ -162,12 +131,12 @@ static void test_discard_unmaps_and_wake_maps_back(void **state)
     LU_EQ(i.unmapped, held);
     LU_EQ(i.offload, 0);
     LU_EQ(i.reserved, 0);
-    assert_true(faults(a));
-    assert_true(faults(b));
+    assert_true(su_faults(a));
+    assert_true(su_faults(b));
     LU_CHECK_OK();
     LU_OK(tally_wake(KV, 1));
     LU_EQ(reserved(0), before + held);
-    assert_false(faults(a));
+    assert_false(su_faults(a));
     /* Discarded: the pages came back empty. */
     assert_int_equal(((unsigned char *)a)[0], 0);
     assert_int_equal(((unsigned char *)a)[40 * MB - 1], 0);
@@ -189,7 +158,7 @@ static void test_offload_restores_every_byte(void **state)
     void *w[3] = {tagged("weights", 24 * MB + 512, 0), tagged("weights", 3000, 0), tagged("weights", 64 * MB, 1)};
     size_t sz[3] = {24 * MB + 512, 3000, 64 * MB};
     for (int i = 0; i < 3; i++)
-        fill(w[i], sz[i], (unsigned)i * 7 + 1);
+        su_fill(w[i], sz[i], (unsigned)i * 7 + 1);
     int64_t r0 = reserved(0), r1 = reserved(1);
     LU_OK(tally_sleep(W, 1, TALLY_SLEEP_OFFLOAD));
     assert_true(reserved(0) < r0 && reserved(1) < r1);
@@ -200,12 +169,12 @@ static void test_offload_restores_every_byte(void **state)
     /* Offload holds the rounded live blocks, not the free rest. */
     LU_EQ(all.offload, (24 * MB + 512) + 3072 + 64 * MB);
     for (int i = 0; i < 3; i++)
-        assert_true(faults(w[i]));
+        assert_true(su_faults(w[i]));
     LU_OK(tally_wake(W, 1));
     LU_EQ(reserved(0), r0);
     LU_EQ(reserved(1), r1);
     for (int i = 0; i < 3; i++)
-        if (!same(w[i], sz[i], (unsigned)i * 7 + 1))
+        if (!su_same(w[i], sz[i], (unsigned)i * 7 + 1))
             fail_msg("block %d differs after wake", i);
     LU_EQ(info("weights", -1).offload, 0);
     lu_free_all(w, 3);
@@ -217,13 +186,13 @@ static void test_several_tags_in_one_call(void **state)
     (void)state;
     int64_t before = reserved(0);
     void *w = tagged("weights", 10 * MB, 0), *k = tagged("kv", 10 * MB, 0);
-    fill(w, 10 * MB, 3);
+    su_fill(w, 10 * MB, 3);
     LU_OK(tally_sleep(BOTH, 2, TALLY_SLEEP_OFFLOAD | TALLY_SLEEP_SYNC_DEVICE));
     LU_EQ(reserved(0), before);
     LU_EQ(info("kv", 0).asleep, 1);
     LU_EQ(info("weights", 0).asleep, 1);
     LU_OK(tally_wake(BOTH, 2));
-    assert_true(same(w, 10 * MB, 3));
+    assert_true(su_same(w, 10 * MB, 3));
     tally_free(w);
     tally_free(k);
     LU_CHECK_OK();
@@ -372,7 +341,7 @@ static void test_free_of_a_sleeping_block_drops_its_backup(void **state)
 {
     (void)state;
     void *a = tagged("weights", 8 * MB, 0), *b = tagged("weights", 12 * MB, 0);
-    fill(b, 12 * MB, 9);
+    su_fill(b, 12 * MB, 9);
     LU_OK(tally_sleep(W, 1, TALLY_SLEEP_OFFLOAD));
     LU_EQ(info("weights", 0).offload, 20 * MB);
     tally_free(a);
@@ -380,7 +349,7 @@ static void test_free_of_a_sleeping_block_drops_its_backup(void **state)
     LU_EQ(info("weights", 0).sleeping_blocks, 1);
     LU_CHECK_OK();
     LU_OK(tally_wake(W, 1));
-    assert_true(same(b, 12 * MB, 9));
+    assert_true(su_same(b, 12 * MB, 9));
     tally_free(b);
     LU_CHECK_OK();
 }
@@ -389,7 +358,7 @@ static void test_wake_out_of_memory_rolls_back(void **state)
 {
     (void)state;
     void *w = tagged("weights", 300 * MB, 1);
-    fill(w, 300 * MB, 5);
+    su_fill(w, 300 * MB, 5);
     LU_OK(tally_sleep(W, 1, TALLY_SLEEP_OFFLOAD));
     int64_t r = reserved(1);
     /* Another tag takes the room while weights sleep. */
@@ -405,12 +374,12 @@ static void test_wake_out_of_memory_rolls_back(void **state)
     tally_sleep_info_t i = info("weights", 1);
     LU_EQ(i.asleep, 1);
     LU_EQ(i.offload, 300 * MB);
-    assert_true(faults(w));
+    assert_true(su_faults(w));
     LU_CHECK_OK();
     tally_free(big);
     tally_empty_cache(1);
     LU_OK(tally_wake(W, 1));
-    assert_true(same(w, 300 * MB, 5));
+    assert_true(su_same(w, 300 * MB, 5));
     tally_free(w);
     LU_CHECK_OK();
 }

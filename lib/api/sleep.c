@@ -263,6 +263,21 @@ static int resolve(const char *fn, const char *const *tags, int ntags, uint32_t 
     return 0;
 }
 
+/* Wait for the tag's streams on d without holding d's lock, so that other
+ * threads keep allocating meanwhile; the sleep itself waits again, under
+ * the lock, for what was queued since (usually nothing). */
+static void wait_unlocked(tally_device_t *d, uint32_t id)
+{
+    const tally_backend_t *be = tally__g.backend;
+    tally_use_t streams[64];
+    tally__mutex_lock(&d->lock);
+    tally_gpool_t *gp = tally__ppool_get_locked(d, id, false);
+    int n = gp && !tally__ppool_asleep(gp) ? tally__ppool_streams_locked(d, gp, streams, 64) : 0;
+    tally__mutex_unlock(&d->lock);
+    for (int i = 0; i < n && be->stream_sync; i++)
+        be->stream_sync(streams[i].device, streams[i].stream);
+}
+
 int tally_sleep(const char *const *tags, int ntags, int flags)
 {
     uint32_t ids[MAX_PRIVATE];
@@ -290,6 +305,8 @@ int tally_sleep(const char *const *tags, int ntags, int flags)
         int slept = 0, already = 0;
         for (int k = 0; k < tally__g.ndev; k++) {
             tally_device_t *d = tally__g.dev[k];
+            if (!sync_device)
+                wait_unlocked(d, ids[i]);
             tally__mutex_lock(&d->lock);
             tally_gpool_t *gp = tally__ppool_get_locked(d, ids[i], false);
             rc = 0;

@@ -314,8 +314,9 @@ static int host_unreserve(int device, void *ptr, size_t size)
 
 /* Backups of sleeping blocks: plain host memory (what is pinned on CUDA).
  * Virtual mode holds no contents, so it cannot copy them. */
-static int host_host_alloc(size_t size, void **ptr, char *why, size_t whylen)
+static int host_host_alloc(int device, size_t size, void **ptr, char *why, size_t whylen)
 {
+    (void)device;
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
         snprintf(why, whylen, "host memory for a %zu-byte backup: %s", size, strerror(errno));
@@ -325,8 +326,9 @@ static int host_host_alloc(size_t size, void **ptr, char *why, size_t whylen)
     return 0;
 }
 
-static void host_host_free(void *ptr, size_t size)
+static void host_host_free(int device, void *ptr, size_t size)
 {
+    (void)device;
     munmap(ptr, size);
 }
 

@@ -314,6 +314,9 @@ typedef struct tally_ppool_info {
     uint64_t sleeps, wakes;
 } tally_ppool_info_t;
 void tally__ppool_info_locked(tally_device_t *d, tally_gpool_t *gp, tally_ppool_info_t *out);
+/* The streams (with their devices) the pool's live blocks were allocated
+ * and recorded on, up to max; -1 when there are more. */
+int tally__ppool_streams_locked(tally_device_t *d, tally_gpool_t *gp, tally_use_t *out, int max);
 /* Sleep: wait for the pool's work (its blocks' streams and uses; the whole
  * device with sync_device), back the live blocks up when offload is set,
  * release free segments, unmap the rest. 0, or a TALLY_E* code with why

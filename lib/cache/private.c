@@ -119,8 +119,7 @@ size_t tally__ppool_release_locked(tally_device_t *d)
 
 static void drop_backup(tally_device_t *d, struct tally_sleep *st, size_t i)
 {
-    (void)d;
-    tally__g.backend->host_free(st->items[i].host, st->items[i].size);
+    tally__g.backend->host_free(d->id, st->items[i].host, st->items[i].size);
     st->offload_bytes -= st->items[i].size;
     st->items[i] = st->items[--st->n];
 }
@@ -189,6 +188,33 @@ static void wait_add(wait_set_t *w, void *stream, int device)
     w->items[w->n++] = (tally_use_t){stream, device};
 }
 
+static void collect_streams(tally_device_t *d, tally_gpool_t *gp, wait_set_t *w)
+{
+    for (tally_segment_t *s = d->segments; s; s = s->next) {
+        if (s->gp != gp || s->asleep)
+            continue;
+        bool live = false;
+        for (tally_block_t *b = s->head; b; b = b->next) {
+            if (b->state == BLOCK_FREE)
+                continue;
+            live = true;
+            for (uint16_t i = 0; i < b->nuses; i++)
+                wait_add(w, b->uses[i].stream, b->uses[i].device);
+        }
+        if (live)
+            wait_add(w, s->stream, d->id);
+    }
+}
+
+int tally__ppool_streams_locked(tally_device_t *d, tally_gpool_t *gp, tally_use_t *out, int max)
+{
+    wait_set_t w = {.n = 0};
+    collect_streams(d, gp, &w);
+    int n = w.n < max ? w.n : max;
+    memcpy(out, w.items, (size_t)n * sizeof *out);
+    return w.overflow || w.n > max ? -1 : n;
+}
+
 /* Wait for the streams the pool's blocks were allocated and recorded on:
  * each stream's queued work, never the whole device unless asked (or more
  * than 64 streams, where each device is synchronised instead). */
@@ -203,20 +229,7 @@ static void wait_for_pool(tally_device_t *d, tally_gpool_t *gp, bool sync_device
         return;
     }
     wait_set_t w = {.n = 0};
-    for (tally_segment_t *s = d->segments; s; s = s->next) {
-        if (s->gp != gp || s->asleep)
-            continue;
-        bool live = false;
-        for (tally_block_t *b = s->head; b; b = b->next) {
-            if (b->state == BLOCK_FREE)
-                continue;
-            live = true;
-            for (uint16_t i = 0; i < b->nuses; i++)
-                wait_add(&w, b->uses[i].stream, b->uses[i].device);
-        }
-        if (live)
-            wait_add(&w, s->stream, d->id);
-    }
+    collect_streams(d, gp, &w);
     if (w.overflow) {
         be->synchronize(d->id);
         for (int i = 0; i < w.n; i++)
@@ -249,12 +262,12 @@ static int backup_block(tally_device_t *d, struct tally_sleep *st, tally_block_t
         st->cap = cap;
     }
     void *host = NULL;
-    int rc = be->host_alloc(b->size, &host, why, whylen);
+    int rc = be->host_alloc(d->id, b->size, &host, why, whylen);
     if (rc)
         return rc;
     rc = be->copy_to_host(d->id, host, (const void *)b->addr, b->size, why, whylen);
     if (rc) {
-        be->host_free(host, b->size);
+        be->host_free(d->id, host, b->size);
         return rc;
     }
     st->items[st->n++] = (tally_backup_t){b->addr, b->size, host};
