@@ -9,6 +9,7 @@
 #include "ledgerutil.h"
 #include "sleeputil.h"
 
+#include <limits.h>
 #include <signal.h>
 
 #define MB LU_MiB
@@ -399,6 +400,99 @@ static void test_memory_fraction_bounds_a_wake(void **state)
     LU_CHECK_OK();
 }
 
+/* ---- accounting ------------------------------------------------------------------------- */
+
+static const tally_json_t *private_row(const tally_json_t *root, const char *tag, int device)
+{
+    const tally_json_t *rows = lu_jarr(root, "private_tags");
+    for (size_t i = 0; i < rows->len; i++)
+        if (strcmp(lu_jstr(&rows->items[i], "tag"), tag) == 0 && lu_jint(&rows->items[i], "device") == device)
+            return &rows->items[i];
+    fail_msg("no private_tags row for %s on device %d", tag, device);
+    return NULL;
+}
+
+static void test_reports_show_sleeping_bytes(void **state)
+{
+    (void)state;
+    LU_OK(tally_configure("timeline:true"));
+    LU_OK(tally_stage_begin("rollout"));
+    void *w = tagged("weights", 10 * MB, 0), *k = tagged("kv", 6 * MB, 0);
+    LU_OK(tally_sleep(W, 1, TALLY_SLEEP_OFFLOAD));
+    LU_OK(tally_sleep(KV, 1, TALLY_SLEEP_DISCARD));
+    /* The ledger: the private tags' table. */
+    lu_buf_t b = {0};
+    LU_OK(tally_write_ledger(lu_buf_write, &b));
+    LU_HAS(lu_buf_str(&b), "private tags (sleep and wake)");
+    LU_HAS(lu_buf_str(&b), "asleep, offloaded");
+    LU_HAS(lu_buf_str(&b), "asleep, discarded");
+    LU_HAS(lu_buf_str(&b), "10.0 MiB");
+    lu_buf_free(&b);
+    /* memory_summary: PyTorch's table, then the device's private tags. */
+    memset(&b, 0, sizeof b);
+    LU_OK(tally_write_summary(0, 0, lu_buf_write, &b));
+    LU_HAS(lu_buf_str(&b), "PyTorch CUDA memory summary");
+    assert_true(lu_pos(lu_buf_str(&b), "private tags") > lu_pos(lu_buf_str(&b), "PyTorch CUDA memory summary"));
+    LU_LACKS(lu_buf_str(&b), "\n1      kv"); /* only device 0's rows */
+    lu_buf_free(&b);
+    /* The JSON report: sleeping (owned, not resident) and offload bytes. */
+    char path[300];
+    snprintf(path, sizeof path, "%s/sleep-report.json", lu_tmpdir());
+    LU_OK(tally_write_report(path));
+    tally_json_t *root = lu_json_file(path);
+    const tally_json_t *rw = private_row(root, "weights", 0), *rk = private_row(root, "kv", 0);
+    LU_EQ(lu_jbool(rw, "asleep"), 1);
+    LU_EQ(lu_jbool(rw, "offloaded"), 1);
+    LU_EQ(lu_jint(rw, "sleeping_bytes"), 10 * MB);
+    LU_EQ(lu_jint(rw, "offload_bytes"), 10 * MB);
+    LU_EQ(lu_jint(rw, "mapped_bytes"), 0);
+    LU_EQ(lu_jint(rk, "sleeping_bytes"), 6 * MB);
+    LU_EQ(lu_jint(rk, "offload_bytes"), 0);
+    /* Still owned: the ledger keeps counting them. */
+    LU_EQ(lu_jint(lu_ledger_row(root, "weights", "rollout", 0), "current_bytes"), 10 * MB);
+    const tally_json_t *tl = lu_jarr(root, "timeline");
+    int sleeps = 0;
+    for (size_t i = 0; i < tl->len; i++)
+        sleeps += strcmp(lu_jstr(&tl->items[i], "action"), "sleep") == 0 && lu_jint(&tl->items[i], "device") == 0 &&
+                  lu_jint(&tl->items[i], "size") > 0;
+    LU_EQ(sleeps, 2); /* each tag on device 0, with the bytes it unmapped */
+    tally__json_free(root);
+    /* tally plot marks each sleep on the timeline (the command next to this
+     * test's directory: build/bin/tally). */
+    char exe[PATH_MAX], cmd[3 * PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    assert_true(n > 0);
+    exe[n] = 0;
+    *strrchr(exe, '/') = 0;
+    snprintf(cmd, sizeof cmd, "'%s/../bin/tally' plot --device 0 '%s' -o '%s.svg' > /dev/null", exe, path, path);
+    LU_EQ(system(cmd), 0);
+    char svg[320];
+    snprintf(svg, sizeof svg, "%s.svg", path);
+    char *text = lu_read_file(svg, NULL);
+    LU_HAS(text, "<path class=\"sleep\"");
+    LU_HAS(text, "<title>tag weights slept: 10485760 bytes unmapped</title>");
+    /* kv's 6 MiB block sits in a 20 MiB segment: all of it goes */
+    LU_HAS(text, "<title>tag kv slept: 20971520 bytes unmapped</title>");
+    free(text);
+    /* The leak report counts the sleeping blocks still owned. */
+    memset(&b, 0, sizeof b);
+    LU_OK(tally_write_leaks(0, lu_buf_write, &b));
+    LU_HAS(lu_buf_str(&b), "tally: SUMMARY: 2 of those blocks (16777216 bytes) are asleep");
+    lu_buf_free(&b);
+    /* The stage report says which tags slept and woke. */
+    LU_OK(tally_wake(W, 1));
+    lu_cap_begin();
+    LU_OK(tally_stage_end("rollout"));
+    lu_cap_end();
+    LU_HAS(lu_cap_text(), "tally: stage rollout: private tags weights slept (offloaded to host), kv slept "
+                          "(discarded), weights woke");
+    LU_OK(tally_wake(KV, 1));
+    tally_free(w);
+    tally_free(k);
+    LU_OK(tally_configure("timeline:false"));
+    LU_CHECK_OK();
+}
+
 /* ---- children: other configurations ------------------------------------------------------ */
 
 static int child_virtual_offload(void)
@@ -489,6 +583,7 @@ int main(int argc, char **argv)
         T(test_free_of_a_sleeping_block_drops_its_backup),
         T(test_wake_out_of_memory_rolls_back),
         T(test_memory_fraction_bounds_a_wake),
+        T(test_reports_show_sleeping_bytes),
         T(test_virtual_mode_refuses_offload),
         T(test_async_backend_refuses_private_tags),
     };

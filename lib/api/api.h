@@ -24,8 +24,10 @@ int tally__private_init_locked(const tally_backend_t *be, char *err, size_t errl
 int tally__private_any(void);
 int tally__private_for_alloc(int device, uint32_t *id);
 void tally__private_note(uint32_t tag, bool slept, bool offload);
-/* Write and forget the sleeps and wakes since the last call (stage reports). */
-void tally__private_write_notes(tally_out_t *o);
+/* The sleeps and wakes since the innermost open stage began (its report). */
+void tally__private_write_notes(tally_out_t *o, const char *stage);
+/* A stage began: its report starts from here. */
+void tally__private_stage_begin(void);
 
 /* exit.c: the report file and the leak report at process exit. */
 void tally__exit_register(void);

@@ -179,34 +179,52 @@ static void timeline(tally_device_t *d, int action, tally_gpool_t *gp, uint32_t 
                                   tally__stage_now(), NULL);
 }
 
-/* Sleeps and wakes since the last stage report (a small ring). */
+/* Sleeps and wakes, numbered, in a ring of the last NOTES; each open stage
+ * remembers the number it began at, and its report names those after it. */
 #define NOTES 64
 typedef struct note {
     uint32_t tag;
     bool slept, offload;
 } note_t;
 static note_t notes[NOTES];
-static int nnotes, notes_dropped;
+static uint64_t nnotes;
+static uint64_t stage_marks[64];
+static int nmarks;
 
 void tally__private_note(uint32_t tag, bool slept, bool offload)
 {
     tally__mutex_lock(&private_lock);
-    if (nnotes < NOTES)
-        notes[nnotes++] = (note_t){tag, slept, offload};
-    else
-        notes_dropped++;
+    notes[nnotes++ % NOTES] = (note_t){tag, slept, offload};
     tally__mutex_unlock(&private_lock);
 }
 
-void tally__private_write_notes(tally_out_t *o)
+void tally__private_stage_begin(void)
 {
     tally__mutex_lock(&private_lock);
-    for (int i = 0; i < nnotes; i++)
-        tally__out_printf(o, "  tag %s %s\n", tally__tag_name(notes[i].tag),
-                          !notes[i].slept ? "woke" : notes[i].offload ? "slept (offloaded to host)" : "slept (discarded)");
-    if (notes_dropped)
-        tally__out_printf(o, "  ... and %d more sleeps and wakes\n", notes_dropped);
-    nnotes = notes_dropped = 0;
+    if (nmarks < 64)
+        stage_marks[nmarks] = nnotes;
+    nmarks++;
+    tally__mutex_unlock(&private_lock);
+}
+
+void tally__private_write_notes(tally_out_t *o, const char *stage)
+{
+    tally__mutex_lock(&private_lock);
+    uint64_t from = nmarks > 0 && nmarks <= 64 ? stage_marks[nmarks - 1] : nnotes;
+    if (nmarks > 0)
+        nmarks--;
+    uint64_t skipped = nnotes - from > NOTES ? nnotes - from - NOTES : 0;
+    if (nnotes > from) {
+        tally__out_printf(o, "tally: stage %s: private tags", stage);
+        for (uint64_t n = from + skipped; n < nnotes; n++) {
+            const note_t *e = &notes[n % NOTES];
+            tally__out_printf(o, "%s %s %s", n > from + skipped ? "," : "", tally__tag_name(e->tag),
+                              !e->slept ? "woke" : e->offload ? "slept (offloaded to host)" : "slept (discarded)");
+        }
+        if (skipped)
+            tally__out_printf(o, " (and %llu earlier)", (unsigned long long)skipped);
+        tally__out_puts(o, "\n");
+    }
     tally__mutex_unlock(&private_lock);
 }
 
@@ -303,16 +321,24 @@ int tally_sleep(const char *const *tags, int ntags, int flags)
         }
     for (int i = 0; i < ntags; i++) {
         int slept = 0, already = 0;
+        uint64_t held = 0;
         for (int k = 0; k < tally__g.ndev; k++) {
             tally_device_t *d = tally__g.dev[k];
             if (!sync_device)
                 wait_unlocked(d, ids[i]);
             tally__mutex_lock(&d->lock);
-            tally_gpool_t *gp = tally__ppool_get_locked(d, ids[i], false);
-            rc = 0;
-            if (gp && tally__ppool_asleep(gp)) {
+            /* The tag sleeps on every device, those where it holds nothing
+             * yet too: an allocation there is refused (or wakes it) alike. */
+            tally_gpool_t *gp = tally__ppool_get_locked(d, ids[i], true);
+            rc = gp ? 0 : TALLY_ENOMEM;
+            if (!gp) {
+                snprintf(why, sizeof why, "out of host memory");
+            } else if (tally__ppool_asleep(gp)) {
                 already++;
-            } else if (gp) {
+            } else {
+                tally_ppool_info_t in;
+                tally__ppool_info_locked(d, gp, &in);
+                held += in.reserved;
                 rc = tally__ppool_sleep_locked(d, gp, offload, sync_device, why, sizeof why);
                 if (!rc) {
                     slept++;
@@ -326,8 +352,8 @@ int tally_sleep(const char *const *tags, int ntags, int flags)
         }
         if (already && !slept)
             tally__diag("tally_sleep: tag '%s' is already asleep: nothing done", tags[i]);
-        else if (!slept)
-            tally__diag("tally_sleep: tag '%s' holds no memory yet: nothing to unmap", tags[i]);
+        else if (!held)
+            tally__diag("tally_sleep: tag '%s' holds no memory: it sleeps with nothing to unmap", tags[i]);
         if (slept)
             tally__private_note(ids[i], true, offload);
     }

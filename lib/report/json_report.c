@@ -251,6 +251,7 @@ int tally__report_json(tally_out_t *o)
     }
     tally__out_puts(o, "],\n");
     write_ledger(o);
+    tally__report_private_json(o);
     site_list_t sites = {0};
     stage_ctx_t c = {o, true, &sites};
     uint64_t total = 0;
