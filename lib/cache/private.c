@@ -102,6 +102,11 @@ int tally__vm_segment_alloc_locked(tally_device_t *d, size_t size, void **ptr, c
 void tally__vm_segment_free_locked(tally_device_t *d, tally_segment_t *s)
 {
     const tally_backend_t *be = tally__g.backend;
+    /* unmap waits for nothing (backend.h): the segment's stream may still
+     * run kernels on its last freed block (other streams' uses were held
+     * back by events until done). */
+    if (!s->asleep && be->stream_sync)
+        be->stream_sync(d->id, s->stream);
     if (!s->asleep)
         be->unmap(d->id, (void *)s->base, s->size);
     be->unreserve(d->id, (void *)s->base, s->size);
@@ -110,6 +115,9 @@ void tally__vm_segment_free_locked(tally_device_t *d, tally_segment_t *s)
 size_t tally__ppool_release_locked(tally_device_t *d)
 {
     size_t released = 0;
+    /* No unmap while a capture is under way (as expand.c): the next release. */
+    if (d->ncapturing && tally__capture_underway_locked(d))
+        return 0;
     for (tally_gpool_t *gp = d->ppools; gp; gp = gp->next) {
         released += tally__cache_release_pool_locked(d, &gp->large);
         released += tally__cache_release_pool_locked(d, &gp->small);
