@@ -22,6 +22,9 @@ tally_device_t *tally__device(int device, const char *fn);
  * what a stage report says slept and woke. */
 int tally__private_init_locked(const tally_backend_t *be, char *err, size_t errlen);
 int tally__private_any(void);
+/* The lock of the private tags' list and notes (fork.c takes it; never
+ * held with a device lock; taken before the names and sink locks). */
+tally_mutex_t *tally__private_lock(void);
 int tally__private_for_alloc(int device, uint32_t *id);
 void tally__private_note(uint32_t tag, bool slept, bool offload);
 /* The sleeps and wakes since the innermost open stage began (its report). */

@@ -17,6 +17,7 @@
 static uint32_t private_ids[MAX_PRIVATE];
 static _Atomic int nprivate;
 static tally_mutex_t private_lock = TALLY_MUTEX_INIT;
+tally_mutex_t *tally__private_lock(void) { return &private_lock; }
 
 static bool listed(uint32_t id)
 {

@@ -5,7 +5,7 @@
  * the ledger's name lock or the sink lock; never the other way round, and
  * never two device locks at once (except the fork handlers, which hold
  * them all, in device order, while no other thread holds two). The whole
- * order is stage, config, devices, names, site, python frames, host backend,
+ * order is stage, config, devices, private tags (lib/api/sleep.c), names, site, python frames, host backend,
  * sink, heap. */
 #ifndef TALLY_INTERNAL_H
 #define TALLY_INTERNAL_H
