@@ -299,6 +299,24 @@ static void test_graph_pool_blocks_are_refused(void **state)
     LU_CHECK_OK();
 }
 
+/* Between tally_graph_pool_begin and _end a capture is taken to be under
+ * way (announced): no private tag sleeps then, on any device. */
+static void test_capture_under_way_is_refused(void **state)
+{
+    (void)state;
+    void *k = tagged("kv", 2 * MB, 1);
+    LU_OK(tally_graph_pool_begin(0, 3, 4, accept_all, NULL));
+    LU_EQ(tally_sleep(KV, 1, 0), -TALLY_ESTATE);
+    LU_HAS(tally_last_error(), "tally_sleep: tag 'kv' cannot sleep: a CUDA graph capture is under way on device 0");
+    LU_EQ(info("kv", 1).asleep, 0);
+    LU_OK(tally_graph_pool_end(0, 3, 4));
+    LU_OK(tally_graph_pool_release(0, 3, 4));
+    LU_OK(tally_sleep(KV, 1, 0));
+    LU_OK(tally_wake(KV, 1));
+    tally_free(k);
+    LU_CHECK_OK();
+}
+
 static void test_ipc_exported_blocks_are_refused(void **state)
 {
     (void)state;
@@ -578,6 +596,7 @@ int main(int argc, char **argv)
         T(test_not_private_is_refused),
         T(test_blocks_from_before_private_are_refused),
         T(test_graph_pool_blocks_are_refused),
+        T(test_capture_under_way_is_refused),
         T(test_ipc_exported_blocks_are_refused),
         T(test_allocation_under_a_sleeping_tag),
         T(test_free_of_a_sleeping_block_drops_its_backup),

@@ -256,7 +256,7 @@ static int check_blocks_locked(tally_device_t *d, uint32_t id, tally_gpool_t *gp
             return TALLY_ESTATE;
         }
     }
-    if (gp && d->ncapturing && tally__capture_underway_locked(d)) {
+    if (gp && tally__capture_on_locked(d)) {
         snprintf(why, whylen, "a CUDA graph capture is under way on device %d", d->id);
         return TALLY_ESTATE;
     }

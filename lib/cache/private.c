@@ -116,7 +116,7 @@ size_t tally__ppool_release_locked(tally_device_t *d)
 {
     size_t released = 0;
     /* No unmap while a capture is under way (as expand.c): the next release. */
-    if (d->ncapturing && tally__capture_underway_locked(d))
+    if (tally__capture_on_locked(d))
         return 0;
     for (tally_gpool_t *gp = d->ppools; gp; gp = gp->next) {
         released += tally__cache_release_pool_locked(d, &gp->large);
@@ -288,7 +288,7 @@ int tally__ppool_sleep_locked(tally_device_t *d, tally_gpool_t *gp, bool offload
 {
     const tally_backend_t *be = tally__g.backend;
     struct tally_sleep *st = gp->sleep;
-    if (d->ncapturing && tally__capture_underway_locked(d)) {
+    if (tally__capture_on_locked(d)) {
         snprintf(why, whylen, "a CUDA graph capture is under way on device %d (its pages may be captured work)",
                  d->id);
         return TALLY_ESTATE;
