@@ -213,6 +213,27 @@ static void test_sleep_releases_free_segments(void **state)
     LU_CHECK_OK();
 }
 
+/* A segment whose blocks are all freed while asleep needs no pages: empty_cache
+ * gives its addresses back and counts no bytes (none were reserved), and a
+ * wake does not map it. */
+static void test_segments_freed_while_asleep(void **state)
+{
+    (void)state;
+    int64_t before = reserved(0);
+    void *a = tagged("kv", 30 * MB, 0), *b = tagged("kv", 30 * MB, 0), *c = tagged("kv", 30 * MB, 0);
+    LU_OK(tally_sleep(KV, 1, 0));
+    LU_EQ(reserved(0), before);
+    tally_free(a);
+    LU_EQ(tally_empty_cache(0), 0);
+    LU_EQ(reserved(0), before);
+    tally_free(b);
+    LU_CHECK_OK();
+    LU_OK(tally_wake(KV, 1));
+    LU_EQ(reserved(0), before + 30 * (int64_t)MB); /* c's segment only */
+    tally_free(c);
+    LU_CHECK_OK();
+}
+
 /* ---- errors ----------------------------------------------------------------------------- */
 
 static void test_second_sleep_and_wake_do_nothing(void **state)
@@ -592,6 +613,7 @@ int main(int argc, char **argv)
         T(test_offload_restores_every_byte),
         T(test_several_tags_in_one_call),
         T(test_sleep_releases_free_segments),
+        T(test_segments_freed_while_asleep),
         T(test_second_sleep_and_wake_do_nothing),
         T(test_not_private_is_refused),
         T(test_blocks_from_before_private_are_refused),

@@ -118,10 +118,14 @@ size_t tally__ppool_release_locked(tally_device_t *d)
     /* No unmap while a capture is under way (as expand.c): the next release. */
     if (tally__capture_on_locked(d))
         return 0;
+    /* Counted by what reserved memory drops: a sleeping segment freed
+     * while asleep gives back its addresses only. */
+    uint64_t before = d->reserved;
     for (tally_gpool_t *gp = d->ppools; gp; gp = gp->next) {
-        released += tally__cache_release_pool_locked(d, &gp->large);
-        released += tally__cache_release_pool_locked(d, &gp->small);
+        tally__cache_release_pool_locked(d, &gp->large);
+        tally__cache_release_pool_locked(d, &gp->small);
     }
+    released = (size_t)(before - d->reserved);
     return released;
 }
 
@@ -342,6 +346,10 @@ int tally__ppool_wake_locked(tally_device_t *d, tally_gpool_t *gp, uint64_t *mis
     const tally_backend_t *be = tally__g.backend;
     struct tally_sleep *st = gp->sleep;
     *missing = 0;
+    /* Segments whose blocks were all freed while asleep need no pages:
+     * their addresses go back instead. */
+    tally__cache_release_pool_locked(d, &gp->large);
+    tally__cache_release_pool_locked(d, &gp->small);
     /* Map every sleeping segment; remember which, to undo on failure. */
     size_t nseg = 0;
     for (tally_segment_t *s = d->segments; s; s = s->next)
