@@ -388,6 +388,7 @@ typedef struct tally_sleep_info {
     uint64_t unmapped;        /* reserved bytes its sleep gave back */
     uint64_t offload;         /* host bytes holding its backups */
     uint64_t sleeps, wakes;   /* completed sleeps and wakes */
+    uint64_t kept;            /* pinned host bytes kept after a wake for its next offload (sleep_pinned_cache) */
 } tally_sleep_info_t;
 /* What tag holds and did on device (-1: every device, summed; asleep and
  * offloaded when any device's pool is). 0 or -TALLY_EINVAL. */

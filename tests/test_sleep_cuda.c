@@ -81,11 +81,30 @@ static void body_offload_restores_every_byte(int fd)
     unsigned long long h2d = ncalls("cuMemcpyHtoD"), unpin = ncalls("cuMemFreeHost");
     NEED(tally_wake(W, 1) == 0);
     NEED(ncalls("cuMemcpyHtoD") == h2d + 2);
-    NEED(ncalls("cuMemFreeHost") == unpin + 2);
+    NEED(ncalls("cuMemFreeHost") == unpin); /* kept pinned for the next sleep */
     NEED(stats0().reserved_bytes[0].current == before);
     NEED(su_same(a, 24 * MiB + 512, 1));
     NEED(su_same(b, 3000, 2));
     NEED(tally_check() == 0);
+    /* The buffers stay pinned for the next offload (sleep_pinned_cache): a
+     * second cycle pins nothing and frees nothing. */
+    NEED(tally_tag_sleep_info("weights", 0, &i) == 0 && i.kept == 24 * MiB + 512 + 3072 && i.offload == 0);
+    pin = ncalls("cuMemHostAlloc");
+    unpin = ncalls("cuMemFreeHost");
+    su_fill(a, 24 * MiB + 512, 5);
+    NEED(tally_sleep(W, 1, TALLY_SLEEP_OFFLOAD) == 0);
+    NEED(tally_wake(W, 1) == 0);
+    NEED(ncalls("cuMemHostAlloc") == pin && ncalls("cuMemFreeHost") == unpin);
+    NEED(su_same(a, 24 * MiB + 512, 5));
+    /* empty_cache frees them; with the key off a wake frees them at once. */
+    tally_empty_cache(0);
+    NEED(ncalls("cuMemFreeHost") == unpin + 2);
+    NEED(tally_tag_sleep_info("weights", 0, &i) == 0 && i.kept == 0);
+    NEED(tally_configure("sleep_pinned_cache:false") == 0);
+    NEED(tally_sleep(W, 1, TALLY_SLEEP_OFFLOAD) == 0);
+    NEED(tally_wake(W, 1) == 0);
+    NEED(ncalls("cuMemFreeHost") == unpin + 4);
+    NEED(tally_tag_sleep_info("weights", 0, &i) == 0 && i.kept == 0);
     tally_free(a);
     tally_free(b);
 }

@@ -249,6 +249,7 @@ static void publish_runtime(const tally_options_t *n)
     STORE(trace);
     STORE(expandable_handle_mb);
     STORE(sleep_alloc);
+    STORE(sleep_pinned_cache);
 #undef STORE
     __atomic_store(&tally__opt.gc_threshold, &n->gc_threshold, __ATOMIC_RELAXED);
     __atomic_store(&tally__opt.memory_fraction, &n->memory_fraction, __ATOMIC_RELAXED);

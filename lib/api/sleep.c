@@ -449,6 +449,7 @@ int tally_tag_sleep_info(const char *tag, int device, tally_sleep_info_t *out)
         out->sleeping_blocks += in.sleeping_blocks;
         out->unmapped += in.unmapped;
         out->offload += in.offload;
+        out->kept += in.kept;
         out->sleeps += in.sleeps;
         out->wakes += in.wakes;
     }

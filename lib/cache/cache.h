@@ -324,6 +324,7 @@ typedef struct tally_ppool_info {
     uint64_t sleeping_blocks;
     uint64_t unmapped;       /* reserved bytes given back by the sleep */
     uint64_t offload;        /* host bytes holding backups */
+    uint64_t kept;           /* host bytes kept pinned for the next offload */
     uint64_t sleeps, wakes;
 } tally_ppool_info_t;
 void tally__ppool_info_locked(tally_device_t *d, tally_gpool_t *gp, tally_ppool_info_t *out);

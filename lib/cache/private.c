@@ -46,6 +46,11 @@ struct tally_sleep {
     tally_backup_t *items;
     size_t n, cap;
     uint64_t offload_bytes;
+    /* Host buffers of the last wake, kept pinned for the next offload
+     * (sleep_pinned_cache): taken by size, the rest freed by the sleep. */
+    tally_backup_t *kept;
+    size_t nkept, capkept;
+    uint64_t kept_bytes;
     uint64_t sleeps, wakes;
 };
 
@@ -112,6 +117,8 @@ void tally__vm_segment_free_locked(tally_device_t *d, tally_segment_t *s)
     be->unreserve(d->id, (void *)s->base, s->size);
 }
 
+static void free_kept(tally_device_t *d, struct tally_sleep *st);
+
 size_t tally__ppool_release_locked(tally_device_t *d)
 {
     size_t released = 0;
@@ -122,11 +129,51 @@ size_t tally__ppool_release_locked(tally_device_t *d)
      * while asleep gives back its addresses only. */
     uint64_t before = d->reserved;
     for (tally_gpool_t *gp = d->ppools; gp; gp = gp->next) {
+        free_kept(d, gp->sleep); /* releasing memory: the kept pinned buffers too */
         tally__cache_release_pool_locked(d, &gp->large);
         tally__cache_release_pool_locked(d, &gp->small);
     }
     released = (size_t)(before - d->reserved);
     return released;
+}
+
+/* Append v to a list that grows by doubling; 0, or -1 out of host memory. */
+static int push(tally_backup_t **items, size_t *n, size_t *cap, tally_backup_t v)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 16;
+        tally_backup_t *grown = tally__meta_alloc(c * sizeof *grown);
+        if (!grown)
+            return -1;
+        if (*n)
+            memcpy(grown, *items, *n * sizeof *grown);
+        tally__meta_free(*items);
+        *items = grown;
+        *cap = c;
+    }
+    (*items)[(*n)++] = v;
+    return 0;
+}
+
+static void free_kept(tally_device_t *d, struct tally_sleep *st)
+{
+    for (size_t i = 0; i < st->nkept; i++)
+        tally__g.backend->host_free(d->id, st->kept[i].host, st->kept[i].size);
+    st->nkept = 0;
+    st->kept_bytes = 0;
+}
+
+/* A kept buffer of exactly size bytes, or NULL. */
+static void *take_kept(struct tally_sleep *st, size_t size)
+{
+    for (size_t i = 0; i < st->nkept; i++)
+        if (st->kept[i].size == size) {
+            void *host = st->kept[i].host;
+            st->kept[i] = st->kept[--st->nkept];
+            st->kept_bytes -= size;
+            return host;
+        }
+    return NULL;
 }
 
 static void drop_backup(tally_device_t *d, struct tally_sleep *st, size_t i)
@@ -155,6 +202,21 @@ static void drop_all_backups(tally_device_t *d, struct tally_sleep *st)
     st->offloaded = false;
 }
 
+/* After a wake: the backups stay pinned for the next sleep when
+ * sleep_pinned_cache is on (pinning costs about as much as the copy). */
+static void keep_backups(tally_device_t *d, struct tally_sleep *st)
+{
+    while (TALLY_OPT(sleep_pinned_cache) && st->n) {
+        tally_backup_t *b = &st->items[st->n - 1];
+        if (push(&st->kept, &st->nkept, &st->capkept, *b))
+            break;
+        st->kept_bytes += b->size;
+        st->offload_bytes -= b->size;
+        st->n--;
+    }
+    drop_all_backups(d, st);
+}
+
 void tally__ppool_info_locked(tally_device_t *d, tally_gpool_t *gp, tally_ppool_info_t *out)
 {
     memset(out, 0, sizeof *out);
@@ -162,6 +224,7 @@ void tally__ppool_info_locked(tally_device_t *d, tally_gpool_t *gp, tally_ppool_
     out->asleep = st->asleep;
     out->offloaded = st->offloaded;
     out->offload = st->offload_bytes;
+    out->kept = st->kept_bytes;
     out->sleeps = st->sleeps;
     out->wakes = st->wakes;
     for (tally_segment_t *s = d->segments; s; s = s->next) {
@@ -260,29 +323,19 @@ static void wait_for_pool(tally_device_t *d, tally_gpool_t *gp, bool sync_device
 static int backup_block(tally_device_t *d, struct tally_sleep *st, tally_block_t *b, char *why, size_t whylen)
 {
     const tally_backend_t *be = tally__g.backend;
-    if (st->n == st->cap) {
-        size_t cap = st->cap ? st->cap * 2 : 16;
-        tally_backup_t *grown = tally__meta_alloc(cap * sizeof *grown);
-        if (!grown) {
-            snprintf(why, whylen, "out of host memory for the backup list");
-            return TALLY_ENOMEM;
-        }
-        if (st->n)
-            memcpy(grown, st->items, st->n * sizeof *grown);
-        tally__meta_free(st->items);
-        st->items = grown;
-        st->cap = cap;
-    }
-    void *host = NULL;
-    int rc = be->host_alloc(d->id, b->size, &host, why, whylen);
+    void *host = take_kept(st, b->size);
+    int rc = host ? 0 : be->host_alloc(d->id, b->size, &host, why, whylen);
     if (rc)
         return rc;
     rc = be->copy_to_host(d->id, host, (const void *)b->addr, b->size, why, whylen);
+    if (!rc && push(&st->items, &st->n, &st->cap, (tally_backup_t){b->addr, b->size, host})) {
+        snprintf(why, whylen, "out of host memory for the backup list");
+        rc = TALLY_ENOMEM;
+    }
     if (rc) {
         be->host_free(d->id, host, b->size);
         return rc;
     }
-    st->items[st->n++] = (tally_backup_t){b->addr, b->size, host};
     st->offload_bytes += b->size;
     return 0;
 }
@@ -320,6 +373,7 @@ int tally__ppool_sleep_locked(tally_device_t *d, tally_gpool_t *gp, bool offload
             }
         }
     }
+    free_kept(d, st); /* what this sleep did not reuse */
     for (tally_segment_t *s = d->segments; s; s = s->next) {
         if (s->gp != gp || s->asleep)
             continue;
@@ -406,7 +460,7 @@ int tally__ppool_wake_locked(tally_device_t *d, tally_gpool_t *gp, uint64_t *mis
         tally__stat_pool_inc(d->stats.reserved_bytes, mapped[i]->pool, (int64_t)mapped[i]->size);
     }
     tally__meta_free(mapped);
-    drop_all_backups(d, st);
+    keep_backups(d, st);
     st->asleep = false;
     st->wakes++;
     return 0;

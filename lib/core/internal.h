@@ -140,6 +140,7 @@ typedef struct tally_options {
     int async_private_pool;             /* async backend: own pool, not the device default */
     uint64_t async_release_threshold;   /* bytes the async pool keeps cached */
     int sleep_alloc;                    /* TALLY_SLEEP_ALLOC_REFUSE or _WAKE (docs/sleep.md) */
+    int sleep_pinned_cache;             /* keep offload buffers pinned from a wake to the next sleep */
     char persistent_tags[512];
     char private_tags[512];             /* tags with private pools, | separated (fixed at init) */
     char report_path[512];

@@ -101,6 +101,8 @@ static const option_row_t rows[] = {
      "tags whose blocks get pages of their own, so they can sleep and wake (docs/sleep.md), separated by |"},
     {"sleep_alloc", T_ENUM, OFF(sleep_alloc), 0, 0, sleep_alloc_names, true,
      "an allocation under a sleeping private tag: refuse (an error) or wake (the tag wakes first)"},
+    {"sleep_pinned_cache", T_BOOL, OFF(sleep_pinned_cache), 0, 0, NULL, true,
+     "keep a private tag's offload buffers pinned from its wake to its next sleep (freed by empty_cache)"},
     {"release_at_stage_end", T_BOOL, OFF(release_at_stage_end), 0, 0, NULL, true,
      "release cached free segments when a stage ends"},
     {"stage_report", T_BOOL, OFF(stage_report), 0, 0, NULL, true,
@@ -141,6 +143,7 @@ void tally__options_default(tally_options_t *o)
         o->roundup_divisions[i] = 0;
     o->ledger = 1;
     o->stage_report = 1;
+    o->sleep_pinned_cache = 1;
     o->leak_report = TALLY_LEAK_SUMMARY;
     o->home_device = -1;
     o->home_setting = -2;

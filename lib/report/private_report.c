@@ -63,12 +63,13 @@ static void json_row(tally_out_t *o, int device, uint32_t tag, const tally_ppool
     tally__out_json_str(o, tally__tag_name(tag));
     tally__out_printf(o,
                       ",\"private\":true,\"asleep\":%s,\"offloaded\":%s,\"mapped_bytes\":%llu,\"sleeping_bytes\":%llu,"
-                      "\"sleeping_blocks\":%llu,\"unmapped_bytes\":%llu,\"offload_bytes\":%llu,\"sleeps\":%llu,"
-                      "\"wakes\":%llu}",
+                      "\"sleeping_blocks\":%llu,\"unmapped_bytes\":%llu,\"offload_bytes\":%llu,\"kept_pinned_bytes\":%llu,"
+                      "\"sleeps\":%llu,\"wakes\":%llu}",
                       in->asleep ? "true" : "false", in->offloaded ? "true" : "false",
                       (unsigned long long)in->reserved, (unsigned long long)in->sleeping,
                       (unsigned long long)in->sleeping_blocks, (unsigned long long)in->unmapped,
-                      (unsigned long long)in->offload, (unsigned long long)in->sleeps, (unsigned long long)in->wakes);
+                      (unsigned long long)in->offload, (unsigned long long)in->kept, (unsigned long long)in->sleeps,
+                      (unsigned long long)in->wakes);
     *first = false;
 }
 

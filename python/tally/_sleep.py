@@ -73,18 +73,19 @@ class _Info(ctypes.Structure):
     _fields_ = [("is_private", ctypes.c_int), ("asleep", ctypes.c_int), ("offloaded", ctypes.c_int),
                 ("reserved", ctypes.c_uint64), ("sleeping", ctypes.c_uint64), ("sleeping_blocks", ctypes.c_uint64),
                 ("unmapped", ctypes.c_uint64), ("offload", ctypes.c_uint64), ("sleeps", ctypes.c_uint64),
-                ("wakes", ctypes.c_uint64)]
+                ("wakes", ctypes.c_uint64), ("kept", ctypes.c_uint64)]
 
 
 def sleep_info(tag: str, device: int = -1) -> Dict[str, Any]:
     """What the tag holds and did (tally_tag_sleep_info) on ``device`` (-1:
     every device, summed): private, asleep, offloaded, mapped_bytes,
     sleeping_bytes (owned, not resident), sleeping_blocks, unmapped_bytes,
-    offload_bytes (host memory), sleeps, wakes."""
+    offload_bytes (host memory), kept_pinned_bytes (pinned host memory kept
+    from a wake for the next offload), sleeps, wakes."""
     info = _Info()
     library()  # loaded, so the prototypes are set
     call("tally_tag_sleep_info", encode(tag), device, ctypes.byref(info))
     return {"private": bool(info.is_private), "asleep": bool(info.asleep), "offloaded": bool(info.offloaded),
             "mapped_bytes": info.reserved, "sleeping_bytes": info.sleeping, "sleeping_blocks": info.sleeping_blocks,
-            "unmapped_bytes": info.unmapped, "offload_bytes": info.offload, "sleeps": info.sleeps,
-            "wakes": info.wakes}
+            "unmapped_bytes": info.unmapped, "offload_bytes": info.offload, "kept_pinned_bytes": info.kept,
+            "sleeps": info.sleeps, "wakes": info.wakes}
