@@ -103,6 +103,8 @@ void tally__fmt_bytes(uint64_t bytes, char *buf, size_t len);
 const char *tally__plural(uint64_t n);
 
 /* ---- options (options.c) ------------------------------------------------- */
+size_t tally__edit_distance(const char *a, const char *b);
+void tally__env_hints(void); /* LEAK_REPORT=..., TALLY_CONFIG=...: "did you mean TALLY_CONF" */
 enum { TALLY_BACKEND_AUTO, TALLY_BACKEND_HOST, TALLY_BACKEND_CUDA, TALLY_BACKEND_ASYNC };
 enum { TALLY_HOST_BACKED, TALLY_HOST_VIRTUAL };
 enum { TALLY_SLEEP_ALLOC_REFUSE, TALLY_SLEEP_ALLOC_WAKE };
@@ -137,6 +139,7 @@ typedef struct tally_options {
     int expandable_segments;            /* large pool in one growing range per stream */
     int expandable_grow_chunk_mb;       /* a small block growing its range maps up to this boundary */
     int expandable_handle_mb;           /* blocks at least this large map their new pages as one handle (0: off) */
+    int expandable_move_budget;         /* us of driver time a step may spend moving pages (0: none, -1: no limit) */
     int async_private_pool;             /* async backend: own pool, not the device default */
     uint64_t async_release_threshold;   /* bytes the async pool keeps cached */
     int sleep_alloc;                    /* TALLY_SLEEP_ALLOC_REFUSE or _WAKE (docs/sleep.md) */
