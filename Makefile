@@ -42,8 +42,8 @@ VERSION   := $(shell sed -n 's/^\#define TALLY_VERSION "\(.*\)"/\1/p' include/ta
 SOVERSION := $(firstword $(subst ., ,$(VERSION)))
 CLI       := $(if $(wildcard tools/tally_cli.c),$(BUILD)/bin/tally)
 
-.PHONY: all lib demo test test-c test-py test-sh bench asan ubsan tsan clean setup install uninstall
-all: lib $(BUILD)/bin/demo $(CLI)
+.PHONY: all lib demo demo-sleep test test-c test-py test-sh bench asan ubsan tsan clean setup install uninstall
+all: lib $(BUILD)/bin/demo $(BUILD)/bin/demo-sleep $(CLI)
 
 include tests/standin/standin.mk
 
@@ -111,6 +111,10 @@ $(BUILD)/bin/demo: tools/demo.c $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/lib/libtally.a $(LDLIBS)
 
+$(BUILD)/bin/demo-sleep: tools/demo_sleep.c $(BUILD)/lib/libtally.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/lib/libtally.a $(LDLIBS)
+
 $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a $(BUILD)/lib/libtally.so | $(SETUP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -o $@ $< $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
@@ -151,6 +155,10 @@ $(BUILD)/tests/test_tune: $(TOOL_SRC) $(wildcard tools/*.h) bench/trace.h
 demo: $(BUILD)/bin/demo $(CLI)
 	$(BUILD)/bin/demo
 
+# Two private tags taking turns with a trainer on one device (docs/sleep.md).
+demo-sleep: $(BUILD)/bin/demo-sleep $(CLI)
+	$(BUILD)/bin/demo-sleep $(BUILD)/demo-sleep.json
+
 # tests/run.sh prints one line per suite (a test binary, a Python test
 # module, a check script): its name, N passed, N failed, N skipped and each
 # skip's reason, with a failing suite's whole output; `make test` ends with
@@ -172,10 +180,10 @@ test-py: lib $(STANDIN_LIB)
 # static link line links, make uninstall leaves nothing), tools/setup.sh as
 # a non-root user, tests/run.sh's own output, the demo's, and the figures
 # the docs quote (tests/docs_figures.py).
-test-sh: lib $(CLI) $(BUILD)/bin/demo
+test-sh: lib $(CLI) $(BUILD)/bin/demo $(BUILD)/bin/demo-sleep
 	@MAKE="$(MAKE)" BUILD=$(BUILD) TEST_RESULTS=$(TEST_RESULTS)/sh bash tests/run.sh \
-		tests/check_install.sh tests/check_setup.sh tests/check_run.sh tests/check_demo.sh tests/check_layers.sh \
-		tests/check_docs.sh
+		tests/check_install.sh tests/check_setup.sh tests/check_run.sh tests/check_demo.sh tests/check_demo_sleep.sh \
+		tests/check_layers.sh tests/check_docs.sh
 
 # ---- install ----
 PREFIX       ?= /usr/local

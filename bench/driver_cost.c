@@ -128,7 +128,7 @@ int main(int argc, char **argv)
             printf("| entry point | charged per | us %s | us %s | source |\n|---|---|---:|---:|---|\n",
                    si_cost_column_name(0), si_cost_column_name(1));
             for (size_t k = 0; k < n; k++)
-                printf("| %s | %s | %.2f | %.2f | %s |\n", r[k].entry, r[k].law == SI_PER_MAPPING ? "mapping" : "call",
+                printf("| %s | %s | %.2f | %.2f | %s |\n", r[k].entry, r[k].law == SI_PER_MAPPING ? "mapping" : r[k].law == SI_PER_MIB ? "MiB" : "call",
                        r[k].us[0], r[k].us[1], r[k].source);
             printf("| any other entry point | call | %.2f | %.2f | assumed: context, stream and event queries |\n",
                    si_cost_other_us, si_cost_other_us);

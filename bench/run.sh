@@ -338,4 +338,17 @@ echo '```'
 echo
 cat "$OUT/tune.md"
 echo
+echo "## Sleep and wake of a private tag (bench/sleep.c, docs/sleep.md)"
+echo
+echo "64 MiB blocks under one private tag. Host backend: wall time, real copies. cuda on the stand-in: driver calls"
+echo "counted, time modelled with the cost table (tests/standin/cost.c), copies and pinning from its per-MiB rows;"
+echo "vLLM's CuMemAllocator (a handle per allocation) modelled on the same table."
+echo
+echo '```'
+for g in 1 4; do "$BUILD/bin/tally-sleep-bench" host "$g"; done
+for g in 10 40; do
+  CUDA_STANDIN_MEMORY=$((g + 8))G LD_LIBRARY_PATH="$BUILD/standin" "$BUILD/bin/tally-sleep-bench" cuda "$g"
+done
+echo '```'
+echo
 echo "Raw results: $OUT. Wall time of the run: $((end - start)) s."

@@ -345,6 +345,55 @@ TALLY_API void tally_torch_set_oom_raiser(tally_torch_raise_fn raise);
  * is NULL. */
 TALLY_API void *tally_torch_base_alloc(void *ptr, size_t *size);
 
+/* ---- Private tags: sleep and wake (docs/sleep.md) ------------------------- */
+
+/* Mark tag private: its blocks from now on get pages no other tag shares
+ * (a pool of its own per device and stream, on the backend's virtual-memory
+ * path), so the tag can sleep and wake. The same as listing it in the
+ * private_tags key. Refused with the reason on the async backend (no pages
+ * of its own) and for "untagged". Blocks the tag took before stay where
+ * they are (and a sleep of the tag is then refused). 0 or -TALLY_E*. */
+TALLY_API int tally_tag_set_private(const char *tag);
+/* 1 when tag is private, 0 when not, -TALLY_EINVAL for a bad name. */
+TALLY_API int tally_tag_is_private(const char *tag);
+
+#define TALLY_SLEEP_DISCARD 0     /* the contents are lost */
+#define TALLY_SLEEP_OFFLOAD 1     /* copied to (pinned) host memory first, restored by wake */
+#define TALLY_SLEEP_SYNC_DEVICE 2 /* wait for the whole device, not only the tag's streams */
+
+/* Put ntags private tags to sleep: wait for the work tally knows uses their
+ * blocks (their allocation streams and the streams given to
+ * tally_record_stream; with TALLY_SLEEP_SYNC_DEVICE the whole device), with
+ * TALLY_SLEEP_OFFLOAD copy their live blocks to host memory, then unmap
+ * their pages and keep the addresses: reserved memory drops by those bytes.
+ * Every tag is checked before any sleeps: one that is not private, has
+ * blocks in a CUDA graph's pool or outside its private pool, has a capture
+ * under way on its device or a block exported for IPC fails the call with
+ * one line and nothing changes. A tag already asleep is left as it is, with
+ * a diagnostic. While asleep its blocks must not be used; they may be
+ * freed (a backup goes with them). 0 or -TALLY_E*. */
+TALLY_API int tally_sleep(const char *const *tags, int ntags, int flags);
+/* Wake ntags sleeping tags: map their pages back at the same addresses and
+ * restore what was offloaded, byte for byte. A tag that cannot get its
+ * memory back (-TALLY_ENOMEM, the message says how many bytes were missing)
+ * stays asleep with its backup intact; tags woken before it in the same
+ * call stay awake. A tag that is awake is left as it is, with a diagnostic. */
+TALLY_API int tally_wake(const char *const *tags, int ntags);
+
+typedef struct tally_sleep_info {
+    int is_private, asleep, offloaded;
+    uint64_t reserved;        /* bytes of its pages mapped now */
+    uint64_t sleeping;        /* live bytes asleep (owned, not resident) */
+    uint64_t sleeping_blocks; /* live blocks asleep */
+    uint64_t unmapped;        /* reserved bytes its sleep gave back */
+    uint64_t offload;         /* host bytes holding its backups */
+    uint64_t sleeps, wakes;   /* completed sleeps and wakes */
+    uint64_t kept;            /* pinned host bytes kept after a wake for its next offload (sleep_pinned_cache) */
+} tally_sleep_info_t;
+/* What tag holds and did on device (-1: every device, summed; asleep and
+ * offloaded when any device's pool is). 0 or -TALLY_EINVAL. */
+TALLY_API int tally_tag_sleep_info(const char *tag, int device, tally_sleep_info_t *out);
+
 /* ---- Host backend controls (simulated devices; no effect on cuda) -------- */
 
 /* While held (hold != 0), events recorded on stream stay pending, as if the

@@ -305,6 +305,20 @@ void cli_plot_write_svg(FILE *f, const plot_data_t *p, const char *file, bool xm
                    " bytes asked</title></path>\n",
                 x, PT, e->size);
     }
+    /* Private tags' sleeps and wakes: a marker under the plot, the tag and
+     * the bytes unmapped or mapped back in its title. */
+    for (size_t k = 0; k < p->nev; k++) {
+        const rep_event_t *e = &p->r->events[p->ev[k]];
+        if (e->action != EV_SLEEP && e->action != EV_WAKE)
+            continue;
+        double x = sx(&sc, cli_plot_event_x(p, k));
+        bool sleep = e->action == EV_SLEEP;
+        fprintf(f, "<path class=\"%s\" d=\"M%.1f,%d l-6,%d h12 z\" fill=\"%s\"><title>tag ", sleep ? "sleep" : "wake",
+                x, PB + 2, 10, sleep ? "#1f77b4" : "#2ca02c");
+        cli_xml_str(f, e->tag ? e->tag : "?");
+        fprintf(f, " %s: %" PRId64 " bytes %s</title></path>\n", sleep ? "slept" : "woke", e->size,
+                sleep ? "unmapped" : "mapped back");
+    }
     draw_legend(f, p);
     fputs("</svg>\n", f);
 }

@@ -6,7 +6,7 @@
 
 /* The timeline's action names, in EV_* order. */
 static const char *const ev_names[] = {"alloc", "free_requested", "segment_alloc", "segment_free",
-                                       "oom", "stage_begin", "stage_end"};
+                                       "oom", "stage_begin", "stage_end", "sleep", "wake"};
 
 static const char *const stat_prefixes[] = {
     "allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes", "active_bytes",

@@ -44,7 +44,8 @@ typedef struct rep_leak {
     int64_t bytes, blocks;
 } rep_leak_t;
 
-enum { EV_ALLOC, EV_FREE, EV_SEGMENT_ALLOC, EV_SEGMENT_FREE, EV_OOM, EV_STAGE_BEGIN, EV_STAGE_END, EV_OTHER };
+enum { EV_ALLOC, EV_FREE, EV_SEGMENT_ALLOC, EV_SEGMENT_FREE, EV_OOM, EV_STAGE_BEGIN, EV_STAGE_END, EV_SLEEP, EV_WAKE,
+       EV_OTHER };
 
 typedef struct rep_event {
     int device, action;

@@ -144,6 +144,12 @@ static void do_init_locked(void)
         tally__diag("%s", tally__g.init_error);
         return;
     }
+    if (tally__private_init_locked(be, why, sizeof why)) {
+        tally__g.init_rc = -TALLY_ECONF;
+        snprintf(tally__g.init_error, sizeof tally__g.init_error, "%s", why);
+        tally__diag("%s", tally__g.init_error);
+        return;
+    }
     tally__g.backend = be;
     /* The layers above the cache, told of every block and device event. */
     tally__cache_set_hooks(&(tally_cache_hooks_t){tally__ledger_block_alloc_locked, tally__ledger_block_free_locked,
@@ -247,6 +253,8 @@ static void publish_runtime(const tally_options_t *n)
     STORE(trace);
     STORE(expandable_handle_mb);
     STORE(expandable_move_budget);
+    STORE(sleep_alloc);
+    STORE(sleep_pinned_cache);
 #undef STORE
     __atomic_store(&tally__opt.gc_threshold, &n->gc_threshold, __ATOMIC_RELAXED);
     __atomic_store(&tally__opt.memory_fraction, &n->memory_fraction, __ATOMIC_RELAXED);
@@ -345,8 +353,17 @@ void *tally_malloc(size_t size, int device, void *stream)
     int depth = TALLY_OPT(backtrace_depth), pydepth = TALLY_OPT(python_stack);
     if (TALLY_UNLIKELY(depth > 0 || pydepth > 0) && tally__opt.ledger)
         site = tally__site_capture(depth, pydepth);
+    uint32_t priv = 0;
+    if (TALLY_UNLIKELY(tally__private_any()) && tally__private_for_alloc(device, &priv))
+        return NULL;
     tally__mutex_lock(&d->lock);
-    tally_block_t *b = tally__cache_malloc_locked(d, size, stream, site);
+    tally_block_t *b;
+    if (TALLY_UNLIKELY(priv)) {
+        tally_gpool_t *gp = tally__ppool_get_locked(d, priv, true);
+        b = gp ? tally__cache_malloc_in_locked(d, size, stream, site, gp) : NULL;
+    } else {
+        b = tally__cache_malloc_locked(d, size, stream, site);
+    }
     void *p = b ? (void *)b->addr : NULL;
     tally__mutex_unlock(&d->lock);
     return p;

@@ -3,7 +3,7 @@
  *
  * prepare takes every lock of the library in the documented lock order
  * (lib/core/internal.h: stage, config, each device in turn, names, site, Python
- * frames, host backend, sink, heap). No other thread ever holds two device locks, so
+ * frames, host backend, sink, heap; the private tags' lock after the devices). No other thread ever holds two device locks, so
  * holding all of them here cannot deadlock; once prepare returns, no other
  * thread is half-way through changing tally's state. The parent then
  * releases them in reverse order; the child, whose only thread is the one
@@ -36,6 +36,7 @@ static void prepare(void)
     locked_devices = tally__g.ndev;
     for (int i = 0; i < locked_devices; i++)
         tally__mutex_lock(&tally__g.dev[i]->lock);
+    tally__mutex_lock(tally__private_lock());
     tally__mutex_lock(tally__names_lock());
     tally__mutex_lock(tally__site_lock());
     tally__mutex_lock(tally__pystack_lock());
@@ -52,6 +53,7 @@ static void parent(void)
     tally__mutex_unlock(tally__pystack_lock());
     tally__mutex_unlock(tally__site_lock());
     tally__mutex_unlock(tally__names_lock());
+    tally__mutex_unlock(tally__private_lock());
     for (int i = locked_devices - 1; i >= 0; i--)
         tally__mutex_unlock(&tally__g.dev[i]->lock);
     tally__mutex_unlock(tally__config_lock());
@@ -76,6 +78,7 @@ static void child(void)
     reset(tally__pystack_lock());
     reset(tally__site_lock());
     reset(tally__names_lock());
+    reset(tally__private_lock());
     reset(tally__config_lock());
     reset(tally__stage_lock());
     tally__after_fork_child();

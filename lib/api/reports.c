@@ -48,7 +48,21 @@ int tally_write_summary(int device, int abbreviated, tally_write_fn write, void 
     int rc = tally_get_stats(device, &s);
     if (rc < 0)
         return rc;
-    return tally__summary_render(&s, device, abbreviated, write, arg);
+    rc = tally__summary_render(&s, device, abbreviated, write, arg);
+    if (rc == 0 && tally__private_any()) {
+        /* After PyTorch's table: the device's private tags, asleep or awake. */
+        tally_out_t o;
+        tally__out_init(&o, write, arg);
+        tally__report_private_text(&o, device);
+        tally__out_flush(&o);
+        rc = o.failed ? -TALLY_ENOMEM : 0;
+    }
+    return rc;
+}
+
+static void discard_writer(void *arg, const char *text, size_t len)
+{
+    (void)arg, (void)text, (void)len;
 }
 
 int tally_stage_begin(const char *name)
@@ -56,7 +70,9 @@ int tally_stage_begin(const char *name)
     if (!name)
         return tally__fail(TALLY_EINVAL, "tally_stage_begin: name is NULL");
     int rc = tally__ensure_init();
-    return rc ? rc : tally__stage_begin(name);
+    if (!rc && (rc = tally__stage_begin(name)) == 0)
+        tally__private_stage_begin();
+    return rc;
 }
 
 int tally_stage_end(const char *name)
@@ -66,5 +82,13 @@ int tally_stage_end(const char *name)
     int rc = tally__ensure_init();
     if (rc)
         return rc;
-    return tally__stage_end(name, TALLY_OPT(stage_report) ? tally__report_stage_to_sink : NULL);
+    rc = tally__stage_end(name, TALLY_OPT(stage_report) ? tally__report_stage_to_sink : NULL);
+    if (rc == 0) {
+        /* Which private tags slept and woke during the stage. */
+        tally_out_t o;
+        tally__out_init(&o, TALLY_OPT(stage_report) ? tally__sink_writer : discard_writer, NULL);
+        tally__private_write_notes(&o, name);
+        tally__out_flush(&o);
+    }
+    return rc;
 }

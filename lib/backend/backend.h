@@ -78,6 +78,14 @@ typedef struct tally_backend {
     int (*map)(int device, void *ptr, size_t size, size_t handle, char *why, size_t whylen);
     int (*unmap)(int device, void *ptr, size_t size);
     int (*unreserve)(int device, void *ptr, size_t size);
+    /* Sleep and wake of private tags (may be NULL: offload refused). Host
+     * memory for backups (pinned on CUDA) and copies between it and mapped
+     * device memory; each copy is complete when it returns. TALLY_ENOMEM
+     * when host memory runs out, TALLY_EBACKEND otherwise, with why. */
+    int (*host_alloc)(int device, size_t size, void **ptr, char *why, size_t whylen);
+    void (*host_free)(int device, void *ptr, size_t size);
+    int (*copy_to_host)(int device, void *host, const void *dev, size_t size, char *why, size_t whylen);
+    int (*copy_to_device)(int device, void *dev, const void *host, size_t size, char *why, size_t whylen);
     void (*shutdown)(void);
 } tally_backend_t;
 

@@ -314,6 +314,49 @@ static int host_unreserve(int device, void *ptr, size_t size)
     return munmap(ptr, size) == 0 ? 0 : TALLY_EBACKEND;
 }
 
+/* Backups of sleeping blocks: plain host memory (what is pinned on CUDA).
+ * Virtual mode holds no contents, so it cannot copy them. */
+static int host_host_alloc(int device, size_t size, void **ptr, char *why, size_t whylen)
+{
+    (void)device;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        snprintf(why, whylen, "host memory for a %zu-byte backup: %s", size, strerror(errno));
+        return TALLY_ENOMEM;
+    }
+    *ptr = p;
+    return 0;
+}
+
+static void host_host_free(int device, void *ptr, size_t size)
+{
+    (void)device;
+    munmap(ptr, size);
+}
+
+static int host_copy(void *dst, const void *src, size_t size, char *why, size_t whylen)
+{
+    if (mode == TALLY_HOST_VIRTUAL) {
+        snprintf(why, whylen, "host_mode:virtual holds no contents (its pages are never touched), so there is "
+                 "nothing to offload: use discard, or host_mode:backed");
+        return TALLY_EBACKEND;
+    }
+    memcpy(dst, src, size);
+    return 0;
+}
+
+static int host_copy_to_host(int device, void *host, const void *dev, size_t size, char *why, size_t whylen)
+{
+    (void)device;
+    return host_copy(host, dev, size, why, whylen);
+}
+
+static int host_copy_to_device(int device, void *dev, const void *host, size_t size, char *why, size_t whylen)
+{
+    (void)device;
+    return host_copy(dev, host, size, why, whylen);
+}
+
 static int host_mem_info(int device, size_t *free_bytes, size_t *total_bytes)
 {
     tally__mutex_lock(&host_lock);
@@ -459,5 +502,9 @@ const tally_backend_t tally__backend_host = {
     .map = host_map,
     .unmap = host_unmap,
     .unreserve = host_unreserve,
+    .host_alloc = host_host_alloc,
+    .host_free = host_host_free,
+    .copy_to_host = host_copy_to_host,
+    .copy_to_device = host_copy_to_device,
     .shutdown = host_shutdown,
 };

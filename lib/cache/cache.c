@@ -184,9 +184,15 @@ static void release_segment(tally_device_t *d, tally_block_t *b, bool in_pool)
         tally__expand_release_locked(d, s);
     } else {
         d->stats.num_device_free++;
-        tally__g.backend->free(d->id, (void *)b->addr, b->size, b->stream);
-        d->reserved -= b->size;
-        tally__stat_pool_dec(d->stats.reserved_bytes, b->pool, (int64_t)b->size);
+        bool asleep = s->asleep; /* its bytes left reserved when it slept */
+        if (TALLY_UNLIKELY(s->vm))
+            tally__vm_segment_free_locked(d, s);
+        else
+            tally__g.backend->free(d->id, (void *)b->addr, b->size, b->stream);
+        if (!asleep) {
+            d->reserved -= b->size;
+            tally__stat_pool_dec(d->stats.reserved_bytes, b->pool, (int64_t)b->size);
+        }
         if (b->size >= tally__opt.max_split_size)
             tally__stat_dec(&d->stats.oversize_segments, 1);
     }
@@ -357,6 +363,8 @@ void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
     f->tag = b->tag;
     f->stage = b->stage;
     f->seq = b->seq;
+    if (TALLY_UNLIKELY(b->seg->asleep))
+        tally__ppool_block_freed_locked(d, b);
     if (TALLY_UNLIKELY(tally__g.backend->passthrough)) {
         /* During a capture only a graph allocation with no other stream's
          * use is freed at once (a free node on its own stream): any other
@@ -451,7 +459,10 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
         return false;
     }
     void *ptr = NULL;
-    int rc = tally__g.backend->alloc(d->id, size, p->stream, &ptr, p->why, sizeof p->why);
+    /* A private pool's segments are reserved and mapped, so they can sleep. */
+    bool vm = TALLY_UNLIKELY(p->gp != NULL) && p->gp->private_id;
+    int rc = vm ? tally__vm_segment_alloc_locked(d, size, &ptr, p->why, sizeof p->why)
+                : tally__g.backend->alloc(d->id, size, p->stream, &ptr, p->why, sizeof p->why);
     if (rc) {
         p->err = rc;
         return false;
@@ -459,8 +470,14 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
     tally_segment_t *s = tally__meta_calloc(sizeof *s);
     tally_block_t *b = s ? block_new(d) : NULL;
     if (!b) {
+        if (s && vm) {
+            s->base = (uintptr_t)ptr;
+            s->size = size;
+            tally__vm_segment_free_locked(d, s);
+        } else {
+            tally__g.backend->free(d->id, ptr, size, p->stream);
+        }
         tally__meta_free(s);
-        tally__g.backend->free(d->id, ptr, size, p->stream);
         p->err = TALLY_ENOMEM;
         snprintf(p->why, sizeof p->why, "out of host memory for metadata");
         return false;
@@ -471,6 +488,7 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
     s->pool = (uint8_t)p->pool;
     s->device = d->id;
     s->gp = p->gp;
+    s->vm = vm;
     if (p->gp)
         p->gp->nsegments++;
     s->head = b;
@@ -595,6 +613,8 @@ size_t tally__cache_release_all_locked(tally_device_t *d)
     released += tally__cache_release_pool_locked(d, &d->small);
     if (TALLY_UNLIKELY(d->gpools != NULL))
         released += tally__gpool_release_freeable_locked(d);
+    if (TALLY_UNLIKELY(d->ppools != NULL))
+        released += tally__ppool_release_locked(d);
     if (tally__expand_on())
         released += tally__expand_trim_locked(d);
     return released;
@@ -656,6 +676,12 @@ static void report_failure(tally_device_t *d, size_t orig, alloc_params_t *p)
 
 tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *stream, void *site)
 {
+    return tally__cache_malloc_in_locked(d, orig, stream, site, NULL);
+}
+
+tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t orig, void *stream, void *site,
+                                             tally_gpool_t *priv)
+{
     alloc_params_t p;
     /* While a capture is under way no event is looked at. */
     bool capturing = tally__g.backend->stream_capturing && tally__events_capture_on_locked(d, stream, true);
@@ -664,6 +690,13 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
     /* Pass-through: graph pools are records only (graph_pool.c). */
     p.gp = TALLY_UNLIKELY(d->nallocating) && !tally__g.backend->passthrough ? tally__gpool_match_locked(d, stream)
                                                                              : NULL;
+    if (TALLY_UNLIKELY(priv != NULL) && !p.gp) {
+        if (priv->sleep && tally__ppool_asleep(priv)) {
+            tally__fail(TALLY_ESTATE, "tally_malloc: private pool %u of device %d is asleep", priv->private_id, d->id);
+            return NULL;
+        }
+        p.gp = priv;
+    }
     if (TALLY_UNLIKELY(capturing) && !p.gp && tally__capture_listed(d, stream) && !tally__g.backend->passthrough) {
         /* Memory the graph would use on replay must not go back to eager
          * code: without a graph pool there is no safe place for it. */

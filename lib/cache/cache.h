@@ -61,6 +61,9 @@ struct tally_segment {
     struct tally_binset *bins;    /* small pool: its stream's bin set */
     tally_expand_t *ex;           /* expandable segment: its pages (expand.c) */
     tally_gpool_t *gp;            /* graph pool it belongs to, or NULL (graph_pool.c) */
+    uint8_t vm;                   /* reserved and mapped whole (private pools, private.c) */
+    uint8_t asleep;               /* vm: its pages are unmapped, its addresses kept (private.c) */
+    uint8_t exported;             /* its base was handed out for IPC (tally_torch_base_alloc) */
 };
 
 /* Small-pool free blocks of one stream, binned by exact size (tree.c). */
@@ -111,6 +114,10 @@ struct tally_gpool {
     tally_pool_t small, large;
     size_t nsegments;
     tally_gpool_t *next;
+    /* A private pool (private.c) instead of a graph pool: the id the API
+     * gave it (never 0), and its sleep state. */
+    uint32_t private_id;
+    struct tally_sleep *sleep;
 };
 
 #define TALLY_MAX_CAPTURING 8
@@ -154,6 +161,7 @@ typedef struct tally_device {
     size_t ndeferred, cap_deferred;
     tally_gpool_t *gpools;
     int nallocating;                    /* graph pools between begin and end */
+    tally_gpool_t *ppools;              /* private pools (private.c) */
 } tally_device_t;
 
 typedef struct tally_global {
@@ -189,7 +197,9 @@ enum {
     TALLY_EV_SEGMENT_FREE,
     TALLY_EV_OOM,
     TALLY_EV_STAGE_BEGIN,
-    TALLY_EV_STAGE_END
+    TALLY_EV_STAGE_END,
+    TALLY_EV_SLEEP, /* a private tag slept (size: bytes unmapped) / woke (size: bytes mapped back) */
+    TALLY_EV_WAKE
 };
 typedef struct tally_cache_hooks {
     /* A block was handed out (b->site already set) / is being freed. */
@@ -232,6 +242,10 @@ void tally__ptrmap_free(tally_ptrmap_t *m);
 
 /* cache.c */
 tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t size, void *stream, void *site);
+/* The same, from private pool priv when no graph pool takes it (NULL: the
+ * device's pools). */
+tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t size, void *stream, void *site,
+                                             tally_gpool_t *priv);
 void tally__cache_free_locked(tally_device_t *d, tally_block_t *b);
 int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void *stream);
 size_t tally__cache_release_all_locked(tally_device_t *d);
@@ -292,6 +306,48 @@ void tally__gpool_segment_gone_locked(tally_device_t *d, tally_gpool_t *gp);
 size_t tally__cache_release_pool_locked(tally_device_t *d, tally_pool_t *p);
 /* Put a block whose user is done (and whose events completed) in its pool. */
 void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b);
+
+/* private.c: private pools, whose segments are reserved and mapped whole so
+ * that they can sleep (pages unmapped, addresses kept) and wake. */
+/* The private pool id on d, created when create is set; NULL if none (or
+ * out of host memory, with an error when create was set). */
+tally_gpool_t *tally__ppool_get_locked(tally_device_t *d, uint32_t id, bool create);
+/* A segment of size bytes for a private pool: reserve and map (0,
+ * TALLY_ENOMEM or TALLY_EBACKEND with why). */
+int tally__vm_segment_alloc_locked(tally_device_t *d, size_t size, void **ptr, char *why, size_t whylen);
+/* Whether the pool sleeps. */
+bool tally__ppool_asleep(const tally_gpool_t *gp);
+/* Give a private pool's segment back: unmap (unless asleep), unreserve. */
+void tally__vm_segment_free_locked(tally_device_t *d, tally_segment_t *s);
+/* Release the whole free segments of every private pool. */
+size_t tally__ppool_release_locked(tally_device_t *d);
+/* A sleeping block is freed: its backup goes. */
+void tally__ppool_block_freed_locked(tally_device_t *d, tally_block_t *b);
+/* What one pool's sleep and wake did and hold (sizes in bytes). */
+typedef struct tally_ppool_info {
+    bool asleep, offloaded;
+    uint64_t reserved;       /* mapped now */
+    uint64_t sleeping;       /* live bytes whose pages are unmapped */
+    uint64_t sleeping_blocks;
+    uint64_t unmapped;       /* reserved bytes given back by the sleep */
+    uint64_t offload;        /* host bytes holding backups */
+    uint64_t kept;           /* host bytes kept pinned for the next offload */
+    uint64_t sleeps, wakes;
+} tally_ppool_info_t;
+void tally__ppool_info_locked(tally_device_t *d, tally_gpool_t *gp, tally_ppool_info_t *out);
+/* The streams (with their devices) the pool's live blocks were allocated
+ * and recorded on, up to max; -1 when there are more. */
+int tally__ppool_streams_locked(tally_device_t *d, tally_gpool_t *gp, tally_use_t *out, int max);
+/* Sleep: wait for the pool's work (its blocks' streams and uses; the whole
+ * device with sync_device), back the live blocks up when offload is set,
+ * release free segments, unmap the rest. 0, or a TALLY_E* code with why
+ * (nothing changed). */
+int tally__ppool_sleep_locked(tally_device_t *d, tally_gpool_t *gp, bool offload, bool sync_device, char *why,
+                              size_t whylen);
+/* Wake: map every segment back at its address and restore the backups. On
+ * failure what was mapped is unmapped again, the pool stays asleep with its
+ * backups, and *missing says the bytes that could not be had. */
+int tally__ppool_wake_locked(tally_device_t *d, tally_gpool_t *gp, uint64_t *missing, char *why, size_t whylen);
 
 /* events.c: stream uses and events */
 /* Record one event per use (on each use's stream and device). */

@@ -88,7 +88,8 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
             if (tally__expand_check_locked(s, why, whylen))
                 return -1;
         } else {
-            r->reserved_bytes += (int64_t)s->size;
+            /* A sleeping private segment keeps its addresses, not its bytes. */
+            r->reserved_bytes += s->asleep ? 0 : (int64_t)s->size;
             if (s->size >= msplit)
                 over_seg++;
         }
@@ -162,6 +163,12 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
         long ns = tally__pool_verify(&gp->small), nl = tally__pool_verify(&gp->large);
         if (ns < 0 || nl < 0)
             FAIL("graph pool (%llu, %llu): tree order broken", (unsigned long long)gp->hi, (unsigned long long)gp->lo);
+        in_graph_pools += ns + nl;
+    }
+    for (tally_gpool_t *gp = d->ppools; gp; gp = gp->next) {
+        long ns = tally__pool_verify(&gp->small), nl = tally__pool_verify(&gp->large);
+        if (ns < 0 || nl < 0)
+            FAIL("private pool %u: tree order broken", gp->private_id);
         in_graph_pools += ns + nl;
     }
     if (in_graph_pools != graph_free)

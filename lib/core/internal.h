@@ -5,7 +5,7 @@
  * the ledger's name lock or the sink lock; never the other way round, and
  * never two device locks at once (except the fork handlers, which hold
  * them all, in device order, while no other thread holds two). The whole
- * order is stage, config, devices, names, site, python frames, host backend,
+ * order is stage, config, devices, private tags (lib/api/sleep.c), names, site, python frames, host backend,
  * sink, heap. */
 #ifndef TALLY_INTERNAL_H
 #define TALLY_INTERNAL_H
@@ -107,6 +107,7 @@ size_t tally__edit_distance(const char *a, const char *b);
 void tally__env_hints(void); /* LEAK_REPORT=..., TALLY_CONFIG=...: "did you mean TALLY_CONF" */
 enum { TALLY_BACKEND_AUTO, TALLY_BACKEND_HOST, TALLY_BACKEND_CUDA, TALLY_BACKEND_ASYNC };
 enum { TALLY_HOST_BACKED, TALLY_HOST_VIRTUAL };
+enum { TALLY_SLEEP_ALLOC_REFUSE, TALLY_SLEEP_ALLOC_WAKE };
 enum { TALLY_LEAK_OFF, TALLY_LEAK_SUMMARY, TALLY_LEAK_FULL };
 enum { TALLY_UNWIND_AUTO, TALLY_UNWIND_GLIBC, TALLY_UNWIND_FP };
 #define TALLY_ROUNDUP_INTERVALS 16
@@ -141,7 +142,10 @@ typedef struct tally_options {
     int expandable_move_budget;         /* us of driver time a step may spend moving pages (0: none, -1: no limit) */
     int async_private_pool;             /* async backend: own pool, not the device default */
     uint64_t async_release_threshold;   /* bytes the async pool keeps cached */
+    int sleep_alloc;                    /* TALLY_SLEEP_ALLOC_REFUSE or _WAKE (docs/sleep.md) */
+    int sleep_pinned_cache;             /* keep offload buffers pinned from a wake to the next sleep */
     char persistent_tags[512];
+    char private_tags[512];             /* tags with private pools, | separated (fixed at init) */
     char report_path[512];
     char leak_suppressions[512];        /* LeakSanitizer-style suppressions file */
 } tally_options_t;

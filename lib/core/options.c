@@ -53,6 +53,7 @@ static const char *const host_mode_names[] = {"backed", "virtual", NULL};
 static const char *const leak_names[] = {"off", "summary", "full", NULL};
 static const char *const pool_names[] = {"default", "private", NULL};
 static const char *const unwinder_names[] = {"auto", "glibc", "fp", NULL};
+static const char *const sleep_alloc_names[] = {"refuse", "wake", NULL};
 
 #define OFF(f) offsetof(tally_options_t, f)
 static const option_row_t rows[] = {
@@ -99,6 +100,12 @@ static const option_row_t rows[] = {
      "frames of the Python stack recorded per allocation (0: off)"},
     {"persistent_tags", T_STRING, OFF(persistent_tags), 0, 0, NULL, true,
      "tags left out of stage survivor reports, separated by |"},
+    {"private_tags", T_STRING, OFF(private_tags), 0, 0, NULL, false,
+     "tags whose blocks get pages of their own, so they can sleep and wake (docs/sleep.md), separated by |"},
+    {"sleep_alloc", T_ENUM, OFF(sleep_alloc), 0, 0, sleep_alloc_names, true,
+     "an allocation under a sleeping private tag: refuse (an error) or wake (the tag wakes first)"},
+    {"sleep_pinned_cache", T_BOOL, OFF(sleep_pinned_cache), 0, 0, NULL, true,
+     "keep a private tag's offload buffers pinned from its wake to its next sleep (freed by empty_cache)"},
     {"release_at_stage_end", T_BOOL, OFF(release_at_stage_end), 0, 0, NULL, true,
      "release cached free segments when a stage ends"},
     {"stage_report", T_BOOL, OFF(stage_report), 0, 0, NULL, true,
@@ -140,6 +147,7 @@ void tally__options_default(tally_options_t *o)
         o->roundup_divisions[i] = 0;
     o->ledger = 1;
     o->stage_report = 1;
+    o->sleep_pinned_cache = 1;
     o->leak_report = TALLY_LEAK_SUMMARY;
     o->home_device = -1;
     o->home_setting = -2;

@@ -192,7 +192,7 @@ static void write_segments(tally_out_t *o, tally_device_t *d, bool *first, site_
 }
 
 static const char *const action_names[] = {"alloc", "free_requested", "segment_alloc", "segment_free", "oom",
-                                           "stage_begin", "stage_end"};
+                                           "stage_begin", "stage_end", "sleep", "wake"};
 
 static void write_timeline(tally_out_t *o, tally_device_t *d, bool *first, site_list_t *sites)
 {
@@ -251,6 +251,7 @@ int tally__report_json(tally_out_t *o)
     }
     tally__out_puts(o, "],\n");
     write_ledger(o);
+    tally__report_private_json(o);
     site_list_t sites = {0};
     stage_ctx_t c = {o, true, &sites};
     uint64_t total = 0;

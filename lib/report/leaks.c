@@ -171,6 +171,13 @@ uint64_t tally__report_leaks(tally_out_t *o, bool full, bool at_exit, uint64_t *
         tally__out_printf(o, "tally: SUMMARY: %llu bytes %s in %llu block%s%s\n", (unsigned long long)bytes,
                           at_exit ? "leaked" : "still live", (unsigned long long)blocks, tally__plural(blocks),
                           extra);
+        uint64_t sb = 0, sn = 0;
+        tally__private_sleeping(&sb, &sn);
+        if (sn)
+            tally__out_printf(o, "tally: SUMMARY: %llu of those block%s (%llu bytes) %s asleep: private tags, owned "
+                              "but not resident\n",
+                              (unsigned long long)sn, tally__plural(sn), (unsigned long long)sb,
+                              sn == 1 ? "is" : "are");
     }
     tally__meta_free(s.items);
     if (sup) {

@@ -19,6 +19,13 @@ void tally__report_ledger(tally_out_t *o);
 /* The OOM report, under the device lock (the cache's oom hook). */
 void tally__report_oom_locked(tally_device_t *d, size_t asked, size_t rounded, size_t segment, const char *why);
 
+/* private_report.c: private tags' sleep state: a table (device -1: all),
+ * the JSON report's "private_tags" array, and the live bytes and blocks
+ * asleep (the leak report). */
+void tally__report_private_text(tally_out_t *o, int device);
+void tally__report_private_json(tally_out_t *o);
+void tally__private_sleeping(uint64_t *bytes, uint64_t *blocks);
+
 /* json_report.c */
 int tally__report_json(tally_out_t *o);
 /* tally_write_report's body, tally initialised. */

@@ -156,6 +156,7 @@ void tally__report_ledger(tally_out_t *o)
         }
         tally__meta_free(rows);
     }
+    tally__report_private_text(o, -1);
     tally__out_printf(o, "\nstages (newest %d kept)\n%-4s %-20s %10s %12s %12s %12s %12s\n", TALLY_STAGE_HISTORY, "#",
                       "stage", "seconds", "peak alloc", "peak resv", "survivors", "released");
     tally__stage_history(stage_line, o, NULL);

@@ -190,6 +190,8 @@ void *tally_torch_base_alloc(void *ptr, size_t *size)
         tally_device_t *d = tally__g.dev[i];
         tally__mutex_lock(&d->lock);
         tally_segment_t *s = tally__cache_segment_of_locked(d, (uintptr_t)ptr);
+        if (s)
+            s->exported = 1; /* another process may map it: a private tag's sleep is refused */
         uintptr_t base = s ? s->base : 0;
         size_t bytes = s ? s->size : 0;
         tally__mutex_unlock(&d->lock);

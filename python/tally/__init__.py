@@ -20,6 +20,7 @@ from ._ledger import ignore, stage, tag
 from ._lib import TallyError, library, library_path
 from ._lib import last_error as _last_error
 from ._options import configure, options, options_text
+from ._sleep import asleep, sleep, sleep_info, wake
 from ._reports import (
     dump_snapshot,
     leaks,
@@ -55,6 +56,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "TallyError",
+    "asleep",
     "backend",
     "check",
     "configure",
@@ -90,12 +92,15 @@ __all__ = [
     "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
     "set_per_process_memory_fraction",
+    "sleep",
+    "sleep_info",
     "snapshot",
     "snapshot_from_report",
     "stage",
     "tag",
     "unpatch_torch",
     "version",
+    "wake",
     "write_report",
 ]
 

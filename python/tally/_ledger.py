@@ -84,18 +84,23 @@ class tag(contextlib.ContextDecorator):
     (tally_tag_push / tally_tag_pop). Without a name, the tag is named after
     the call site (see the module documentation)."""
 
-    def __init__(self, name: Optional[str] = None):
+    def __init__(self, name: Optional[str] = None, private: bool = False):
         self._auto = name is None
         self.name = _caller_site(2) if name is None else name
         self._encoded = encode(self.name)
+        self.private = private
 
     def __call__(self, func: F) -> F:
         if self._auto:
-            named = tag(f"{func.__module__}.{func.__qualname__}")
+            named = tag(f"{func.__module__}.{func.__qualname__}", private=self.private)
             return named(func)
         return super().__call__(func)
 
     def __enter__(self) -> "tag":
+        if self.private:
+            # Its blocks get pages of their own, so it can sleep and wake
+            # (tally.sleep / tally.wake; docs/sleep.md).
+            call("tally_tag_set_private", self._encoded)
         call("tally_tag_push", self._encoded)
         return self
 
@@ -104,5 +109,6 @@ class tag(contextlib.ContextDecorator):
         return False
 
     def __repr__(self) -> str:
-        return f"tally.tag({self.name!r})"
+        extra = ", private=True" if self.private else ""
+        return f"tally.tag({self.name!r}{extra})"
 

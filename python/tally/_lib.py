@@ -115,6 +115,11 @@ _SIGNATURES = {
     "tally_backend_started": (_c.c_int, []),
     "tally_host_stream_hold": (_c.c_int, [_c.c_void_p, _c.c_int]),
     "tally_host_fail_alloc": (_c.c_int, [_c.c_uint64, _c.c_uint64]),
+    "tally_tag_set_private": (_c.c_int, [_c.c_char_p]),
+    "tally_tag_is_private": (_c.c_int, [_c.c_char_p]),
+    "tally_sleep": (_c.c_int, [_c.POINTER(_c.c_char_p), _c.c_int, _c.c_int]),
+    "tally_wake": (_c.c_int, [_c.POINTER(_c.c_char_p), _c.c_int]),
+    "tally_tag_sleep_info": (_c.c_int, [_c.c_char_p, _c.c_int, _c.c_void_p]),
 }
 
 

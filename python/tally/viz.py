@@ -238,6 +238,9 @@ def to_snapshot(report):
             "world_size": report.get("world_size"),
             "home_device": report.get("home_device"),
             "stages": stages,
+            # Private tags: sleeping bytes (owned, not resident) and offload
+            # bytes per device and tag (docs/sleep.md).
+            "private_tags": report.get("private_tags", []),
         },
     }
 

@@ -36,6 +36,15 @@ static const si_cost_row_t rows[] = {
     {"cuEventRecord", SI_PER_CALL, {2.0, 2.0}, "assumed: 2 us, an enqueue on the stream"},
     {"cuEventQuery", SI_PER_CALL, {1.0, 1.0}, "assumed: 1 us, a read of the event's state"},
     {"cuStreamWaitEvent", SI_PER_CALL, {2.0, 2.0}, "assumed: as cuEventRecord"},
+    {"cuMemcpyDtoH", SI_PER_MIB, {41.9, 21.0},
+     "assumed: pinned transfers at about 25 GB/s over PCIe 4.0 x16 (A100 PCIe) and 50 GB/s over PCIe 5.0 x16 "
+     "(Blackwell); no measured figure here. Per MiB copied"},
+    {"cuMemcpyHtoD", SI_PER_MIB, {41.9, 21.0}, "assumed: as cuMemcpyDtoH. Per MiB copied"},
+    {"cuMemHostAlloc", SI_PER_MIB, {244.0, 244.0},
+     "assumed: page-locking costs about 250 ms per GiB (it touches and pins every page); no published figure "
+     "found. Per MiB allocated"},
+    {"cuMemFreeHost", SI_PER_MIB, {49.0, 49.0},
+     "assumed: unpinning about 50 ms per GiB; no published figure found. Per MiB freed"},
 };
 
 const double si_cost_other_us = 0.5;
@@ -61,7 +70,7 @@ double si_cost_us(const char *entry, uint64_t calls, uint64_t mappings, int colu
         return 0;
     if (!r)
         return (double)calls * si_cost_other_us;
-    return r->law == SI_PER_MAPPING ? (double)mappings * r->us[column] : (double)calls * r->us[column];
+    return r->law != SI_PER_CALL ? (double)mappings * r->us[column] : (double)calls * r->us[column];
 }
 
 const char *si_cost_column_name(int column)

@@ -21,11 +21,14 @@
 #include <stdint.h>
 
 enum { SI_COST_A100, SI_COST_BLACKWELL, SI_COST_COLUMNS };
-enum { SI_PER_CALL, SI_PER_MAPPING };
+/* SI_PER_MIB: the host-device copies and pinned host memory of a sleep with
+ * offload (issue 24), whose cost is the bytes they move: the count's
+ * "mappings" column holds their MiB (each call rounded up). */
+enum { SI_PER_CALL, SI_PER_MAPPING, SI_PER_MIB };
 
 typedef struct si_cost_row {
     const char *entry;                /* the driver entry point's plain name */
-    int law;                          /* SI_PER_CALL or SI_PER_MAPPING */
+    int law;                          /* SI_PER_CALL, SI_PER_MAPPING or SI_PER_MIB */
     double us[SI_COST_COLUMNS];       /* microseconds per call or per mapping */
     const char *source;               /* where the figures come from, or the assumption */
 } si_cost_row_t;

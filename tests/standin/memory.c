@@ -131,6 +131,20 @@ static int si_device_of(uintptr_t addr)
     return -1;
 }
 
+bool si_alloc_holds(uintptr_t addr, size_t size)
+{
+    int d = si_device_of(addr);
+    if (d < 0)
+        return false;
+    const struct si_arena *a = &si_devices[d].arena;
+    for (size_t i = 0; i < a->count; i++) {
+        const struct si_extent *e = &a->live[i];
+        if (e->kind == SI_EXTENT_ALLOC && addr >= e->addr && addr + size <= e->addr + e->size && addr + size > addr)
+            return true;
+    }
+    return false;
+}
+
 /* cuMemFree: 'Frees the memory space pointed to by dptr, which must have
  * been returned by a previous call to' cuMemAlloc (among others); anything
  * else is CUDA_ERROR_INVALID_VALUE. A current context is needed

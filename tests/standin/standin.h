@@ -47,6 +47,8 @@
 #define cuStreamDestroy cuStreamDestroy_v2
 #define cuEventDestroy cuEventDestroy_v2
 #define cuStreamBeginCapture cuStreamBeginCapture_v2
+#define cuMemcpyDtoH cuMemcpyDtoH_v2
+#define cuMemcpyHtoD cuMemcpyHtoD_v2
 
 #define SI_EXPORT __attribute__((visibility("default")))
 
@@ -130,6 +132,13 @@ uintptr_t si_arena_take(struct si_arena *a, size_t size, size_t align, enum si_e
 /* The live extent starting exactly at addr, or NULL. */
 struct si_extent *si_arena_find(struct si_arena *a, uintptr_t addr);
 void si_arena_give(struct si_arena *a, struct si_extent *e);
+
+/* vmm.c: whether [addr, addr + size) lies wholly in mappings whose access
+ * was set (readable; writable when write is set). Called under si_lock. */
+bool si_vmm_accessible(uintptr_t addr, size_t size, bool write);
+/* memory.c: whether [addr, addr + size) lies wholly in one live cuMemAlloc
+ * allocation. Called under si_lock. */
+bool si_alloc_holds(uintptr_t addr, size_t size);
 
 /* ---- devices and contexts (init.c, context.c) ----------------------------- */
 struct CUctx_st {

@@ -30,14 +30,33 @@
  *   ... flags - Currently unused, must be zero'.
  * The granularity is 2 MiB (minimum and recommended).
  *
+ * - Reserved addresses hold no memory until mapped, and a mapping is usable
+ *   only after cuMemSetAccess ('Set the access flags for each location
+ *   specified in desc for the given virtual address range'; cuMemCreate:
+ *   the allocation is created 'without any device or host mappings'): a
+ *   reservation is PROT_NONE; cuMemSetAccess makes its mappings readable
+ *   (CU_MEM_ACCESS_FLAGS_PROT_READ) or readable and writable (PROT_READWRITE)
+ *   for the program, the highest flag of its descriptors.
+ * - What is unmapped is lost: cuMemUnmap frees the backing memory of a
+ *   released handle ('Any backing memory allocations will be freed if there
+ *   are no existing mappings and there are no unreleased memory handles'),
+ *   so the stand-in scrubs an unmapped range (MADV_DONTNEED: zero pages on
+ *   the next touch) and makes it PROT_NONE until it is mapped and given
+ *   access again. A restore after an unmap must therefore copy the contents
+ *   back itself.
+ *
  * Simplifications: a mapping does not alias its handle's memory (contents
- * are not modelled); access flags are checked, not enforced; a reservation
+ * live at the mapping's addresses, so a handle kept unreleased and mapped
+ * again elsewhere comes back empty: the stand-in loses more than CUDA would,
+ * never less); access flags are per range for the whole process, not per
+ * device; a reservation
  * still holding mappings cannot be freed (the documentation does not say;
  * the stand-in refuses with CUDA_ERROR_INVALID_VALUE); handles are not
  * shareable. */
 #include "standin.h"
 
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 struct si_handle {
@@ -51,6 +70,7 @@ struct si_handle {
 struct si_mapping {
     uintptr_t addr;
     size_t size;
+    int access; /* CU_MEM_ACCESS_FLAGS_PROT_* set by cuMemSetAccess */
     struct si_handle *handle;
     struct si_mapping *next;
 };
@@ -99,10 +119,12 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
     if (si_va_ready)
         at = si_arena_take(&si_va, size, alignment > SI_GRANULARITY ? alignment : SI_GRANULARITY, SI_EXTENT_RESERVE,
                            NULL);
-    if (at)
+    if (at) {
         *ptr = (CUdeviceptr)at;
-    else
+        mprotect((void *)at, size, PROT_NONE); /* no memory until mapped and given access */
+    } else {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
     pthread_mutex_unlock(&si_lock);
     return rc;
 }
@@ -272,6 +294,8 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
             struct si_mapping *m = *p;
             if (m->addr >= lo && m->addr + m->size <= hi) {
                 si_count_mappings(__func__, 1);
+                madvise((void *)m->addr, m->size, MADV_DONTNEED); /* the contents are gone */
+                mprotect((void *)m->addr, m->size, PROT_NONE);
                 *p = m->next;
                 m->handle->maps--;
                 si_handle_maybe_free(m->handle);
@@ -305,10 +329,38 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
     } else {
         /* The cost model charges per mapping the range covers (cost.h). */
         unsigned long long n = 0;
+        int flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+        for (size_t i = 0; i < count; i++)
+            flags = (int)desc[i].flags > flags ? (int)desc[i].flags : flags;
         for (struct si_mapping *m = si_mappings; m; m = m->next)
-            n += m->addr < (uintptr_t)ptr + size && (uintptr_t)ptr < m->addr + m->size;
+            if (m->addr < (uintptr_t)ptr + size && (uintptr_t)ptr < m->addr + m->size) {
+                n++;
+                m->access = flags;
+            }
         si_count_mappings(__func__, n);
+        int prot = flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+                   : flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
+                                                               : PROT_NONE;
+        mprotect((void *)(uintptr_t)ptr, size, prot);
     }
     pthread_mutex_unlock(&si_lock);
     return rc;
+}
+
+bool si_vmm_accessible(uintptr_t addr, size_t size, bool write)
+{
+    int need = write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
+    uintptr_t at = addr, end = addr + size;
+    if (end <= addr)
+        return false;
+    while (at < end) {
+        struct si_mapping *hit = NULL;
+        for (struct si_mapping *m = si_mappings; m && !hit; m = m->next)
+            if (m->addr <= at && at < m->addr + m->size)
+                hit = m;
+        if (!hit || hit->access < need)
+            return false;
+        at = hit->addr + hit->size;
+    }
+    return true;
 }

@@ -76,5 +76,9 @@ const tally_backend_t tally__backend_cuda = {
     .free = cuda_free,
     TALLY_CU_BACKEND_COMMON,
     TALLY_CU_BACKEND_VMM,
+    .host_alloc = tally__cu_host_alloc,
+    .host_free = tally__cu_host_free,
+    .copy_to_host = tally__cu_copy_to_host,
+    .copy_to_device = tally__cu_copy_to_device,
     .shutdown = cuda_shutdown,
 };

@@ -76,6 +76,8 @@ enum {
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 enum { CU_STREAM_DEFAULT = 0x0, CU_STREAM_NON_BLOCKING = 0x1 };
 enum { CU_EVENT_DEFAULT = 0x0, CU_EVENT_DISABLE_TIMING = 0x2 };
+/* cuMemHostAlloc: pinned memory every context treats as pinned. */
+enum { CU_MEMHOSTALLOC_PORTABLE = 0x01 };
 
 /* cuGetProcAddress flags and query result */
 enum { CU_GET_PROC_ADDRESS_DEFAULT = 0 };
@@ -236,7 +238,11 @@ typedef struct CUmemPoolProps_st {
     X(cuMemPoolSetAccess, 11020, 0, (CUmemoryPool pool, const CUmemAccessDesc *map, size_t count))                 \
     X(cuMemPoolGetAccess, 11020, 0, (CUmemAccess_flags * flags, CUmemoryPool pool, CUmemLocation *location))       \
     X(cuMemAllocFromPoolAsync, 11020, 0, (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream stream)) \
-    X(cuMemFreeAsync, 11020, 0, (CUdeviceptr dptr, CUstream stream))
+    X(cuMemFreeAsync, 11020, 0, (CUdeviceptr dptr, CUstream stream))                                              \
+    X(cuMemcpyDtoH, 3020, 0, (void *dst_host, CUdeviceptr src_device, size_t bytes))                              \
+    X(cuMemcpyHtoD, 3020, 0, (CUdeviceptr dst_device, const void *src_host, size_t bytes))                        \
+    X(cuMemHostAlloc, 2020, 0, (void **pp, size_t bytesize, unsigned int flags))                                   \
+    X(cuMemFreeHost, 2000, 0, (void *p))
 
 /* Function pointer types: tally_pfn_cuMemAlloc and so on. */
 #define TALLY_CU_PFN(name, version, required, params) typedef CUresult(*tally_pfn_##name) params;

@@ -26,6 +26,12 @@ int tally__cu_vmm_peer_access(int device, int peer, char *why, size_t whylen);
 /* Bytes mapped in the device's reservations (tests). */
 size_t tally__cu_vmm_mapped_bytes(int device);
 
+/* host_copy.c: pinned host memory and copies for a sleep with offload. */
+int tally__cu_host_alloc(int device, size_t size, void **ptr, char *why, size_t whylen);
+void tally__cu_host_free(int device, void *ptr, size_t size);
+int tally__cu_copy_to_host(int device, void *host, const void *dev, size_t size, char *why, size_t whylen);
+int tally__cu_copy_to_device(int device, void *dev, const void *host, size_t size, char *why, size_t whylen);
+
 #define TALLY_CU_BACKEND_VMM                                                                                       \
     .reserve = tally__cu_vmm_reserve, .map = tally__cu_vmm_map, .unmap = tally__cu_vmm_unmap,                      \
     .unreserve = tally__cu_vmm_unreserve, .pool_peer_access = tally__cu_vmm_peer_access
