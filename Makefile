@@ -92,7 +92,7 @@ $(BUILD)/lib/libtally.so.$(SOVERSION): $(BUILD)/lib/libtally.so
 	ln -sf libtally.so $@
 
 # tally tune (tools/tune*.c, tools/pickle.c) replays traces with bench/trace.c.
-TOOL_SRC := $(sort $(wildcard tools/tune*.c)) tools/pickle.c bench/trace.c
+TOOL_SRC := $(sort $(wildcard tools/tune*.c)) tools/pickle.c tools/pt_expand.c bench/trace.c
 $(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(TOOL_SRC) bench/trace.h $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(TOOL_SRC) $(BUILD)/lib/libtally.a $(LDLIBS)
