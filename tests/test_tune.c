@@ -82,19 +82,30 @@ static tally_json_t *tune_json(const char *path, const char *extra)
     assert_string_equal(tally__json_get(def, "setting")->s, "");
     assert_string_equal(tally__json_get(def, "why")->s, "PyTorch's default");
     assert_string_equal(tally__json_get(def, "line")->s, "PYTORCH_CUDA_ALLOC_CONF=");
-    int recommended = 0;
+    int recommended = 0, recommended_tally = 0;
     for (size_t i = 0; i < rows->len; i++) {
         const tally_json_t *row = &rows->items[i];
         assert_int_equal(jint(row, "peak_live_bytes"), jint(def, "peak_live_bytes"));
         assert_true(jint(row, "peak_reserved_bytes") >= jint(row, "peak_live_bytes") || !jtrue(row, "fits"));
         assert_true(jint(row, "backend_calls") >= 1);
+        const char *alloc = tally__json_get(row, "allocator")->s;
+        if (strcmp(alloc, "PyTorch/tally") && strcmp(alloc, "tally") && strcmp(alloc, "PyTorch (model)"))
+            fail_msg("row %zu: allocator '%s'", i, alloc);
+        if (jtrue(row, "recommended_tally")) {
+            recommended_tally++;
+            assert_string_not_equal(alloc, "PyTorch (model)"); /* tally's recommendation runs under tally */
+            assert_true(jtrue(row, "fits"));
+        }
         if (jtrue(row, "recommended")) {
             recommended++;
+            assert_string_not_equal(alloc, "tally"); /* PyTorch's recommendation keeps PyTorch's rules */
+            assert_true(jtrue(row, "fits"));
             /* Never more than the default, and the least among the fitting rows within the budget it had. */
             assert_true(jint(row, "peak_reserved_bytes") <= jint(def, "peak_reserved_bytes"));
         }
     }
     assert_int_equal(recommended, 1);
+    assert_int_equal(recommended_tally, 1);
     run_free(&r);
     return rows;
 }
@@ -221,7 +232,7 @@ static void expect_table(const char *fixture, const char *want1, const char *wan
 {
     run_t r = tune("'%s/%s'", fixtures, fixture);
     assert_int_equal(r.rc, 0);
-    if (!strstr(r.out, want1) || !strstr(r.out, want2) || !strstr(r.out, "recommendation:"))
+    if (!strstr(r.out, want1) || !strstr(r.out, want2) || !strstr(r.out, "PyTorch's allocator:"))
         fail_msg("table of %s lacks '%s' or '%s':\n%s", fixture, want1, want2, r.out);
     run_free(&r);
 }
@@ -262,7 +273,7 @@ static void test_snapshot_command(void **state)
     tally__json_free(rows);
     /* PyTorch's figure next to the replay of the same setting, and the difference. */
     expect_table("small.pickle", "recorded by PyTorch (PYTORCH_CUDA_ALLOC_CONF=\"\"): peak reserved 24.0 MiB",
-                 "replay of the same setting: 22.0 MiB; difference -2.0 MiB (-8.33%)");
+                 "replay of the same setting (from an empty cache): 22.0 MiB; difference -2.0 MiB (-8.33%)");
     /* The recommendation keeps within the call budget: with --max-calls 2
      * the row that reserves least (3 calls) is left out. */
     rows = tune_json(path, "--max-calls 2");
@@ -293,7 +304,7 @@ static void test_snapshot_recorded_setting(void **state)
     assert_int_equal(jint(last, "peak_reserved_bytes"), 22 * MiB);
     tally__json_free(rows);
     expect_table("small_conf.pickle", "(PYTORCH_CUDA_ALLOC_CONF=\"max_split_size_mb:33\"): peak reserved 24.0 MiB",
-                 "replay of the same setting: 22.0 MiB; difference -2.0 MiB");
+                 "replay of the same setting (from an empty cache): 22.0 MiB; difference -2.0 MiB");
 }
 
 /* A job recorded with a key tally cannot replay: that row fails, the
@@ -303,7 +314,7 @@ static void test_snapshot_unsupported_setting(void **state)
     (void)state;
     expect_table("small_unsupported.pickle",
                  "replay of the same setting failed: config: key 'pinned_use_cuda_host_register'",
-                 "recommendation: expandable_segments:True");
+                 "tally: expandable_segments:True");
 }
 
 /* --plot draws the default and the recommendation, named in the legend. */
@@ -325,6 +336,118 @@ static void test_plot(void **state)
         fail_msg("svg:\n%s", text);
     free(text);
     expect_one_line_error(tune("--plot /nonexistent/dir/x.svg '%s/small.pickle'", fixtures), 1, "cannot write");
+}
+
+/* ---- two recommendations ----------------------------------------------------------- */
+
+/* 30 MiB, 1000 B and 5 MiB, all live to the end (worked by hand):
+ * - PyTorch's default placement: a 30 MiB segment, a 2 MiB small one, and
+ *   20 MiB for the 5 MiB block (under 10 MiB): 52 MiB in 3 calls;
+ *   large_segment_size_mb:4 gives the 5 MiB block 6 MiB (its size rounded
+ *   to 2 MiB): 38 MiB; :10 gives it 10 MiB: 42 MiB.
+ * - PyTorch's expandable segments (the model): 20 MiB large pages, so 30 MiB
+ *   maps 2 pages and the 5 MiB block fits in the second one's rest: 40 MiB
+ *   + one 2 MiB small page = 42 MiB in 3 page maps; with
+ *   large_segment_size_mb:2, 15 + 3 + 1 pages = 38 MiB in 19 calls; with
+ *   :10, 3 + 1 + 1 pages = 42 MiB in 5 calls.
+ * PyTorch's recommendation: 38 MiB, and of the two, the fewer calls:
+ * large_segment_size_mb:4. */
+static const char three_blocks[] = "op,id,size,stream\na,1,31457280,0\na,2,1000,0\na,3,5242880,0\n";
+
+static const tally_json_t *row_of(const tally_json_t *rows, const char *setting, const char *allocator)
+{
+    for (size_t k = 0; k < rows->len; k++)
+        if (strcmp(tally__json_get(&rows->items[k], "setting")->s, setting) == 0 &&
+            strcmp(tally__json_get(&rows->items[k], "allocator")->s, allocator) == 0)
+            return &rows->items[k];
+    fail_msg("no row '%s' (%s)", setting, allocator);
+    return NULL;
+}
+
+static void test_two_recommendations(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/three.csv", scratch);
+    write_text(path, three_blocks);
+    tally_json_t *rows = tune_json(path, "--capacity 1GiB");
+    static const struct {
+        const char *setting, *allocator;
+        int64_t reserved, calls;
+    } want[] = {
+        {"", "PyTorch/tally", 52, 3},
+        {"large_segment_size_mb:4", "PyTorch/tally", 38, 3},
+        {"large_segment_size_mb:10", "PyTorch/tally", 42, 3},
+        {"expandable_segments:True", "PyTorch (model)", 42, 3},
+        {"expandable_segments:True,large_segment_size_mb:2", "PyTorch (model)", 38, 19},
+        {"expandable_segments:True,large_segment_size_mb:10", "PyTorch (model)", 42, 5},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        const tally_json_t *row = row_of(rows, want[i].setting, want[i].allocator);
+        if (jint(row, "peak_reserved_bytes") != want[i].reserved * (int64_t)MiB ||
+            jint(row, "backend_calls") != want[i].calls)
+            fail_msg("%s (%s): %lld bytes, %lld calls; want %lld MiB, %lld calls", want[i].setting,
+                     want[i].allocator, (long long)jint(row, "peak_reserved_bytes"),
+                     (long long)jint(row, "backend_calls"), (long long)want[i].reserved, (long long)want[i].calls);
+    }
+    assert_true(jtrue(row_of(rows, "large_segment_size_mb:4", "PyTorch/tally"), "recommended"));
+    /* tally's own expandable row is tally's, never PyTorch's. */
+    const tally_json_t *tex = row_of(rows, "expandable_segments:True", "tally");
+    assert_false(jtrue(tex, "recommended"));
+    assert_string_equal(tally__json_get(tex, "line")->s, "TALLY_CONF=expandable_segments:True");
+    assert_string_equal(tally__json_get(row_of(rows, "expandable_segments:True", "PyTorch (model)"), "line")->s,
+                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+    tally__json_free(rows);
+    /* The table: both names of PyTorch's line, tally's line, and which allocator each row models. */
+    run_t r = tune("--capacity 1GiB --torch-version 2.11 '%s'", path);
+    assert_int_equal(r.rc, 0);
+    if (!strstr(r.out, "PyTorch's allocator: large_segment_size_mb:4 reserves 38.0 MiB") ||
+        !strstr(r.out, "\n  PYTORCH_ALLOC_CONF=large_segment_size_mb:4\n") ||
+        !strstr(r.out, "\n  PYTORCH_CUDA_ALLOC_CONF=large_segment_size_mb:4\n") || !strstr(r.out, "\n  TALLY_CONF=") ||
+        !strstr(r.out, "allocator") || !strstr(r.out, "PyTorch (model)") || !strstr(r.out, "<- PyTorch") ||
+        !strstr(r.out, "<- tally"))
+        fail_msg("table:\n%s", r.out);
+    run_free(&r);
+}
+
+/* Which name to use, by torch version: --torch-version, else the installed
+ * torch's ($TALLY_PYTHON asked to import it), else both rules. */
+static void expect_version(const char *args, const char *want)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/three.csv", scratch);
+    write_text(path, three_blocks);
+    run_t r = tune("--capacity 1GiB %s '%s'", args, path);
+    if (r.rc != 0 || !strstr(r.out, want))
+        fail_msg("tune %s: status %d, output lacks '%s':\n%s", args, r.rc, want, r.out);
+    run_free(&r);
+}
+
+static void test_torch_version(void **state)
+{
+    (void)state;
+    expect_version("--torch-version 2.8.0",
+                   "torch 2.8.0 (--torch-version): use PYTORCH_CUDA_ALLOC_CONF (versions before 2.9 do not read");
+    expect_version("--torch-version 2.9.1", "torch 2.9.1 (--torch-version): use PYTORCH_CUDA_ALLOC_CONF (2.9 reads "
+                                            "PYTORCH_ALLOC_CONF but ignores expandable_segments");
+    expect_version("--torch-version 2.11", "torch 2.11 (--torch-version): use PYTORCH_ALLOC_CONF");
+    /* No torch to import. */
+    setenv("TALLY_PYTHON", "false", 1);
+    expect_version("", "torch version unknown (give --torch-version)");
+    /* An installed torch (a stand-in python that prints a version). */
+    char py[PATH_MAX + 32], cmd[PATH_MAX + 64];
+    snprintf(py, sizeof py, "%s/python-torch", scratch);
+    write_text(py, "#!/bin/sh\necho 2.10.0+cu130\n");
+    snprintf(cmd, sizeof cmd, "chmod +x '%s'", py);
+    assert_int_equal(system(cmd), 0);
+    setenv("TALLY_PYTHON", py, 1);
+    expect_version("", "torch 2.10.0+cu130 (the installed torch): use PYTORCH_ALLOC_CONF");
+    expect_version("--torch-version 2.9.0", "torch 2.9.0 (--torch-version)"); /* the flag wins */
+    unsetenv("TALLY_PYTHON");
+    expect_one_line_error(tune("--torch-version two '%s/small.pickle'", fixtures), 2,
+                          "--torch-version 'two' is not a torch version");
+    expect_one_line_error(tune("--torch-version 2 '%s/small.pickle'", fixtures), 2,
+                          "--torch-version '2' is not a torch version");
 }
 
 /* ---- bad input --------------------------------------------------------------------- */
@@ -583,14 +706,18 @@ static void test_shared_recommendation(void **state)
     assert_true(n > 0);
     for (int i = 0; i < n; i++) {
         tally_json_t *rows = tune_json(list[i], "--max-calls 1000000");
-        const tally_json_t *def = &rows->items[0];
-        int64_t least = jint(def, "peak_reserved_bytes");
-        for (size_t k = 0; k < rows->len; k++)
-            if (jtrue(&rows->items[k], "fits") && jint(&rows->items[k], "peak_reserved_bytes") < least)
-                least = jint(&rows->items[k], "peak_reserved_bytes");
-        for (size_t k = 0; k < rows->len; k++)
-            if (jtrue(&rows->items[k], "recommended"))
-                assert_int_equal(jint(&rows->items[k], "peak_reserved_bytes"), least);
+        /* Each recommendation is the least reserving fitting row its allocator can run. */
+        for (int pytorch = 0; pytorch < 2; pytorch++) {
+            const char *other = pytorch ? "tally" : "PyTorch (model)";
+            int64_t least = INT64_MAX;
+            for (size_t k = 0; k < rows->len; k++)
+                if (jtrue(&rows->items[k], "fits") && strcmp(tally__json_get(&rows->items[k], "allocator")->s, other) &&
+                    jint(&rows->items[k], "peak_reserved_bytes") < least)
+                    least = jint(&rows->items[k], "peak_reserved_bytes");
+            for (size_t k = 0; k < rows->len; k++)
+                if (jtrue(&rows->items[k], pytorch ? "recommended" : "recommended_tally"))
+                    assert_int_equal(jint(&rows->items[k], "peak_reserved_bytes"), least);
+        }
         tally__json_free(rows);
         free(list[i]);
     }
@@ -650,6 +777,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_snapshot_recorded_setting),
         cmocka_unit_test(test_snapshot_unsupported_setting),
         cmocka_unit_test(test_plot),
+        cmocka_unit_test(test_two_recommendations),
+        cmocka_unit_test(test_torch_version),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_report_input),
         cmocka_unit_test(test_report_trace_started_late),
