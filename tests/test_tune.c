@@ -354,6 +354,12 @@ static void test_plot(void **state)
  * large_segment_size_mb:4. */
 static const char three_blocks[] = "op,id,size,stream\na,1,31457280,0\na,2,1000,0\na,3,5242880,0\n";
 
+static void three_csv(char *path, size_t len)
+{
+    snprintf(path, len, "%s/three.csv", scratch);
+    write_text(path, three_blocks);
+}
+
 static const tally_json_t *row_of(const tally_json_t *rows, const char *setting, const char *allocator)
 {
     for (size_t k = 0; k < rows->len; k++)
@@ -368,8 +374,7 @@ static void test_two_recommendations(void **state)
 {
     (void)state;
     char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/three.csv", scratch);
-    write_text(path, three_blocks);
+    three_csv(path, sizeof path);
     tally_json_t *rows = tune_json(path, "--capacity 1GiB");
     static const struct {
         const char *setting, *allocator;
@@ -415,8 +420,7 @@ static void test_two_recommendations(void **state)
 static void expect_version(const char *args, const char *want)
 {
     char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/three.csv", scratch);
-    write_text(path, three_blocks);
+    three_csv(path, sizeof path);
     run_t r = tune("--capacity 1GiB %s '%s'", args, path);
     if (r.rc != 0 || !strstr(r.out, want))
         fail_msg("tune %s: status %d, output lacks '%s':\n%s", args, r.rc, want, r.out);
@@ -448,6 +452,89 @@ static void test_torch_version(void **state)
                           "--torch-version 'two' is not a torch version");
     expect_one_line_error(tune("--torch-version 2 '%s/small.pickle'", fixtures), 2,
                           "--torch-version '2' is not a torch version");
+}
+
+/* ---- budgets and exit codes ------------------------------------------------------- */
+
+/* Each row's least device memory, by bisection: the default needs its
+ * 52 MiB (every block is live to the end, nothing cached to release); with
+ * 50 MiB it runs out at event 2, the 5 MiB block, with 30 MiB + 1000 B live. */
+static void test_least_memory(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    three_csv(path, sizeof path);
+    tally_json_t *rows = tune_json(path, "--capacity 1GiB");
+    const tally_json_t *def = &rows->items[0];
+    assert_int_equal(jint(def, "min_device_bytes"), 52 * MiB);
+    const tally_json_t *out = tally__json_get(def, "runs_out");
+    assert_non_null(out);
+    assert_int_equal(jint(out, "capacity_bytes"), 50 * MiB);
+    assert_int_equal(jint(out, "event"), 2);
+    assert_int_equal(jint(out, "size"), 5242880);
+    assert_int_equal(jint(out, "live_bytes"), 31457280 + 1000);
+    assert_int_equal(jint(row_of(rows, "large_segment_size_mb:4", "PyTorch/tally"), "min_device_bytes"), 38 * MiB);
+    tally__json_free(rows);
+}
+
+/* tune's refusal when nothing qualifies: status 1, one line on stderr
+ * holding want, and no row marked as recommended in the table. */
+static void expect_refusal(run_t r, const char *want)
+{
+    if (r.rc != 1 || !strstr(r.err, want) || strchr(r.err, '\n') != r.err + strlen(r.err) - 1 ||
+        strstr(r.out, "<- PyTorch") || strstr(r.out, "<- tally"))
+        fail_msg("status %d (want 1), stderr '%s' (want one line with '%s'), stdout:\n%s", r.rc, r.err, want, r.out);
+    run_free(&r);
+}
+
+/* --capacity: a row that does not fit is marked and never recommended;
+ * when none fits, status 1 and one line naming the least any needs. */
+static void test_capacity(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    three_csv(path, sizeof path);
+    /* 40 MiB: the default (52 MiB) does not fit, large_segment_size_mb:4 (38 MiB) does. */
+    run_t r = tune("--json --capacity 40MiB '%s'", path);
+    assert_int_equal(r.rc, 0);
+    tally_json_t *rows = tally__json_parse(r.out, strlen(r.out), NULL, 0, NULL);
+    assert_non_null(rows);
+    assert_false(jtrue(&rows->items[0], "fits"));
+    assert_false(jtrue(&rows->items[0], "recommended"));
+    assert_false(jtrue(&rows->items[0], "recommended_tally"));
+    assert_true(jtrue(row_of(rows, "large_segment_size_mb:4", "PyTorch/tally"), "recommended"));
+    for (size_t k = 0; k < rows->len; k++)
+        if (!jtrue(&rows->items[k], "fits"))
+            assert_false(jtrue(&rows->items[k], "recommended") || jtrue(&rows->items[k], "recommended_tally"));
+    tally__json_free(rows);
+    run_free(&r);
+    r = tune("--capacity 40MiB '%s'", path);
+    assert_int_equal(r.rc, 0);
+    if (!strstr(r.out, "\n(default) ") || !strstr(r.out, "  no  in 40.0 MiB at 2: 5.0 MiB, 30.0 MiB"))
+        fail_msg("the default row is not marked as not fitting:\n%s", r.out);
+    run_free(&r);
+    /* 30 MiB: less than the peak of live bytes (35 MiB); nothing fits. */
+    expect_refusal(tune("--capacity 30MiB '%s'", path), "no setting fits 30.0 MiB: the least needs ");
+    /* 1000 TiB in one allocation: no memory tried holds it. */
+    snprintf(path, sizeof path, "%s/huge.csv", scratch);
+    write_text(path, "op,id,size,stream\na,1,1099511627776000,0\nf,1,1099511627776000,0\n");
+    expect_refusal(tune("'%s'", path), "no setting fits 80.00 GiB: the least needs at least 1000.0 TiB");
+}
+
+/* --max-calls: kept to, or status 1 naming the least any setting needs
+ * (0: even the default, 3 calls here, is over it). */
+static void test_max_calls(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    three_csv(path, sizeof path);
+    expect_refusal(tune("--capacity 1GiB --max-calls 0 '%s'", path),
+                   "no setting keeps within 0 backend calls: the least any setting needs is 3");
+    tally_json_t *rows = tune_json(path, "--capacity 1GiB --max-calls 3");
+    for (size_t k = 0; k < rows->len; k++)
+        if (jtrue(&rows->items[k], "recommended") || jtrue(&rows->items[k], "recommended_tally"))
+            assert_true(jint(&rows->items[k], "backend_calls") <= 3);
+    tally__json_free(rows);
 }
 
 /* ---- bad input --------------------------------------------------------------------- */
@@ -779,6 +866,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot),
         cmocka_unit_test(test_two_recommendations),
         cmocka_unit_test(test_torch_version),
+        cmocka_unit_test(test_least_memory),
+        cmocka_unit_test(test_capacity),
+        cmocka_unit_test(test_max_calls),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_report_input),
         cmocka_unit_test(test_report_trace_started_late),

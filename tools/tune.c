@@ -684,10 +684,12 @@ int tune_main(int argc, char **argv)
     if (!any_fits) {
         const tune_row_t *least = least_needing(rows, n);
         if (least && least->min_bytes > 0)
-            rc = tune_err(1, "no setting fits %s: the least needs %s (%s)", size_text((int64_t)capacity, a, sizeof a),
-                          size_text(least->min_bytes, b, sizeof b), least->setting[0] ? least->setting : "the default");
+            rc = tune_err(1, "no setting fits %s: the least needs %s (%s, %s)", size_text((int64_t)capacity, a, sizeof a),
+                          size_text(least->min_bytes, b, sizeof b), least->setting[0] ? least->setting : "the default",
+                          allocator_name(least));
         else
-            rc = tune_err(1, "no setting fits %s: the least needs more than %s (%s)",
+            rc = tune_err(1, "no setting fits %s: the least needs at least %s (%s; the peak of live bytes, or the most "
+                          "memory tried)",
                           size_text((int64_t)capacity, a, sizeof a), size_text(least ? least->min_lower : 0, b, sizeof b),
                           least && least->setting[0] ? least->setting : "the default");
     } else if (o.rec_pt < 0 && o.rec_tally < 0) {
@@ -696,7 +698,8 @@ int tune_main(int argc, char **argv)
             if (fits(&rows[i]) && (!least || rows[i].backend_calls < least->backend_calls))
                 least = &rows[i];
         rc = tune_err(1, "no setting keeps within %lld backend calls: the least any setting needs is %" PRId64
-                      " (%s)", budget, least->backend_calls, least->setting[0] ? least->setting : "the default");
+                      " (%s, %s)", budget, least->backend_calls, least->setting[0] ? least->setting : "the default",
+                      allocator_name(least));
     }
     if (plot && rc == 0) {
         /* The recommendation's series: one more replay of that row alone. */
