@@ -91,11 +91,15 @@ $(BUILD)/lib/libtally.so: $(LIB_OBJ) $(LIB_CXX_OBJ) lib/exports.map
 $(BUILD)/lib/libtally.so.$(SOVERSION): $(BUILD)/lib/libtally.so
 	ln -sf libtally.so $@
 
-# tally tune (tools/tune*.c, tools/pickle.c) replays traces with bench/trace.c.
+# The tally command: tools/tally_cli.c (main, summary, ledger) and its pieces
+# (tools/cli_*.c); tally tune (tools/tune*.c, tools/pickle.c, the model of
+# PyTorch's expandable segments in tools/pt_expand.c) replays traces with
+# bench/trace.c.
+CLI_SRC  := $(sort $(wildcard tools/cli_*.c))
 TOOL_SRC := $(sort $(wildcard tools/tune*.c)) tools/pickle.c tools/pt_expand.c bench/trace.c
-$(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(TOOL_SRC) bench/trace.h $(BUILD)/lib/libtally.a
+$(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(CLI_SRC) $(TOOL_SRC) bench/trace.h $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(TOOL_SRC) $(BUILD)/lib/libtally.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(CLI_SRC) $(TOOL_SRC) $(BUILD)/lib/libtally.a $(LDLIBS)
 
 $(BUILD)/bin/demo: tools/demo.c $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
@@ -113,6 +117,11 @@ $(BUILD)/tests/test_cuda_vmm_replay: tests/test_cuda_vmm_replay.c bench/trace.c 
 $(BUILD)/tests/%: tests/%.cc $(wildcard tests/*.h) $(BUILD)/lib/libtally.so $(BUILD)/lib/libtally.so.$(SOVERSION) | $(SETUP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< -L$(BUILD)/lib -ltally -Wl,-rpath,$(CURDIR)/$(BUILD)/lib -lcmocka $(LDLIBS)
+
+# test_standin_cost checks the stand-in's cost table (tests/standin/cost.c).
+$(BUILD)/tests/test_standin_cost: tests/test_standin_cost.c tests/standin/cost.c tests/standin/cost.h $(wildcard tests/*.h) | $(SETUP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Wno-pedantic -Itests -o $@ $< tests/standin/cost.c -lcmocka $(LDLIBS)
 
 # driver.h against CUDA's cuda.h, where a toolkit is installed (only this
 # test looks at CUDA_HOME; the library never does).
@@ -194,7 +203,7 @@ uninstall:
 		$(DESTDIR)$(LIBDIR)/libtally.so $(DESTDIR)$(LIBDIR)/libtally.a $(DESTDIR)$(INCLUDEDIR)/tally.h \
 		$(DESTDIR)$(PKGCONFIGDIR)/tally.pc $(DESTDIR)$(PKGCONFIGDIR)/tally-static.pc $(DESTDIR)$(BINDIR)/tally
 
-bench: all | $(SETUP_BENCH)
+bench: all $(STANDIN_LIB) | $(SETUP_BENCH)
 	$(MAKE) -C bench BUILD=$(abspath $(BUILD))
 	bash bench/run.sh $(abspath $(BUILD))
 
@@ -289,21 +298,27 @@ $(FUZZ_BUILD)/obj/lib/cache/check.o: FUZZ_COVERAGE :=
 $(FUZZ_BUILD)/libtally-fuzz.a: $(FUZZ_LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c tests/fuzz/*.h)
-# fuzz_report (which includes tools/tally_cli.c) and fuzz_tune_input link tally tune's sources.
-FUZZ_TOOLS   :=
-$(FUZZ_BUILD)/fuzz_report $(FUZZ_BUILD)/fuzz_tune_input $(BUILD)/fuzz-replay/fuzz_report \
-	$(BUILD)/fuzz-replay/fuzz_tune_input: \
-	FUZZ_TOOLS := $(TOOL_SRC)
+# fuzz_api's parts (tests/fuzz/api_*.c, not targets of their own).
+FUZZ_API_SRC := $(sort $(wildcard tests/fuzz/api_*.c))
+FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c tests/fuzz/*.h) $(FUZZ_API_SRC)
+# What a target links beside its own file: fuzz_api and fuzz_api_expand
+# (which includes fuzz_api.c) fuzz_api's parts; fuzz_report (which includes
+# tools/tally_cli.c) the command's pieces and tally tune's sources;
+# fuzz_tune_input tally tune's sources.
+FUZZ_LINK    :=
+$(FUZZ_BUILD)/fuzz_api $(FUZZ_BUILD)/fuzz_api_expand $(BUILD)/fuzz-replay/fuzz_api \
+	$(BUILD)/fuzz-replay/fuzz_api_expand: FUZZ_LINK := $(FUZZ_API_SRC)
+$(FUZZ_BUILD)/fuzz_report $(BUILD)/fuzz-replay/fuzz_report: FUZZ_LINK := $(CLI_SRC) $(TOOL_SRC)
+$(FUZZ_BUILD)/fuzz_tune_input $(BUILD)/fuzz-replay/fuzz_tune_input: FUZZ_LINK := $(TOOL_SRC)
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard tools/*.h tools/*.c) $(FUZZ_BUILD)/libtally-fuzz.a
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $< $(FUZZ_TOOLS) $(FUZZ_BUILD)/libtally-fuzz.a -lpthread -ldl -lm
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $< $(FUZZ_LINK) $(FUZZ_BUILD)/libtally-fuzz.a -lpthread -ldl -lm
 
 # Replay: the same targets with a plain main (tests/fuzz/replay_main.c),
 # against the library of $(BUILD) (so `make asan` replays under ASan).
 REPLAY_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz-replay/%)
 $(BUILD)/fuzz-replay/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(FUZZ_SRC) $(wildcard tools/*.h tools/*.c) $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Wno-pedantic -Itools -o $@ $< tests/fuzz/replay_main.c $(FUZZ_TOOLS) $(BUILD)/lib/libtally.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Wno-pedantic -Itools -o $@ $< tests/fuzz/replay_main.c $(FUZZ_LINK) $(BUILD)/lib/libtally.a $(LDLIBS)
 
 fuzz-replay: $(REPLAY_BINS)
 	@bash tests/fuzz/replay.sh $(BUILD)/fuzz-replay $(FUZZ_NAMES)

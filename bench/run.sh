@@ -22,6 +22,7 @@ fi
 TRACES=$(cd "$TRACES" && pwd)
 BIN=$BUILD/bench
 for f in "$BIN/hotpath-glibc" "$BIN/hotpath-jemalloc" "$BIN/hotpath-mimalloc" "$BUILD/bin/tally-replay" \
+  "$BUILD/bin/tally-driver-cost" "$BUILD/standin/libcuda.so.1" \
   "$BIN/torchpath-mimalloc" "$BIN/pt-expand-model" "$BIN/unwind"; do
   if [ ! -x "$f" ]; then
     echo "run.sh: $f is missing; run: make -C bench BUILD=$BUILD" >&2
@@ -73,8 +74,13 @@ for h in 0 4 10 20 32 48 64 96 128; do
   "$BUILD/bin/tally-replay" --reps 1 --quiet --conf "expandable_segments:true,expandable_handle_mb:$h" "$TRACES" \
     >"$OUT/handle-$h.txt"
 done
+step "driver cost of the replays: the cuda backend on the CUDA stand-in, with its cost table"
+LD_LIBRARY_PATH="$BUILD/standin" "$BUILD/bin/tally-driver-cost" --table "${replay_args[@]}" >"$OUT/driver-cost-default.txt"
+LD_LIBRARY_PATH="$BUILD/standin" "$BUILD/bin/tally-driver-cost" --table --conf expandable_segments:true "${replay_args[@]}" \
+  >"$OUT/driver-cost-expandable.txt"
 step "hot path through PyTorch's entry points (batch of 64) against mimalloc"
 "$BIN/torchpath-mimalloc" >"$OUT/torchpath.txt"
+"$BIN/torchpath-mimalloc" --conf ledger:false | sed 's/^T pattern \([^ ]*\)/T pattern \1 (ledger off)/' >>"$OUT/torchpath.txt"
 step "tally tune: speed, and the cost of trace:true (bench/tune.sh)"
 bash "$HERE/tune.sh" "$BUILD" "$OUT" >"$OUT/tune.md"
 # 4. Instruction counts (noise-free), when valgrind is installed.
@@ -207,6 +213,22 @@ echo "## Replay with expandable_segments:true (one address range per stream, 2 M
 echo
 cat "$OUT/replay-expandable.txt"
 echo
+echo "## Driver cost per recorded trace: the cuda backend on the CUDA stand-in"
+echo
+echo "Each trace replayed once through backend:cuda on the stand-in (bench/driver_cost.c), every driver call counted"
+echo "per entry point (cuMemSetAccess and cuMemUnmap with the mappings they touch, in brackets), and the modelled"
+echo "driver time from the stand-in's cost table (tests/standin/cost.c: A100 and Blackwell columns, per call or per"
+echo "mapping, each figure with its source or stated assumption; docs/benchmarks.md prints the table)."
+echo "\"all driver calls\" includes the context, stream and event calls outside the columns."
+echo
+echo "### PyTorch's placement (default)"
+echo
+cat "$OUT/driver-cost-default.txt"
+echo
+echo "### expandable_segments:true"
+echo
+cat "$OUT/driver-cost-expandable.txt"
+echo
 echo "## Expandable segments: memory, backend calls and CUDA driver calls per recorded trace"
 echo
 # Per-call costs for the GPU-time estimate, in microseconds (docs/benchmarks.md
@@ -273,7 +295,10 @@ done
 echo
 echo "## Hot path through PyTorch's entry points (tally_torch_alloc / tally_torch_free against mimalloc)"
 echo
-echo "Batches of 64 allocations (sizes log-uniform up to 192 KiB, fixed seed), freed in a scattered order; CPU ns per pair, median of 15 repetitions (goal: ratio <= 2)."
+echo "Batches of 64 allocations freed in a scattered order, 256 fixed batches per pattern; CPU ns per pair, median of 15"
+echo "repetitions, ledger on, then off. Patterns (bench/torchpath.c): loguniform (1 B to 192 KiB, half the sizes under 600 B),"
+echo "mix16 (16 fixed sizes from 4 B to 192 KiB, mostly 512 B to 64 KiB), mix512-64k (16 fixed sizes, all 512 B to 64 KiB:"
+echo "the goal, ratio <= 2, is stated on this one), small4k (1 B to 4 KiB)."
 echo
 echo '```'
 cat "$OUT/torchpath.txt"

@@ -8,6 +8,7 @@
  * bench/trace.c (linked by its own Makefile rule). */
 #include "vmmutil.h"
 
+#include <math.h>
 #include <sys/stat.h>
 
 #include "trace.h"
@@ -18,6 +19,7 @@ enum { MAX_TRACES = 32 };
 
 typedef struct figures {
     int64_t peak_reserved, peak_allocated, backend_allocs, backend_frees, failed;
+    uint64_t placement; /* every block's address, relative to the trace's first, hashed */
     /* cuda only: driver calls (cuMemCreate, cuMemMap, cuMemRelease,
      * cuMemSetAccess, cuMemUnmap, cuCtxSynchronize, cuMemAlloc, cuMemFree) */
     int64_t calls[8];
@@ -154,6 +156,7 @@ static void body_replay(int fd)
         tally_empty_cache(0);
         NEED(tally_reset_peak_stats(0) == 0 && tally_reset_accumulated_stats(0) == 0);
         figures_t f = {0};
+        uintptr_t first = 0;
         void *streams[64];
         for (unsigned k = 0; k < t.nstreams && k < 64; k++)
             streams[k] = trace_stream(cuda, t.stream_ids[k], k);
@@ -167,6 +170,9 @@ static void body_replay(int fd)
             if (ev->op == 'a' && ev->size) {
                 live[ev->slot] = tally_malloc(ev->size, 0, stream);
                 f.failed += live[ev->slot] == NULL;
+                if (!first)
+                    first = (uintptr_t)live[ev->slot];
+                f.placement = f.placement * 1000003u ^ (uint64_t)((uintptr_t)live[ev->slot] - first);
             } else if (ev->op == 'f') {
                 tally_free(live[ev->slot]);
                 live[ev->slot] = NULL;
@@ -294,15 +300,17 @@ static void replay_both(const char *mode)
                 name, mode, (long long)host[i].peak_reserved, (long long)dev[i].peak_reserved,
                 (long long)host[i].backend_allocs, (long long)dev[i].backend_allocs, (long long)host[i].backend_frees,
                 (long long)dev[i].backend_frees);
-        /* Default mode: segments come at different addresses from mmap and
-         * from the driver, and the best fit among equal sizes takes the
-         * lowest address, so which block is split (and so allocated bytes)
-         * may differ; reserved memory and backend calls may not. One
+        /* The host backend hands out segment addresses in the order the
+         * stand-in's cuMemAlloc does (lib/backend/host_arena.c), and the best
+         * fit among equal sizes takes the lowest address, so every block
+         * lands at the same place: in the default mode each block's address
+         * relative to the trace's first is the same (placement). One
          * expandable range per stream: the same offsets, every figure. */
         bool same = host[i].peak_reserved == dev[i].peak_reserved &&
                     host[i].backend_allocs == dev[i].backend_allocs &&
                     host[i].backend_frees == dev[i].backend_frees &&
-                    (!*mode || host[i].peak_allocated == dev[i].peak_allocated);
+                    host[i].peak_allocated == dev[i].peak_allocated &&
+                    (*mode || host[i].placement == dev[i].placement);
         const int64_t *c = dev[i].calls;
         fprintf(stderr,
                 "test_cuda_vmm_replay: %-36s%s driver calls: %lld handles (cuMemCreate, cuMemMap, cuMemRelease), "
@@ -330,9 +338,10 @@ static void replay_both(const char *mode)
             driver += c[k];
         if (host[i].peak_reserved <= 0 || host[i].failed || dev[i].failed || !same) {
             fprintf(stderr,
-                    "test_cuda_vmm_replay: %s: host and cuda differ (peak allocated %lld / %lld, failed allocations %lld / "
-                    "%lld)\n",
+                    "test_cuda_vmm_replay: %s: host and cuda differ (peak allocated %lld / %lld, placement %s, failed "
+                    "allocations %lld / %lld)\n",
                     name, (long long)host[i].peak_allocated, (long long)dev[i].peak_allocated,
+                    host[i].placement == dev[i].placement ? "same" : "differs",
                     (long long)host[i].failed, (long long)dev[i].failed);
             bad++;
         }
@@ -344,6 +353,84 @@ static void replay_both(const char *mode)
     free(paths);
     if (bad)
         fail_msg("%d trace(s) replay differently through cuda and host", bad);
+}
+
+/* ---- generated shapes ---------------------------------------------------------------- */
+
+/* Write the generated traces into dir: "repeat-392": a 1 GiB live set (16
+ * blocks of 64 MiB), then 28 identical iterations that each take a 392 MiB
+ * block and eight 24 MiB activations, free the activations newest first,
+ * then the block (issue 21's attention-benchmark shape); "random-mix": 4,000
+ * events with a fixed seed, sizes log-uniform from 512 B to 256 MiB, up to
+ * 64 blocks live, freed in random order. */
+static void write_generated(const char *dir)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/repeat-392.csv", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "op,id,size,stream\n");
+    long id = 0;
+    for (int i = 0; i < 16; i++)
+        fprintf(f, "a,%ld,%d,0\n", id++, 64 << 20);
+    for (int it = 0; it < 28; it++) {
+        long big = id++, act = id;
+        fprintf(f, "a,%ld,%ld,0\n", big, 392L << 20);
+        for (int k = 0; k < 8; k++)
+            fprintf(f, "a,%ld,%d,0\n", id++, 24 << 20);
+        for (int k = 7; k >= 0; k--)
+            fprintf(f, "f,%ld,0,0\n", act + k);
+        fprintf(f, "f,%ld,0,0\n", big);
+    }
+    assert_int_equal(fclose(f), 0);
+    snprintf(path, sizeof path, "%s/random-mix.csv", dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "op,id,size,stream\n");
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    long livep[64];
+    int nlive = 0;
+    for (int e = 0; e < 4000; e++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        if (nlive == 64 || (nlive > 0 && x % 3 == 0)) {
+            int k = (int)((x >> 8) % (uint64_t)nlive);
+            fprintf(f, "f,%ld,0,0\n", livep[k]);
+            livep[k] = livep[--nlive];
+        } else {
+            double u = (double)((x >> 11) & 0xfffff) / (double)0x100000;
+            uint64_t size = (uint64_t)(512.0 * pow(2.0, u * 19.0)); /* 512 B .. 256 MiB */
+            livep[nlive++] = id;
+            fprintf(f, "a,%ld,%llu,0\n", id++, (unsigned long long)size);
+        }
+    }
+    assert_int_equal(fclose(f), 0);
+}
+
+/* The generated shapes replay the same through host and cuda, in the
+ * default and the expandable modes. */
+static void test_vmm_replay_generated_same_as_host(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/tally-vmm-gen-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    write_generated(dir);
+    const char *old = getenv("TALLY_TRACES");
+    char saved[1024] = "";
+    if (old)
+        snprintf(saved, sizeof saved, "%s", old);
+    setenv("TALLY_TRACES", dir, 1);
+    replay_both("");
+    replay_both(",expandable_segments:true");
+    if (old)
+        setenv("TALLY_TRACES", saved, 1);
+    else
+        unsetenv("TALLY_TRACES");
+    char path[600];
+    snprintf(path, sizeof path, "%s/repeat-392.csv", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/random-mix.csv", dir);
+    unlink(path);
+    rmdir(dir);
 }
 
 static void test_vmm_replay_expandable_same_as_host(void **state)
@@ -371,6 +458,7 @@ int main(void)
         cmocka_unit_test(test_vmm_replay_expandable_same_as_host),
         cmocka_unit_test(test_vmm_replay_small_handles_same_as_host),
         cmocka_unit_test(test_vmm_replay_default_same_as_host),
+        cmocka_unit_test(test_vmm_replay_generated_same_as_host),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,8 +11,8 @@
  *
  * docs/reports.md describes every output. The tool never initialises the
  * allocator (TALLY_CONF is not read): it only uses the library's JSON
- * reader and report renderers. The pieces live in tools/cli_*.h, included
- * here because the tool is built from this one file. */
+ * reader and report renderers. The pieces live in tools/cli_*.c, declared
+ * in tools/cli_*.h. */
 #include "cli_util.h"
 #include "cli_report.h"
 #include "cli_merge.h"
@@ -52,8 +52,8 @@ static int cmd_summary(int argc, char **argv)
             } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
                 fputs(summary_help, stdout);
                 return cli_finish(stdout, "the help");
-            } else if (is_opt(a, "--device") || is_opt(a, "-d")) {
-                int rc = parse_device(opt_value(argc, argv, &i, a, "--device"), &device);
+            } else if (cli_is_opt(a, "--device") || cli_is_opt(a, "-d")) {
+                int rc = cli_parse_device(cli_opt_value(argc, argv, &i, a, "--device"), &device);
                 if (rc)
                     return rc;
             } else if (strcmp(a, "--abbreviated") == 0 || strcmp(a, "-a") == 0) {
@@ -75,13 +75,13 @@ static int cmd_summary(int argc, char **argv)
     if (rc)
         return rc;
     tally_stats_t s;
-    int kind = doc_kind(doc.root);
+    int kind = cli_doc_kind(doc.root);
     if (kind == DOC_OTHER) {
         cli_doc_free(&doc);
         return cli_fail(EXIT_DATA, "%s: not a tally report or memory_stats object", file);
     }
     if (kind == DOC_STATS) {
-        rc = stats_from_obj(&doc, doc.root, "memory_stats", &s);
+        rc = cli_stats_from_obj(&doc, doc.root, "memory_stats", &s);
         if (rc) {
             cli_fail(EXIT_DATA, "%s: not a valid memory_stats object: %s", file, doc.err);
             cli_doc_free(&doc);
@@ -92,24 +92,24 @@ static int cmd_summary(int argc, char **argv)
             device = 0;
     } else {
         report_t r;
-        rc = report_parse(&r, &doc, false);
+        rc = cli_report_parse(&r, &doc, false);
         if (rc)
             return rc;
         bool chosen = device >= 0;
         if (!chosen)
             device = r.home_device >= 0 ? (int)r.home_device : 0;
-        const rep_device_t *d = report_device(&r, device);
+        const rep_device_t *d = cli_report_device(&r, device);
         if (!d) {
             char list[128];
-            report_device_list(&r, list, sizeof list);
+            cli_report_device_list(&r, list, sizeof list);
             cli_fail(EXIT_DATA, "%s: no device %d in the report (%sit has device%s %s)", file, device,
                      chosen ? "" : "the home device, shown by default; pick another with --device; ",
                      r.ndev == 1 ? "" : "s", list);
-            report_free(&r);
+            cli_report_free(&r);
             return EXIT_DATA;
         }
         s = d->stats;
-        report_free(&r);
+        cli_report_free(&r);
     }
     tally__summary_render(&s, device, abbreviated, write_stdout, stdout);
     return cli_finish(stdout, "the summary");
@@ -147,8 +147,8 @@ static void print_ledger_rows(report_t *r)
     char c[32], p[32];
     int tw = 20, sw = 20;
     for (size_t i = 0; i < r->nrows; i++) {
-        tw = width_of(tw, r->rows[i].tag);
-        sw = width_of(sw, r->rows[i].stage);
+        tw = cli_width_of(tw, r->rows[i].tag);
+        sw = cli_width_of(sw, r->rows[i].stage);
     }
     qsort(r->rows, r->nrows, sizeof *r->rows, row_order);
     printf("%-6s %-*s %-*s %12s %12s %10s\n", "device", tw, "tag", sw, "stage", "current", "peak", "blocks");
@@ -236,7 +236,7 @@ static int cmd_ledger(int argc, char **argv)
     if (!file)
         return cli_usage("FILE.json is missing");
     report_t r;
-    int rc = report_load(&r, file, false);
+    int rc = cli_report_load(&r, file, false);
     if (rc)
         return rc;
     char home[32] = "none";
@@ -248,7 +248,7 @@ static int cmd_ledger(int argc, char **argv)
     print_ledger_rows(&r);
     print_stage_rows(&r);
     print_leaks(&r);
-    report_free(&r);
+    cli_report_free(&r);
     return cli_finish(stdout, "the ledger");
 }
 
@@ -297,8 +297,8 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-    } cmds[] = {{"summary", cmd_summary}, {"ledger", cmd_ledger}, {"merge", cmd_merge}, {"plot", cmd_plot},
-                  {"tune", tune_main}};
+    } cmds[] = {{"summary", cmd_summary}, {"ledger", cmd_ledger}, {"merge", cli_merge_main},
+                  {"plot", cli_plot_main}, {"tune", tune_main}};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
         if (strcmp(cmd, cmds[i].name) == 0) {
             snprintf(name, sizeof name, "tally %s", cmd);

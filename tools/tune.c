@@ -3,7 +3,7 @@
  * docs/tune.md). Prints a table, or with --json one JSON array of rows;
  * --plot draws reserved memory over the trace (x: event number) for the
  * recommendation and PyTorch's default as step lines in one SVG (the report
- * plot of cli_plot.h stacks a report's timeline by tag; this one compares
+ * plot of cli_plot.c stacks a report's timeline by tag; this one compares
  * whole-device totals, so it is drawn here in a few lines). */
 #include "tune.h"
 

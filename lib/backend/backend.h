@@ -92,5 +92,11 @@ int tally__cu_load(char *why, size_t whylen);
 int tally__host_stream_hold(void *stream, int hold);
 int tally__host_fail_alloc(uint64_t nth, uint64_t every);
 int tally__host_calls(int device, tally_host_calls_t *out);
+/* host_arena.c: a segment of size bytes at the lowest free address of the
+ * device's range (reserved at first use, 4 x capacity); 0, or -1 when the
+ * range cannot be had or is full (the caller then maps the segment alone).
+ * give returns whether ptr was the arena's (then it is given back). */
+int tally__host_arena_take(int device, size_t size, uint64_t capacity, bool backed, void **out);
+bool tally__host_arena_give(int device, void *ptr, size_t size, bool backed);
 
 #endif

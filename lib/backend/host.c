@@ -194,7 +194,10 @@ static int host_alloc(int device, size_t size, void *stream, void **ptr, char *w
         return rc;
     int prot = mode == TALLY_HOST_VIRTUAL ? PROT_NONE : PROT_READ | PROT_WRITE;
     int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
-    void *p = mmap(NULL, size, prot, flags, -1, 0);
+    /* Addresses in the order the stand-in's cuMemAlloc gives them (host_arena.c). */
+    void *p;
+    if (tally__host_arena_take(device, size, capacity, mode != TALLY_HOST_VIRTUAL, &p) != 0)
+        p = mmap(NULL, size, prot, flags, -1, 0);
     if (p == MAP_FAILED) {
         int err = errno;
         tally__mutex_lock(&host_lock);
@@ -213,7 +216,8 @@ static int host_alloc(int device, size_t size, void *stream, void **ptr, char *w
 static int host_free(int device, void *ptr, size_t size, void *stream)
 {
     (void)stream;
-    munmap(ptr, size);
+    if (!tally__host_arena_give(device, ptr, size, mode != TALLY_HOST_VIRTUAL))
+        munmap(ptr, size);
     tally__mutex_lock(&host_lock);
     used[device] -= size;
     counts[device].free++;

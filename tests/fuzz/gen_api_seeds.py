@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of fuzz_api (tests/fuzz/corpus/fuzz_api/): short
-call sequences in the target's encoding (see tests/fuzz/fuzz_api.c), each a
+call sequences in the target's encoding (tests/fuzz/fuzz_api.c: the opcode
+table and the decoder; tests/fuzz/api_*.c: each operation's bytes), each a
 scenario a person would write, so that fuzzing starts from meaningful
 states. Run from the repository root; rewrites the seed-*.bin files."""
 import os

@@ -29,6 +29,7 @@
 #define TALLY_STANDIN_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -76,12 +77,20 @@ extern pthread_cond_t si_cond;
 /* CUDA_SUCCESS when the driver may be used from this process: cuInit
  * succeeded and this is not a child forked after it. */
 CUresult si_usable(void);
-/* The first statement of every entry point that needs cuInit: declares rc
- * and returns the error when the driver is unusable. */
+/* The first statement of every entry point that needs cuInit: counts the
+ * call (counts.c), declares rc and returns the error when the driver is
+ * unusable. */
 #define SI_ENTER()                                                                                                 \
+    static _Atomic int si_slot_ = -1;                                                                              \
+    si_count_call(&si_slot_, __func__);                                                                            \
     CUresult rc = si_usable();                                                                                     \
     if (rc)                                                                                                        \
     return rc
+/* counts.c: count a call of the entry point func (its __func__), once per
+ * call; slot caches where its counter is. Add the mappings a per-mapping
+ * call (cost.h) touched. */
+void si_count_call(_Atomic int *slot, const char *func);
+void si_count_mappings(const char *func, unsigned long long n);
 /* The driver version before or after cuInit (CUDA_STANDIN_DRIVER_VERSION). */
 int si_driver_version(void);
 /* Parse a byte count with an optional K/M/G suffix; 0 when malformed. */

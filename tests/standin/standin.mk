@@ -6,7 +6,7 @@ STANDIN_SRC := $(sort $(wildcard tests/standin/*.c))
 STANDIN_OBJ := $(STANDIN_SRC:tests/standin/%.c=$(BUILD)/standin/obj/%.o)
 STANDIN_LIB := $(BUILD)/standin/libcuda.so.1
 
-$(BUILD)/standin/obj/%.o: tests/standin/%.c tests/standin/standin.h lib/backend/cuda/driver.h
+$(BUILD)/standin/obj/%.o: tests/standin/%.c tests/standin/standin.h tests/standin/cost.h lib/backend/cuda/driver.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 

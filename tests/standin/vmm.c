@@ -255,6 +255,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
         for (struct si_mapping **p = &si_mappings; *p;) {
             struct si_mapping *m = *p;
             if (m->addr >= lo && m->addr + m->size <= hi) {
+                si_count_mappings(__func__, 1);
                 *p = m->next;
                 m->handle->maps--;
                 si_handle_maybe_free(m->handle);
@@ -283,8 +284,15 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
             return CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_lock(&si_lock);
-    if (!si_covered_by_mappings((uintptr_t)ptr, size, false))
+    if (!si_covered_by_mappings((uintptr_t)ptr, size, false)) {
         rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        /* The cost model charges per mapping the range covers (cost.h). */
+        unsigned long long n = 0;
+        for (struct si_mapping *m = si_mappings; m; m = m->next)
+            n += m->addr < (uintptr_t)ptr + size && (uintptr_t)ptr < m->addr + m->size;
+        si_count_mappings(__func__, n);
+    }
     pthread_mutex_unlock(&si_lock);
     return rc;
 }
