@@ -59,6 +59,7 @@ static const pk_value_t *snap_list(const snap_ctx_t *c, const pk_value_t *v, con
 
 typedef struct prelive {
     uint64_t addr, size, stream;
+    uint64_t block; /* the block's rounded size where the snapshot gives it, else 0 */
 } prelive_t;
 
 typedef struct snap_events {
@@ -77,7 +78,7 @@ static int add_prelive(snap_events_t *s, uint64_t addr, uint64_t size, uint64_t 
         s->pre = g;
         s->cappre = cap;
     }
-    s->pre[s->npre++] = (prelive_t){addr, size, stream};
+    s->pre[s->npre++] = (prelive_t){addr, size, stream, 0};
     return 0;
 }
 
@@ -115,6 +116,13 @@ static int snap_feed(const snap_ctx_t *c, snap_events_t *s, trace_builder_t *b, 
                 if (reserved > rec->recorded_peak)
                     rec->recorded_peak = reserved;
                 rec->recorded_segment_allocs += pk_str_is(action, "segment_alloc");
+                /* The program gave cached memory back here (empty_cache, an OOM retry): a run of segment
+                 * frees or unmaps is one release, replayed at the same point. */
+                if (seg_down && (b->t->nev == 0 || b->t->ev[b->t->nev - 1].op != 'e')) {
+                    if (trace_add(b, 'e', 0, 0, 0, why, sizeof why))
+                        return in_fail(c->err, c->errlen, "%s: %s", c->path, why);
+                    rec->releases++;
+                }
             }
             continue;
         }
@@ -156,12 +164,17 @@ static int snap_segments(const snap_ctx_t *c, const pk_value_t *segs, int device
             const pk_value_t *blk = blocks->items[k];
             if (!pk_str_is(pk_get(blk, "state"), "active_allocated"))
                 continue;
-            int64_t addr, req;
+            int64_t addr, req, bsize = 0;
             if (snap_int(c, blk, "address", "segments[].blocks", k, &addr) ||
                 snap_int(c, blk, "requested_size", "segments[].blocks", k, &req))
                 return -1;
-            if (!trace_is_live(b, (uint64_t)addr) && add_prelive(s, (uint64_t)addr, (uint64_t)req, (uint64_t)stream))
-                return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
+            if (pk_get(blk, "size") && snap_int(c, blk, "size", "segments[].blocks", k, &bsize))
+                return -1;
+            if (!trace_is_live(b, (uint64_t)addr)) {
+                if (add_prelive(s, (uint64_t)addr, (uint64_t)req, (uint64_t)stream))
+                    return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
+                s->pre[s->npre - 1].block = bsize > 0 ? (uint64_t)bsize : 0;
+            }
         }
     }
     return 0;
@@ -195,6 +208,148 @@ static int snap_device(const pk_value_t *traces)
             best = (int)i;
         }
     return best;
+}
+
+/* ---- the recorded state: what was reserved when recording began ---------------- */
+
+typedef struct range_list {
+    ptx_range_t *r;
+    size_t n, cap;
+} range_list_t;
+
+static int range_add(range_list_t *l, ptx_range_t r)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        ptx_range_t *g = realloc(l->r, cap * sizeof *g);
+        if (!g)
+            return -1;
+        l->r = g;
+        l->cap = cap;
+    }
+    l->r[l->n++] = r;
+    return 0;
+}
+
+/* Take [addr, addr + size) out of every range of l (an expandable
+ * recording's pages mapped inside the window were not mapped before it). */
+static int range_cut(range_list_t *l, uint64_t addr, uint64_t size)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        ptx_range_t *r = &l->r[i];
+        uint64_t lo = addr > r->addr ? addr : r->addr;
+        uint64_t hi = addr + size < r->addr + r->size ? addr + size : r->addr + r->size;
+        if (lo >= hi)
+            continue;
+        ptx_range_t tail = *r;
+        tail.addr = hi;
+        tail.size = r->addr + r->size - hi;
+        r->size = lo - r->addr;
+        if (tail.size && range_add(l, tail))
+            return -1;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < l->n; i++)
+        if (l->r[i].size)
+            l->r[k++] = l->r[i];
+    l->n = k;
+    return 0;
+}
+
+static int cmp_range(const void *a, const void *b)
+{
+    const ptx_range_t *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* The segments (for an expandable recording, the mapped ranges) that
+ * existed when recording began, and the blocks live in them: the dump's
+ * segments, less those the window allocated (or mapped), plus those it
+ * freed (or unmapped); every block live then is one of the allocations
+ * placed first (rule 3), at its address; all else in them was free. */
+static int snap_start(const snap_ctx_t *c, const pk_value_t *segs, int device, const snap_events_t *s,
+                      tune_input_t *in)
+{
+    tune_start_t *st = &in->start;
+    range_list_t l = {0};
+    bool expandable = strstr(in->recorded_conf, "expandable_segments:True") != NULL;
+    for (size_t i = 0; i < segs->n; i++) {
+        const pk_value_t *seg = segs->items[i], *ex = pk_get(seg, "is_expandable");
+        int64_t dev = 0;
+        if (pk_get(seg, "device") && snap_int(c, seg, "device", "segments", i, &dev))
+            return -1;
+        if (dev == device && ex && ex->type == PK_BOOL && ex->i)
+            expandable = true;
+    }
+    st->expandable = expandable;
+    /* The window's segment events, newest first, undo what they did. */
+    size_t mapped_in_window = 0;
+    for (size_t i = 0; i < segs->n; i++) {
+        const pk_value_t *seg = segs->items[i];
+        int64_t dev = 0, addr, size, stream = 0;
+        if (pk_get(seg, "device") && snap_int(c, seg, "device", "segments", i, &dev))
+            return -1;
+        if (dev != device)
+            continue;
+        if (snap_int(c, seg, "address", "segments", i, &addr) || snap_int(c, seg, "total_size", "segments", i, &size))
+            return -1;
+        if (pk_get(seg, "stream") && snap_int(c, seg, "stream", "segments", i, &stream))
+            return -1;
+        ptx_range_t r = {(uint64_t)addr, (uint64_t)size, (uint64_t)stream,
+                         pk_str_is(pk_get(seg, "segment_type"), "small")};
+        if (range_add(&l, r))
+            goto nomem;
+    }
+    for (size_t i = s->ev->n; i-- > 0;) {
+        const pk_value_t *e = s->ev->items[i], *a = pk_get(e, "action");
+        const pk_value_t *av = pk_get(e, "addr"), *sv = pk_get(e, "size"), *tv = pk_get(e, "stream");
+        bool up = pk_str_is(a, "segment_alloc") || pk_str_is(a, "segment_map");
+        bool down = pk_str_is(a, "segment_free") || pk_str_is(a, "segment_unmap");
+        if ((!up && !down) || !av || av->type != PK_INT || !sv || sv->type != PK_INT)
+            continue;
+        if (up) {
+            mapped_in_window++;
+            if (range_cut(&l, (uint64_t)av->i, (uint64_t)sv->i))
+                goto nomem;
+        } else {
+            ptx_range_t r = {(uint64_t)av->i, (uint64_t)sv->i, tv && tv->type == PK_INT ? (uint64_t)tv->i : 0,
+                             (uint64_t)sv->i <= ((uint64_t)2 << 20)};
+            if (range_add(&l, r))
+                goto nomem;
+        }
+    }
+    qsort(l.r, l.n, sizeof *l.r, cmp_range);
+    st->ranges = l.r;
+    st->nranges = l.n;
+    st->live = calloc(s->npre ? s->npre : 1, sizeof *st->live);
+    if (!st->live)
+        goto nomem;
+    size_t outside = 0;
+    for (size_t i = 0; i < s->npre; i++) {
+        const prelive_t *p = &s->pre[i];
+        uint64_t size = p->block ? p->block : p->size < 512 ? 512 : (p->size + 511) / 512 * 512;
+        bool in_range = false;
+        for (size_t k = 0; k < l.n && !in_range; k++)
+            in_range = p->addr >= l.r[k].addr && p->addr + size <= l.r[k].addr + l.r[k].size;
+        outside += !in_range;
+        st->live[i] = (ptx_live_t){p->addr, size, (uint32_t)i};
+    }
+    st->nlive = s->npre;
+    st->known = outside == 0;
+    if (outside)
+        snprintf(st->gap, sizeof st->gap,
+                 "%zu block%s live before recording lie outside the segments it had then; the replay starts from an "
+                 "empty cache", outside, outside == 1 ? "" : "s");
+    else if (expandable && mapped_in_window)
+        snprintf(st->gap, sizeof st->gap,
+                 "the pages mapped at the start are the dump's less the %zu map event%s of the window", mapped_in_window,
+                 mapped_in_window == 1 ? "" : "s");
+    return 0;
+nomem:
+    free(l.r);
+    st->ranges = NULL;
+    st->nranges = 0;
+    return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
 }
 
 static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, int device, tune_input_t *in)
@@ -248,6 +403,8 @@ static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, int dev
             rc = snap_feed(c, &s, &b, false, in);
         trace_end(&b);
         in->has_recorded = !rc;
+        if (!rc)
+            rc = snap_start(c, segs, in->device, &s, in);
     }
     in->prelive = s.npre;
     free(s.pre);
@@ -482,4 +639,8 @@ int tune_input_load(const char *path, int device, tune_input_t *in, char *err, s
 void tune_input_free(tune_input_t *in)
 {
     trace_free(&in->trace);
+    free(in->start.ranges);
+    free(in->start.live);
+    in->start.ranges = NULL;
+    in->start.live = NULL;
 }
