@@ -573,6 +573,128 @@ static void test_csv_start_unknown(void **state)
     run_free(&r);
 }
 
+/* ---- streams ------------------------------------------------------------------------ */
+
+/* Each stream keeps its pool: 20 MiB on stream 0, freed, then 20 MiB on
+ * stream 7 cannot take the cached block (40 MiB, 2 segments); on one stream
+ * it does (20 MiB). A block freed from another stream than its own goes back
+ * to its own pool at the free: allocated on 7, freed from 0, then 20 MiB on
+ * 7 again takes it (20 MiB). */
+static void expect_reserved(const char *csv, int64_t mib_default, int64_t mib_model)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/streams.csv", scratch);
+    write_text(path, csv);
+    tally_json_t *rows = tune_json(path, "--capacity 1GiB");
+    if (jint(&rows->items[0], "peak_reserved_bytes") != mib_default * (int64_t)MiB ||
+        jint(row_of(rows, "expandable_segments:True", "PyTorch (model)"), "peak_reserved_bytes") !=
+            mib_model * (int64_t)MiB)
+        fail_msg("%s: default %lld, model %lld bytes; want %lld and %lld MiB", csv,
+                 (long long)jint(&rows->items[0], "peak_reserved_bytes"),
+                 (long long)jint(row_of(rows, "expandable_segments:True", "PyTorch (model)"), "peak_reserved_bytes"),
+                 (long long)mib_default, (long long)mib_model);
+    tally__json_free(rows);
+}
+
+static void test_stream_pools(void **state)
+{
+    (void)state;
+    expect_reserved("op,id,size,stream\na,1,20971520,0\nf,1,20971520,0\na,2,20971520,7\n", 40, 40);
+    expect_reserved("op,id,size,stream\na,1,20971520,0\nf,1,20971520,0\na,2,20971520,0\n", 20, 20);
+    expect_reserved("op,id,size,stream\na,1,20971520,7\nf,1,20971520,0\na,2,20971520,7\n", 20, 20);
+}
+
+/* cross_stream.pickle: X (stream 0) is used on side stream 7 too, so
+ * PyTorch completes its free only after Y is allocated: Y gets a segment of
+ * its own; then 20 MiB on stream 7 gets a third (Y is stream 0's). 60 MiB.
+ * The replay frees X at its free_completed: after Y's allocation. */
+static void test_cross_stream_snapshot(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32], err[512];
+    snprintf(path, sizeof path, "%s/cross_stream.pickle", fixtures);
+    tune_input_t in;
+    if (tune_input_load(path, -1, &in, err, sizeof err))
+        fail_msg("%s", err);
+    static const struct {
+        char op;
+        uint32_t slot;
+        uint16_t stream;
+    } want[] = {{'a', 0, 0}, {'a', 1, 0}, {'f', 0, 0}, {'f', 1, 0}, {'a', 2, 0}, {'a', 3, 1}};
+    assert_int_equal(in.trace.nev, 6);
+    assert_int_equal(in.trace.nstreams, 2);
+    assert_int_equal(in.trace.stream_ids[1], 7);
+    for (size_t i = 0; i < 6; i++)
+        if (in.trace.ev[i].op != want[i].op || in.trace.ev[i].slot != want[i].slot ||
+            in.trace.ev[i].stream != want[i].stream)
+            fail_msg("event %zu: %c slot %u stream %u", i, in.trace.ev[i].op, in.trace.ev[i].slot,
+                     in.trace.ev[i].stream);
+    tune_input_free(&in);
+    tally_json_t *rows = tune_json(path, "");
+    assert_int_equal(jint(&rows->items[0], "recorded_peak_reserved_bytes"), 60 * MiB);
+    assert_int_equal(jint(&rows->items[0], "recorded_replay_peak_reserved_bytes"), 60 * MiB);
+    assert_int_equal(jint(&rows->items[0], "peak_reserved_bytes"), 60 * MiB);
+    tally__json_free(rows);
+}
+
+/* multistream.csv: `gen_trace --model 7b --steps 1 --seq 64 --batch 1
+ * --cross-free 1`, gradient buckets on stream 1 freed from stream 0. Its
+ * replay equals that of the same trace with each free on its block's own
+ * stream (the free returns the block to its own pool, where it was freed
+ * from does not matter), and differs from the trace on one stream (the
+ * pools are per stream). */
+static tally_json_t *tune_restreamed(const char *src, const char *name, bool frees_own, bool one_stream)
+{
+    char *text = slurp(src), path[PATH_MAX + 32];
+    assert_non_null(text);
+    snprintf(path, sizeof path, "%s/%s", scratch, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    /* Each block's stream, by id, for frees_own. */
+    static unsigned char stream_of[1 << 16];
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char op;
+        unsigned long id;
+        unsigned long long size;
+        int stream;
+        if (sscanf(line, "%c,%lu,%llu,%d", &op, &id, &size, &stream) != 4 || id >= sizeof stream_of) {
+            fprintf(f, "%s\n", line);
+            continue;
+        }
+        if (op == 'a')
+            stream_of[id] = (unsigned char)stream;
+        else if (frees_own)
+            stream = stream_of[id];
+        fprintf(f, "%c,%lu,%llu,%d\n", op, id, size, one_stream ? 0 : stream);
+    }
+    assert_int_equal(fclose(f), 0);
+    free(text);
+    return tune_json(path, "");
+}
+
+static void test_multistream_trace(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/multistream.csv", fixtures);
+    run_t r = tune("'%s'", path);
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.out, "(CSV trace: 4305 events, 2589 allocations, 2 streams)"));
+    run_free(&r);
+    tally_json_t *cross = tune_json(path, ""), *own = tune_restreamed(path, "own.csv", true, false),
+                 *one = tune_restreamed(path, "one.csv", false, true);
+    assert_int_equal(cross->len, own->len);
+    for (size_t k = 0; k < cross->len; k++)
+        assert_int_equal(jint(&cross->items[k], "peak_reserved_bytes"), jint(&own->items[k], "peak_reserved_bytes"));
+    assert_true(jint(&cross->items[0], "peak_reserved_bytes") != jint(&one->items[0], "peak_reserved_bytes"));
+    assert_true(jint(row_of(cross, "expandable_segments:True", "PyTorch (model)"), "peak_reserved_bytes") !=
+                jint(row_of(one, "expandable_segments:True", "PyTorch (model)"), "peak_reserved_bytes"));
+    tally__json_free(cross);
+    tally__json_free(own);
+    tally__json_free(one);
+}
+
 /* ---- budgets and exit codes ------------------------------------------------------- */
 
 /* Each row's least device memory, by bisection: the default needs its
@@ -1001,6 +1123,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_release),
         cmocka_unit_test(test_expandable_recording),
         cmocka_unit_test(test_csv_start_unknown),
+        cmocka_unit_test(test_stream_pools),
+        cmocka_unit_test(test_cross_stream_snapshot),
+        cmocka_unit_test(test_multistream_trace),
         cmocka_unit_test(test_least_memory),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_max_calls),

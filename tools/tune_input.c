@@ -66,7 +66,64 @@ typedef struct snap_events {
     const pk_value_t *ev; /* the device's trace list */
     prelive_t *pre;
     size_t npre, cappre;
+    /* Frees PyTorch completed later than the user asked (a block used on
+     * another stream: reusable only once that stream's work was done):
+     * defer[i] on the free_requested, fire[j] on its free_completed, where
+     * the replay frees it. NULL when there are none. */
+    unsigned char *defer, *fire;
 } snap_events_t;
+
+/* Mark the free_requested events whose free_completed comes after other
+ * allocations, frees or segment events (cross-stream frees). */
+static int snap_defer(snap_events_t *s)
+{
+    size_t n = s->ev->n, cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    uint64_t *keys = calloc(cap, sizeof *keys);
+    size_t *req = calloc(cap, sizeof *req), *mark = calloc(cap, sizeof *mark);
+    s->defer = calloc(n ? n : 1, 1);
+    s->fire = calloc(n ? n : 1, 1);
+    if (!keys || !req || !mark || !s->defer || !s->fire) {
+        free(keys), free(req), free(mark);
+        return -1;
+    }
+    size_t relevant = 0, deferred = 0;
+    for (size_t i = 0; i < n; i++) {
+        const pk_value_t *e = s->ev->items[i], *a = pk_get(e, "action"), *addr = pk_get(e, "addr");
+        bool done = pk_str_is(a, "free_completed");
+        if (!done && !pk_str_is(a, "alloc") && !pk_str_is(a, "free_requested") && !pk_str_is(a, "segment_alloc") &&
+            !pk_str_is(a, "segment_free") && !pk_str_is(a, "segment_map") && !pk_str_is(a, "segment_unmap"))
+            continue;
+        if (!done)
+            relevant++;
+        if (!addr || addr->type != PK_INT || (!done && !pk_str_is(a, "free_requested")))
+            continue;
+        /* The slot of this address: keys hold addr + 1 (0: empty). */
+        uint64_t k = (uint64_t)addr->i + 1;
+        size_t h = (size_t)((k * 0x9e3779b97f4a7c15ull) >> 20) & (cap - 1);
+        while (keys[h] && keys[h] != k)
+            h = (h + 1) & (cap - 1);
+        if (!done) {
+            keys[h] = k;
+            req[h] = i + 1;
+            mark[h] = relevant;
+        } else if (keys[h] && req[h]) {
+            if (mark[h] != relevant) {
+                s->defer[req[h] - 1] = 1;
+                s->fire[i] = 1;
+                deferred++;
+            }
+            req[h] = 0;
+        }
+    }
+    free(keys), free(req), free(mark);
+    if (!deferred) {
+        free(s->defer), free(s->fire);
+        s->defer = s->fire = NULL;
+    }
+    return 0;
+}
 
 static int add_prelive(snap_events_t *s, uint64_t addr, uint64_t size, uint64_t stream)
 {
@@ -97,6 +154,10 @@ static int snap_feed(const snap_ctx_t *c, snap_events_t *s, trace_builder_t *b, 
             return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu has no 'action' string",
                            c->path, i);
         bool alloc = pk_str_is(action, "alloc"), free_req = pk_str_is(action, "free_requested");
+        bool fire = s->fire && s->fire[i];
+        if (s->defer && s->defer[i] && !first)
+            continue; /* freed at its free_completed */
+        free_req = free_req || fire;
         bool seg_up = pk_str_is(action, "segment_alloc") || pk_str_is(action, "segment_map");
         bool seg_down = pk_str_is(action, "segment_free") || pk_str_is(action, "segment_unmap");
         if (!alloc && !free_req && !seg_up && !seg_down)
@@ -126,11 +187,15 @@ static int snap_feed(const snap_ctx_t *c, snap_events_t *s, trace_builder_t *b, 
             }
             continue;
         }
+        if (first && fire && !trace_is_live(b, (uint64_t)addr))
+            continue; /* allocated before recording: noted at its free_requested */
         if (first && free_req && !trace_is_live(b, (uint64_t)addr)) {
             if (add_prelive(s, (uint64_t)addr, (uint64_t)size, (uint64_t)stream))
                 return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
             continue;
         }
+        if (first && s->defer && s->defer[i])
+            continue; /* a live block freed later, at its free_completed */
         if (trace_add(b, alloc ? 'a' : 'f', (uint64_t)addr, free_req ? 0 : (uint64_t)size, (uint64_t)stream, why,
                       sizeof why))
             return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu (%.*s at address %lld): %s",
@@ -378,6 +443,8 @@ static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, int dev
     trace_t scratch;
     trace_builder_t b;
     int64_t total = 0;
+    if (snap_defer(&s))
+        return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
     int rc = trace_begin(&b, &scratch, c->path, c->err, c->errlen);
     if (!rc)
         rc = snap_feed(c, &s, &b, true, NULL);
@@ -408,6 +475,8 @@ static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, int dev
     }
     in->prelive = s.npre;
     free(s.pre);
+    free(s.defer);
+    free(s.fire);
     return rc;
 }
 

@@ -513,6 +513,17 @@ static void search_least(const trace_t *t, const tune_start_t *start, uint64_t c
             r->out_event = p.oom_event;
         }
     }
+    if (r->out_event < 0 && hi > 2 * MIB) {
+        /* No replay ran out yet: where one with a little less than the least does. */
+        tune_row_t p = *r;
+        p.error[0] = 0;
+        uint64_t less = (hi - 1) / (2 * MIB) * (2 * MIB);
+        replay_fresh(t, start, less, &p, NULL);
+        if (p.ok && p.oom_event >= 0) {
+            r->out_capacity = (int64_t)less;
+            r->out_event = p.oom_event;
+        }
+    }
     r->min_bytes = (int64_t)hi;
     r->min_lower = (int64_t)lo;
 }
