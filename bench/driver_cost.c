@@ -6,7 +6,8 @@
  *   tally-driver-cost --cost-table     the cost table itself, as Markdown
  *
  * tally runs with backend:cuda,leak_report:off,stage_report:false, then
- * --conf. The stand-in's device is sized from the traces (one and a half
+ * --conf, with captures announced (tally_graph_captures_announced, as
+ * tally.install() does under PyTorch) unless --unannounced. The stand-in's device is sized from the traces (one and a half
  * times the largest peak live, at least 16 GiB; address space only), set
  * before tally starts the driver. Each trace is replayed once from an empty
  * cache on device 0 (stream id 0 is the default stream, NULL; every other
@@ -103,14 +104,14 @@ static uint64_t peak_live(const trace_t *t)
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: tally-driver-cost [--conf KEYS] [--table] TRACE.csv|DIR ... | --cost-table\n");
+    fprintf(stderr, "usage: tally-driver-cost [--conf KEYS] [--table] [--unannounced] TRACE.csv|DIR ... | --cost-table\n");
     return 2;
 }
 
 int main(int argc, char **argv)
 {
     const char *conf = NULL;
-    bool table = false;
+    bool table = false, announced = true;
     char **paths = NULL;
     int npaths = 0;
     char err[1024];
@@ -119,6 +120,8 @@ int main(int argc, char **argv)
             conf = argv[++i];
         } else if (strcmp(argv[i], "--table") == 0) {
             table = true;
+        } else if (strcmp(argv[i], "--unannounced") == 0) {
+            announced = false;
         } else if (strcmp(argv[i], "--cost-table") == 0) {
             size_t n;
             const si_cost_row_t *r = si_cost_table(&n);
@@ -171,6 +174,8 @@ int main(int argc, char **argv)
     setenv("CUDA_STANDIN_DEVICES", "1", 0);
     char full[1024];
     snprintf(full, sizeof full, "backend:cuda,leak_report:off,stage_report:false%s%s", conf ? "," : "", conf ? conf : "");
+    if (announced)
+        tally_graph_captures_announced();
     if (tally_configure(full) != 0 || tally_init() != 0) {
         fprintf(stderr, "tally-driver-cost: %s\n", tally_last_error());
         return 1;

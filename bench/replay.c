@@ -33,7 +33,7 @@
  *   the same calls (lib/backend/cuda/vmm.c): cuMemAlloc / cuMemFree 1 each,
  *   cuMemAddressReserve 1, a map of n pages 3n + 1 (cuMemCreate + cuMemMap
  *   + cuMemRelease per page, one cuMemSetAccess), an unmap one
- *   cuCtxSynchronize + one cuMemUnmap per run.
+ *   cuStreamSynchronize (the segment's stream) + one cuMemUnmap per run.
  * reference.json is looked up next to each trace unless --reference names one. */
 #include "trace.h"
 

@@ -241,7 +241,7 @@ echo "Backend calls (the backend contract): default = segment allocations + free
 echo "+ small-pool segment allocations + frees; PyTorch expandable (bench/pt_expand.c, a model of its placement) = map calls"
 echo "(it unmaps only at empty_cache / OOM). CUDA driver calls, as the code makes them: default 1 per cuMemAlloc / cuMemFree;"
 echo "tally expandable (lib/backend/cuda/vmm.c) 3h + 1 to map h physical handles (one per 2 MiB page, one per run of new pages for"
-echo "blocks >= expandable_handle_mb), 1 cuCtxSynchronize + 1 cuMemUnmap per run to unmap,"
+echo "blocks >= expandable_handle_mb), 1 cuStreamSynchronize (the segment's stream) + 1 cuMemUnmap per run to unmap,"
 echo "1 per range reserved; PyTorch expandable (ExpandableSegment) 2n + 1 to map n pages (2 MiB small pool, 20 MiB large),"
 echo "1 per range reserved. Estimated GPU time (assumed costs, not measured on a GPU: cuMemAlloc or cuMemFree ${US_ALLOC} us,"
 echo "each other driver call ${US_VMM} us, a synchronise on an idle device ${US_SYNC} us; see docs/benchmarks.md)."

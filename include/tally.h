@@ -134,16 +134,31 @@ TALLY_API int tally_pool_peer_access(int device, int peer);
  * not allocating) reuses it, counting one more use; release drops one use,
  * and a pool with no use left gives its free segments back now and at each
  * empty_cache. filter is called with the device's lock held and must not
- * call tally. Under the async backend the driver's pools handle graph memory
- * and these calls do nothing. 0, or -TALLY_EINVAL (bad device, id (0, 0),
- * unknown pool on release), -TALLY_ESTATE (begin twice, end without begin). */
+ * call tally. Between begin and end a capture is taken to be under way, on
+ * every device: tally queries and synchronises no event, releases nothing
+ * (empty_cache and the out-of-memory path free no segment) and unmaps no
+ * page; once any begin was seen, tally relies on these calls to learn of
+ * captures, so a program that calls them for some captures must call them
+ * for all. Under the async backend the driver's pools handle graph memory:
+ * the pools serve nothing, and frees of blocks allocated outside a capture
+ * wait for its end. 0, or -TALLY_EINVAL (bad device, id (0, 0), unknown pool
+ * on release), -TALLY_ESTATE (begin twice, end without begin). */
 TALLY_API int tally_graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo,
                                      int (*filter)(void *arg, void *stream), void *arg);
 TALLY_API int tally_graph_pool_end(int device, uint64_t id_hi, uint64_t id_lo);
 TALLY_API int tally_graph_pool_release(int device, uint64_t id_hi, uint64_t id_lo);
+/* Promise that every CUDA graph capture of this process will be announced
+ * with tally_graph_pool_begin before it starts (as PyTorch does once its
+ * begin/end/release hooks are installed: tally.install() calls this). From
+ * then on the cached malloc/free path asks the driver nothing about
+ * captures; before it, and before any begin, each allocation on the cuda
+ * backend checks its stream with one or more driver calls. Starts nothing
+ * (no backend, no CUDA); may be called before tally_init. */
+TALLY_API void tally_graph_captures_announced(void);
 
 /* Release every fully free cached segment of device (-1: every device) to the
- * backend, after waiting for pending stream events. Returns bytes released. */
+ * backend, after waiting for pending stream events. Returns bytes released
+ * (0 while a CUDA graph capture may be under way: tally_graph_pool_begin). */
 TALLY_API size_t tally_empty_cache(int device);
 
 /* Limit device's reserved memory to fraction of its capacity, as

@@ -15,6 +15,8 @@
  * - cu_ctx_active(dev): whether the device's primary context is active.
  * - cu_is_standin(): the loaded driver is the stand-in (it exports
  *   cuda_standin_version): for the few checks that only make sense there.
+ * - cu_calls(name) / cu_calls_reset(): the stand-in's count of calls per
+ *   entry point (-1 on a real driver), for paths that must make none.
  * - Test fixtures: cu_test_init(), cu_ctx_setup / cu_ctx_teardown,
  *   CU_NEED_DRIVER() / CU_NEED_TWO() / CU_NEED_STANDIN() (skip unless).
  *
@@ -192,6 +194,29 @@ static inline int cu_ctx_active(CUdevice dev)
 static inline int cu_is_standin(void)
 {
     return cu_lib && dlsym(cu_lib, "cuda_standin_version") != NULL;
+}
+
+/* Calls of the entry point `name` (driver.h's plain name; NULL: all of
+ * them) counted by the stand-in since the last cu_calls_reset(), in every
+ * thread; -1 on a real driver (which counts nothing). */
+static inline long long cu_calls(const char *name)
+{
+    void *sym = cu_lib ? dlsym(cu_lib, "cuda_standin_calls") : NULL;
+    unsigned long long (*fn)(const char *) = NULL;
+    if (!sym)
+        return -1;
+    memcpy(&fn, &sym, sizeof sym);
+    return (long long)fn(name);
+}
+
+static inline void cu_calls_reset(void)
+{
+    void *sym = cu_lib ? dlsym(cu_lib, "cuda_standin_counts_reset") : NULL;
+    void (*fn)(void) = NULL;
+    if (!sym)
+        return;
+    memcpy(&fn, &sym, sizeof sym);
+    fn();
 }
 
 /* ---- test fixtures -------------------------------------------------------------------------------- */

@@ -710,10 +710,12 @@ static void body_graph_pool_ended(void)
     EXPECT(tally_check() == 0);
 }
 
-/* A graph pool in use outlives its last segment: the out-of-memory path
- * releases the pool's one cached (oversize) segment while the pool is
- * allocating, and the pool stays open for the retry and its end. On a
- * 1 GiB device (the stand-in; a real one is larger and the request fits). */
+/* A graph pool in use keeps its segments: while it is allocating (a capture
+ * announced) the out-of-memory path releases nothing, not even the pool's
+ * one cached (oversize) segment, and the allocation fails cleanly; once the
+ * pool has ended and been released, its last segment goes (and the pool with
+ * it) and the same request fits. On a 1 GiB device (the
+ * stand-in; a real one is larger and the request fits). */
 static void body_graph_pool_loses_last_segment(void)
 {
     setenv("CUDA_STANDIN_MEMORY", "1G", 1);
@@ -725,11 +727,14 @@ static void body_graph_pool_loses_last_segment(void)
     tally_free(g); /* the pool's only segment, cached */
     size_t free_b = 0, total = 0;
     EXPECT(tally_mem_get_info(0, &free_b, &total) == 0);
-    void *big = tally_malloc(free_b + (40 << 20), 0, a); /* fits only once g's segment is released */
-    EXPECT(big != NULL);
-    tally_free(big);
+    size_t want = free_b + (40 << 20); /* fits only once g's segment is released */
+    EXPECT(tally_malloc(want, 0, a) == NULL);
     EXPECT(tally_graph_pool_end(0, 1, 1) == 0);
     EXPECT(tally_graph_pool_release(0, 1, 1) == 0);
+    void *big = tally_malloc(want, 0, a);
+    EXPECT(big != NULL);
+    tally_free(big);
+    EXPECT(tally_graph_pool_release(0, 1, 1) == -TALLY_EINVAL); /* gone with its last segment */
     EXPECT(tally_check() == 0);
 }
 

@@ -21,7 +21,7 @@ typedef struct figures {
     int64_t peak_reserved, peak_allocated, backend_allocs, backend_frees, failed;
     uint64_t placement; /* every block's address, relative to the trace's first, hashed */
     /* cuda only: driver calls (cuMemCreate, cuMemMap, cuMemRelease,
-     * cuMemSetAccess, cuMemUnmap, cuCtxSynchronize, cuMemAlloc, cuMemFree) */
+     * cuMemSetAccess, cuMemUnmap, cuStreamSynchronize, cuMemAlloc, cuMemFree) */
     int64_t calls[8];
     /* host only: what the host backend counted (tally_host_calls) */
     tally_host_calls_t host;
@@ -65,10 +65,10 @@ static CUresult count_unmap(CUdeviceptr ptr, size_t size)
     return real.cuMemUnmap(ptr, size);
 }
 
-static CUresult count_sync(void)
+static CUresult count_sync(CUstream stream)
 {
     calls[C_SYNC]++;
-    return real.cuCtxSynchronize();
+    return real.cuStreamSynchronize(stream);
 }
 
 static CUresult count_alloc(CUdeviceptr *p, size_t size)
@@ -90,7 +90,7 @@ static void count_driver_calls(void)
     real.cuMemRelease = tally__cu.cuMemRelease;
     real.cuMemSetAccess = tally__cu.cuMemSetAccess;
     real.cuMemUnmap = tally__cu.cuMemUnmap;
-    real.cuCtxSynchronize = tally__cu.cuCtxSynchronize;
+    real.cuStreamSynchronize = tally__cu.cuStreamSynchronize;
     real.cuMemAlloc = tally__cu.cuMemAlloc;
     real.cuMemFree = tally__cu.cuMemFree;
     tally__cu.cuMemCreate = count_create;
@@ -98,7 +98,7 @@ static void count_driver_calls(void)
     tally__cu.cuMemRelease = count_release;
     tally__cu.cuMemSetAccess = count_access;
     tally__cu.cuMemUnmap = count_unmap;
-    tally__cu.cuCtxSynchronize = count_sync;
+    tally__cu.cuStreamSynchronize = count_sync;
     tally__cu.cuMemAlloc = count_alloc;
     tally__cu.cuMemFree = count_free;
 }
@@ -200,7 +200,8 @@ static void body_replay(int fd)
         if (cuda) {
             /* The costs docs/architecture.md states: a page is one create,
              * map and release; a map call one cuMemSetAccess; an unmap call
-             * one synchronise and (no fallback here) one cuMemUnmap. */
+             * one synchronise of the segment's stream and (no fallback
+             * here) one cuMemUnmap. */
             NEED(calls[C_CREATE] == calls[C_MAP] && calls[C_MAP] == calls[C_RELEASE]);
             NEED(calls[C_ACCESS] + calls[C_ALLOC] == f.backend_allocs);
             NEED(calls[C_UNMAP] + calls[C_FREE] == f.backend_frees);
@@ -314,7 +315,7 @@ static void replay_both(const char *mode)
         const int64_t *c = dev[i].calls;
         fprintf(stderr,
                 "test_cuda_vmm_replay: %-36s%s driver calls: %lld handles (cuMemCreate, cuMemMap, cuMemRelease), "
-                "%lld cuMemSetAccess, %lld cuMemUnmap, %lld cuCtxSynchronize, %lld cuMemAlloc, %lld cuMemFree\n",
+                "%lld cuMemSetAccess, %lld cuMemUnmap, %lld cuStreamSynchronize, %lld cuMemAlloc, %lld cuMemFree\n",
                 name, mode, (long long)c[C_CREATE], (long long)c[C_ACCESS], (long long)c[C_UNMAP],
                 (long long)c[C_SYNC], (long long)c[C_ALLOC], (long long)c[C_FREE]);
         /* The driver calls bench/replay.c derives from the host backend's

@@ -149,13 +149,43 @@ static void child_driver_12000(void)
     CHILD_EXPECT(gpa2("cuStreamGetDevice", &pfn, 12000, 0, &st) == CUDA_SUCCESS);
     CHILD_EXPECT(pfn == NULL && st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
     CHILD_EXPECT(gpa2("cuMemAlloc", &pfn, 12080, 0, &st) == CUDA_ERROR_INVALID_VALUE);
+    CHILD_EXPECT(gpa2("cuStreamGetCtx", &pfn, 12000, 0, &st) == CUDA_SUCCESS &&
+                 pfn == dlsym(cu_lib, "cuStreamGetCtx")); /* the 9.2 form only */
     CHILD_EXPECT(cu.cuMemPoolCreate != NULL);
+}
+
+/* CUDA_STANDIN_STREAM_GET_DEVICE_IN_CAPTURE=1: cuStreamGetDevice works on a
+ * capturing stream and the capture survives. */
+static void child_get_device_in_capture(void)
+{
+    CUcontext c = NULL;
+    CUstream s = NULL;
+    CUdevice dev = -1;
+    CUgraph g = NULL;
+    CHILD_EXPECT(cu.cuInit(0) == CUDA_SUCCESS);
+    CHILD_EXPECT(cu.cuDevicePrimaryCtxRetain(&c, 0) == CUDA_SUCCESS);
+    CHILD_EXPECT(cu.cuCtxPushCurrent(c) == CUDA_SUCCESS);
+    CHILD_EXPECT(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CHILD_EXPECT(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    CHILD_EXPECT(cu.cuStreamGetDevice(s, &dev) == CUDA_SUCCESS && dev == 0);
+    CHILD_EXPECT(cu.cuStreamEndCapture(s, &g) == CUDA_SUCCESS && g != NULL);
+}
+
+/* CUDA_STANDIN_VMM_RDMA=0: the device reports no GPUDirect RDMA with VMM. */
+static void child_no_vmm_rdma(void)
+{
+    int v = -1;
+    CHILD_EXPECT(cu.cuInit(0) == CUDA_SUCCESS);
+    CHILD_EXPECT(cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0) ==
+                 CUDA_SUCCESS);
+    CHILD_EXPECT(v == 0);
 }
 
 static const struct {
     const char *name;
     void (*body)(void);
 } children[] = {
+    {"get_device_in_capture", child_get_device_in_capture}, {"no_vmm_rdma", child_no_vmm_rdma},
     {"before_init", child_before_init},   {"visible_2_0", child_visible_2_0}, {"visible_1_7_0", child_visible_1_7_0},
     {"no_device", child_no_device},       {"memory_64m", child_memory_64m},   {"bad_memory", child_bad_memory},
     {"driver_12000", child_driver_12000},
@@ -195,6 +225,12 @@ static void test_configuration_from_environment(void **state)
     assert_int_equal(run_child("bad_memory", bad), 0);
     const char *old[] = {"CUDA_STANDIN_DRIVER_VERSION=12000", NULL};
     assert_int_equal(run_child("driver_12000", old), 0);
+    const char *get_device[] = {"CUDA_STANDIN_STREAM_GET_DEVICE_IN_CAPTURE=1", NULL};
+    assert_int_equal(run_child("get_device_in_capture", get_device), 0);
+    const char *get_device_bad[] = {"CUDA_STANDIN_STREAM_GET_DEVICE_IN_CAPTURE=yes", NULL};
+    assert_int_equal(run_child("bad_memory", get_device_bad), 0); /* cuInit refuses */
+    const char *no_rdma[] = {"CUDA_STANDIN_VMM_RDMA=0", NULL};
+    assert_int_equal(run_child("no_vmm_rdma", no_rdma), 0);
 }
 
 /* ---- cuGetProcAddress ---------------------------------------------------------- */
@@ -215,6 +251,28 @@ static void test_proc_address_versions(void **state)
     pfn = NULL;
     CU_OK(gpa("cuStreamBeginCapture", &pfn, 10010, 0));
     assert_ptr_equal(pfn, dlsym(cu_lib, "cuStreamBeginCapture_v2"));
+    /* One name, two forms: the version asked for picks (cuStreamGetCtx 9.2 and 12.5). */
+    if (cu_driver_version >= TALLY_CU_STREAM_GET_CTX_V2) {
+        CU_OK(gpa2("cuStreamGetCtx", &pfn, 9020, 0, &st));
+        assert_ptr_equal(pfn, dlsym(cu_lib, "cuStreamGetCtx"));
+        CU_OK(gpa2("cuStreamGetCtx", &pfn, TALLY_CU_STREAM_GET_CTX_V2, 0, &st));
+        assert_int_equal(st, CU_GET_PROC_ADDRESS_SUCCESS);
+        assert_ptr_equal(pfn, dlsym(cu_lib, "cuStreamGetCtx_v2"));
+        tally_pfn_cuStreamGetCtx_v2 get_ctx_v2 = NULL;
+        memcpy(&get_ctx_v2, &pfn, sizeof pfn);
+        CUcontext c = NULL, mine = NULL;
+        CUgreenCtx green = (CUgreenCtx)&c;
+        CUstream s = NULL;
+        CU_OK(cu.cuDevicePrimaryCtxRetain(&mine, 0));
+        CU_OK(cu.cuCtxPushCurrent(mine));
+        CU_OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        CU_OK(get_ctx_v2(s, &c, &green));
+        assert_ptr_equal(c, mine);
+        assert_null(green); /* a regular context's stream */
+        CU_OK(cu.cuStreamDestroy(s));
+        CU_OK(cu.cuCtxPopCurrent(NULL));
+        CU_OK(cu.cuDevicePrimaryCtxRelease(0));
+    }
     /* Unknown symbol: found nothing. */
     pfn = &st;
     CUresult rc = gpa2("cuNoSuchEntryPoint", &pfn, 3020, 0, &st);

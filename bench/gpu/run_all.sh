@@ -13,7 +13,8 @@
 #     real driver instead of the CUDA stand-in;
 #  3. the PyTorch checks of bench/gpu/torch_checks.py, one process each: no
 #     primary context on other devices, cudaGetLastError clean after a failing
-#     tally operation, torch.cuda.graph capture and replay, a convolution near
+#     tally operation, torch.cuda.graph capture of a small model replayed 100
+#     times with outputs equal to eager (default and async backends), a convolution near
 #     the memory limit falling back (c10::OutOfMemoryError shim), a training
 #     loop's speed and peak reserved under tally and under PyTorch's allocator;
 #  4. if time is left: bench/gpu/torch_check.sh (the longer PyTorch workload),
@@ -85,7 +86,7 @@ torch_check() {
   fi
 }
 
-STEPS="build make-test contexts last_error graph conv train-tally train-native torch-workload"
+STEPS="build make-test contexts last_error graph graph-async conv train-tally train-native torch-workload"
 gpu=""
 if [ "${1:-}" != "--dry-run" ] && command -v nvidia-smi >/dev/null 2>&1; then
   gpu=$(nvidia-smi -L 2>/dev/null | grep '^GPU ' || true)
@@ -117,6 +118,7 @@ if "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else
   torch_check contexts contexts
   torch_check last_error last_error
   torch_check graph graph
+  torch_check graph-async graph --async
   torch_check conv conv
   torch_check train-tally train
   torch_check train-native train --native
@@ -126,7 +128,7 @@ if "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else
     line SKIP torch-workload "not enough time left ($(left) s)"
   fi
 else
-  for s in contexts last_error graph conv train-tally train-native torch-workload; do
+  for s in contexts last_error graph graph-async conv train-tally train-native torch-workload; do
     line SKIP "$s" "PyTorch with CUDA is not importable by $PYTHON"
   done
 fi

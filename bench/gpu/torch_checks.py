@@ -2,6 +2,7 @@
 
     python3 bench/gpu/torch_checks.py CHECK        # CHECK: contexts, last_error, graph, conv, train
     python3 bench/gpu/torch_checks.py train --native
+    python3 bench/gpu/torch_checks.py graph --async  # the graph check on backend:async
 
 Each prints exactly one line, ``PASS name: figures``, ``FAIL name: why`` or
 ``SKIP name: why``, and exits 0 (PASS, SKIP) or 1 (FAIL). bench/gpu/run_all.sh
@@ -95,11 +96,18 @@ def check_last_error():
                f"launch and synchronize clean (sum {float(y.sum()):.0f})")
 
 
-def check_graph():
-    """torch.cuda.graph capture and replay under tally."""
+def check_graph(async_backend=False):
+    """torch.cuda.graph capture of a small model under tally (the default
+    backend, or backend:async), replayed 100 times: each replay's output
+    equals the eager model's on the same input."""
+    name = "graph-async" if async_backend else "graph"
+    if async_backend:
+        conf = os.environ.get("TALLY_CONF", "")
+        os.environ["TALLY_CONF"] = (conf + "," if conf else "") + "backend:async"
     torch, tally = start()
     if tally is None:
-        return say("SKIP", "graph", "no CUDA device")
+        return say("SKIP", name, "no CUDA device")
+    torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512)).cuda()
     static_in = torch.randn(64, 512, device="cuda")
     side = torch.cuda.Stream()
@@ -113,19 +121,23 @@ def check_graph():
         with torch.cuda.graph(graph):
             static_out = model(static_in)
     except Exception as e:  # tally refusing allocation inside a capture says so
-        return say("FAIL", "graph", f"capture failed: {type(e).__name__}: {str(e).splitlines()[0]}")
+        return say("FAIL", name, f"capture failed: {type(e).__name__}: {str(e).splitlines()[0]}")
     worst = 0.0
+    replays = 100
     t0 = time.perf_counter()
-    for _ in range(20):
-        static_in.copy_(torch.randn(64, 512, device="cuda"))
-        graph.replay()
-        worst = max(worst, float((static_out - model(static_in)).abs().max()))
+    with torch.no_grad():
+        for _ in range(replays):
+            static_in.copy_(torch.randn(64, 512, device="cuda"))
+            graph.replay()
+            worst = max(worst, float((static_out - model(static_in)).abs().max()))
     torch.cuda.synchronize()
-    ms = (time.perf_counter() - t0) * 1000 / 20
+    ms = (time.perf_counter() - t0) * 1000 / replays
+    backend = tally.backend()
     if worst > 1e-3:
-        return say("FAIL", "graph", f"replay differs from eager by {worst:g}")
-    return say("PASS", "graph", f"captured and replayed 20 times, max |replay - eager| = {worst:.2g}, "
-               f"{ms:.2f} ms per replay+eager; tally reserved {tally.memory_reserved() / MiB:.0f} MiB")
+        return say("FAIL", name, f"replay differs from eager by {worst:g} (backend {backend!r})")
+    return say("PASS", name, f"backend {backend!r}: captured and replayed {replays} times, "
+               f"max |replay - eager| = {worst:.2g}, {ms:.2f} ms per replay+eager; "
+               f"tally reserved {tally.memory_reserved() / MiB:.0f} MiB")
 
 
 def check_conv():
@@ -211,7 +223,8 @@ def main(argv):
         print(__doc__)
         return 2
     name = argv[0]
-    checks = {"contexts": check_contexts, "last_error": check_last_error, "graph": check_graph,
+    checks = {"contexts": check_contexts, "last_error": check_last_error,
+              "graph": lambda: check_graph("--async" in argv[1:]),
               "conv": check_conv, "train": lambda: check_train("--native" in argv[1:])}
     if name not in checks:
         print(f"unknown check {name}; one of {', '.join(checks)}")

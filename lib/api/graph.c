@@ -4,6 +4,13 @@
  * (lib/torch/torch_graph.cc). */
 #include "api/api.h"
 
+#include <stdatomic.h>
+
+void tally_graph_captures_announced(void)
+{
+    atomic_store(&tally__g.announces, true);
+}
+
 int tally_graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo, int (*filter)(void *arg, void *stream),
                            void *arg)
 {

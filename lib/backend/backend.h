@@ -72,7 +72,8 @@ typedef struct tally_backend {
      * (on CUDA: one cuMemCreate and one cuMemMap per handle). An unmap
      * covers whole handles only, of one or several map calls (CUDA unmaps a
      * mapping only whole); both backends refuse any other unmap
-     * (docs/architecture.md). */
+     * (docs/architecture.md). unmap waits for no work: the caller first
+     * waits for the stream that used the pages (stream_sync). */
     int (*reserve)(int device, size_t size, void **ptr, char *why, size_t whylen);
     int (*map)(int device, void *ptr, size_t size, size_t handle, char *why, size_t whylen);
     int (*unmap)(int device, void *ptr, size_t size);

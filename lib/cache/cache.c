@@ -227,7 +227,9 @@ static void collect_whole(tally_block_t *b, void *arg)
  * (SIZE_MAX: all of them). */
 static size_t release_pool(tally_device_t *d, tally_pool_t *p, size_t want)
 {
-    if (!p->count)
+    /* Nothing is released while a capture may be under way: cuMemFree may
+     * synchronise (PyTorch releases nothing then either). */
+    if (!p->count || tally__capture_on_locked(d))
         return 0;
     collect_t c = {tally__meta_alloc(p->count * sizeof(tally_block_t *)), 0, p->count, 0};
     if (!c.items)
@@ -320,14 +322,12 @@ void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b)
     tally__stat_pool_dec(d->stats.requested_bytes, b->pool, (int64_t)b->requested);
 }
 
-/* Pass-through free: the pool orders the free after the block's last use on
- * every stream it was recorded on, so the memory returns at once. */
 /* Pass-through free of a block used on other streams: the device's free
  * stream (when the backend has one) waits for the block's stream and every
  * use, and the free is queued there, so the block's own (compute) stream
  * never waits for side streams (PyTorch's async allocator does the same);
  * else the block's stream waits for the uses. */
-static void passthrough_free(tally_device_t *d, tally_block_t *b)
+void tally__cache_passthrough_free_locked(tally_device_t *d, tally_block_t *b)
 {
     const tally_backend_t *be = tally__g.backend;
     void *fs = b->nuses && be->free_stream ? be->free_stream(d->id) : NULL;
@@ -361,7 +361,18 @@ void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
     f->stage = b->stage;
     f->seq = b->seq;
     if (TALLY_UNLIKELY(tally__g.backend->passthrough)) {
-        passthrough_free(d, b);
+        /* During a capture only a graph allocation with no other stream's
+         * use is freed at once (a free node on its own stream): any other
+         * free waits for the capture to end (cuMemFreeAsync in a capture
+         * takes only graph allocations, and a free through the free stream
+         * would join that stream into the capture, unjoined). */
+        if (TALLY_UNLIKELY(tally__g.backend->stream_capturing != NULL) && !(b->in_capture && !b->nuses) &&
+            (tally__events_uses_captured_locked(d, b) || tally__events_capture_on_locked(d, b->stream, true)) &&
+            tally__capture_defer_locked(d, b) == 0) {
+            b->state = BLOCK_PENDING;
+            return;
+        }
+        tally__cache_passthrough_free_locked(d, b);
         return;
     }
     if (b->nuses) {
@@ -490,8 +501,9 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
 static bool release_available_cached_blocks(tally_device_t *d, alloc_params_t *p)
 {
     uint64_t msplit = tally__opt.max_split_size;
-    /* Small-pool blocks (<= 2 MiB) are never oversize (max_split_size >= 20 MiB). */
-    if (msplit == UINT64_MAX || p->pool == TALLY_POOL_SMALL)
+    /* Small-pool blocks (<= 2 MiB) are never oversize (max_split_size >= 20 MiB);
+     * nothing is released during a capture (release_pool). */
+    if (msplit == UINT64_MAX || p->pool == TALLY_POOL_SMALL || tally__capture_on_locked(d))
         return false;
     tally_pool_t *pool = tally__pool_for(d, p->gp, p->pool);
     size_t want = p->size < msplit ? (size_t)msplit : p->size;
@@ -520,8 +532,8 @@ static bool release_available_cached_blocks(tally_device_t *d, alloc_params_t *p
 static void garbage_collect(tally_device_t *d)
 {
     uint64_t threshold = (uint64_t)(tally__opt_double(&tally__opt.gc_threshold) * (double)d->allowed_max);
-    if (d->reserved <= threshold)
-        return;
+    if (d->reserved <= threshold || tally__capture_on_locked(d))
+        return; /* nothing is released during a capture (release_pool) */
     uint64_t target = d->reserved - threshold, reclaimed = 0;
     tally_pool_t *pool = &d->large;
     collect_t c = {tally__meta_alloc((pool->count + 1) * sizeof(tally_block_t *)), 0, pool->count, 0};
@@ -568,9 +580,9 @@ size_t tally__cache_release_all_locked(tally_device_t *d)
     const tally_backend_t *be = tally__g.backend;
     if (be->passthrough) {
         /* The pool holds the cache: wait for the device, then trim it
-         * (not while a capture is under way: that would end it). */
+         * (not while a capture may be under way: that would end it). */
         uint64_t before[4] = {0}, after[4] = {0};
-        if (d->ncapturing && tally__capture_underway_locked(d))
+        if (tally__capture_on_locked(d))
             return 0;
         d->stats.num_sync_all_streams++;
         be->synchronize(d->id);
@@ -579,6 +591,8 @@ size_t tally__cache_release_all_locked(tally_device_t *d)
         be->pool_usage(d->id, after);
         return before[0] > after[0] ? (size_t)(before[0] - after[0]) : 0;
     }
+    if (tally__capture_on_locked(d))
+        return 0; /* no event synchronised, nothing released during a capture */
     tally__events_wait_all_locked(d);
     size_t released = tally__cache_release_pool_locked(d, &d->large);
     released += tally__cache_release_pool_locked(d, &d->small);
@@ -650,7 +664,9 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
     bool capturing = tally__g.backend->stream_capturing && tally__events_capture_on_locked(d, stream, true);
     if (!capturing && d->events_head)
         tally__events_process_locked(d, false);
-    p.gp = TALLY_UNLIKELY(d->nallocating) ? tally__gpool_match_locked(d, stream) : NULL;
+    /* Pass-through: graph pools are records only (graph_pool.c). */
+    p.gp = TALLY_UNLIKELY(d->nallocating) && !tally__g.backend->passthrough ? tally__gpool_match_locked(d, stream)
+                                                                             : NULL;
     if (TALLY_UNLIKELY(capturing) && !p.gp && tally__capture_listed(d, stream) && !tally__g.backend->passthrough) {
         /* Memory the graph would use on replay must not go back to eager
          * code: without a graph pool there is no safe place for it. */
@@ -744,6 +760,8 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
         tally__stat_inc(&d->stats.oversize_allocations, 1);
     b->site = site;
     b->ignored = 0;
+    /* Pass-through: a graph allocation may be freed inside its capture. */
+    b->in_capture = TALLY_UNLIKELY(capturing) && tally__capture_listed(d, stream);
     tally__cache_hooks.block_alloc(d, b);
     return b;
 }

@@ -37,6 +37,7 @@ struct tally_block {
     uint8_t paged;               /* counted on its expandable segment's pages */
     uint8_t deferred;            /* pending: events wait for a capture to end */
     uint8_t ignored;             /* tally_ignore: kept on purpose, not a leak */
+    uint8_t in_capture;          /* pass-through: allocated on a capturing stream (a graph allocation) */
     uint16_t event_count;        /* outstanding stream events */
     uint16_t nuses, cap_uses;    /* streams recorded by record_stream */
     tally_use_t *uses;
@@ -162,6 +163,13 @@ typedef struct tally_global {
     const tally_backend_t *backend;
     int ndev;
     tally_device_t *dev[TALLY_MAX_DEVICES];
+    /* Captures announced (graph_pool.c): graph pools between begin and end,
+     * on every device together (a global-mode capture forbids unsafe calls
+     * from every thread, whatever the device); and whether any ever was (from
+     * then on tally relies on announcements and asks the driver nothing on
+     * the cached path outside them). */
+    _Atomic int announced;
+    _Atomic bool announces;
 } tally_global_t;
 
 extern tally_global_t tally__g;
@@ -252,6 +260,11 @@ bool tally__capture_check_locked(tally_device_t *d, void *stream);
 bool tally__capture_listed(const tally_device_t *d, void *stream);
 /* Re-check known capturing streams only. */
 bool tally__capture_underway_locked(tally_device_t *d);
+/* Whether a capture may be under way, so that no potentially unsafe call
+ * (event query or synchronise, stream or device synchronise, cuMemFree,
+ * unmap) may be made: one is announced on any device, or a stream of d is
+ * known to capture. Makes no driver call unless d has streams listed. */
+bool tally__capture_on_locked(tally_device_t *d);
 /* Remember a block whose events must wait for the capture to end. */
 int tally__capture_defer_locked(tally_device_t *d, tally_block_t *b);
 /* The graph pool an allocation on stream goes to, or NULL. */
@@ -285,6 +298,8 @@ void tally__events_wait_all_locked(tally_device_t *d);
 bool tally__events_capture_on_locked(tally_device_t *d, void *stream, bool check_stream);
 /* Whether a capture is under way on the device or on a use of b. */
 bool tally__events_uses_captured_locked(tally_device_t *d, tally_block_t *b);
+/* Pass-through free (cache.c): the backend frees, after the block's uses. */
+void tally__cache_passthrough_free_locked(tally_device_t *d, tally_block_t *b);
 /* Make stream (of d) wait for the work queued so far on u's stream. */
 void tally__events_wait_for_use_locked(tally_device_t *d, void *stream, const tally_use_t *u);
 

@@ -109,14 +109,15 @@ static bool stream_blocked(const tally_use_t *blocked, int n, const tally_event_
  * same): later events of a stream cannot have completed before it. An
  * event whose query or synchronise fails is not left pending: the event's
  * device is synchronised and the block freed. Nothing is queried while a
- * CUDA graph capture is under way on the device. */
+ * CUDA graph capture may be under way (announced anywhere, or seen on the
+ * device). */
 void tally__events_process_locked(tally_device_t *d, bool wait)
 {
     enum { MAX_BLOCKED = 32 };
     tally_use_t blocked[MAX_BLOCKED];
     int nblocked = 0;
-    if (d->ncapturing && tally__capture_underway_locked(d))
-        return;
+    if (tally__capture_on_locked(d))
+        return; /* queries and synchronises are potentially unsafe calls */
     tally_event_entry_t **link = &d->events_head, *last = NULL;
     while (*link) {
         tally_event_entry_t *e = *link;
@@ -151,7 +152,8 @@ void tally__events_process_locked(tally_device_t *d, bool wait)
         d->events_tail = last;
 }
 
-/* The capture that deferred these blocks' events has ended: insert them. */
+/* The capture that deferred these blocks' events has ended: insert them
+ * (pass-through: free them now, after their uses). */
 static void flush_deferred(tally_device_t *d)
 {
     size_t n = d->ndeferred;
@@ -159,6 +161,10 @@ static void flush_deferred(tally_device_t *d)
     for (size_t i = 0; i < n; i++) {
         tally_block_t *b = d->deferred[i];
         b->deferred = 0;
+        if (tally__g.backend->passthrough) {
+            tally__cache_passthrough_free_locked(d, b);
+            continue;
+        }
         tally__cache_insert_events_locked(d, b);
         if (!b->event_count)
             tally__cache_free_block_locked(d, b);
@@ -170,7 +176,13 @@ static void flush_deferred(tally_device_t *d)
  * events were deferred get them now. check_stream: look at stream too. */
 bool tally__events_capture_on_locked(tally_device_t *d, void *stream, bool check_stream)
 {
-    bool on = check_stream ? tally__capture_check_locked(d, stream) : tally__capture_underway_locked(d);
+    bool announced = atomic_load_explicit(&tally__g.announced, memory_order_acquire) > 0;
+    bool on = false;
+    /* Announcements are relied on once there were any: outside them no
+     * driver call unless streams are still listed. */
+    if (announced || !atomic_load_explicit(&tally__g.announces, memory_order_relaxed) || d->ncapturing)
+        on = check_stream ? tally__capture_check_locked(d, stream) : tally__capture_underway_locked(d);
+    on = on || announced;
     if (!on && TALLY_UNLIKELY(d->ndeferred))
         flush_deferred(d);
     return on;
@@ -180,7 +192,9 @@ bool tally__events_capture_on_locked(tally_device_t *d, void *stream, bool check
  * on (a capture that began since the last allocation is seen here too). */
 bool tally__events_uses_captured_locked(tally_device_t *d, tally_block_t *b)
 {
-    bool on = false;
+    bool on = atomic_load_explicit(&tally__g.announced, memory_order_acquire) > 0;
+    if (!on && atomic_load_explicit(&tally__g.announces, memory_order_relaxed))
+        return tally__events_capture_on_locked(d, NULL, false);
     for (uint16_t i = 0; i < b->nuses && !on; i++)
         on = tally__capture_check_locked(d, b->uses[i].stream);
     return on || tally__events_capture_on_locked(d, NULL, false);
@@ -206,13 +220,25 @@ void tally__events_wait_for_use_locked(tally_device_t *d, void *stream, const ta
 
 /* The stream's device: NULL and the other default-stream handles mean the
  * current device's default stream, or the block's device when no device is
- * current (backend.h, docs/architecture.md). */
+ * current (backend.h, docs/architecture.md); a NULL stream that is another
+ * device's default stream is said (it is rarely what was meant). A stream
+ * whose device cannot be told is still a use: kept on the block's device,
+ * where no event can be recorded on it, so the free waits for that stream
+ * (after the capture, if one is under way: frees with uses are deferred). */
 int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void *stream)
 {
     const tally_backend_t *be = tally__g.backend;
     int dev = be->stream_device ? be->stream_device(stream, d->id) : d->id;
-    if (dev < 0 || dev >= tally__g.ndev)
-        return tally__fail(TALLY_EBACKEND, "record_stream: cannot tell which device stream %p belongs to", stream);
+    if (dev < 0 || dev >= tally__g.ndev) {
+        tally__diag("record_stream: cannot tell which device stream %p belongs to; block %p of device %d waits for "
+                    "that stream when it is freed",
+                    stream, (void *)b->addr, d->id);
+        dev = d->id;
+    } else if (TALLY_UNLIKELY(stream == NULL && dev != d->id)) {
+        tally__diag("record_stream: the NULL stream is the default stream of the current device, device %d, not "
+                    "that of block %p (device %d); pass the stream itself to record a use on device %d",
+                    dev, (void *)b->addr, d->id, d->id);
+    }
     if (stream == b->stream && dev == d->id)
         return 0;
     for (uint16_t i = 0; i < b->nuses; i++)

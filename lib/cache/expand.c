@@ -33,10 +33,11 @@
  * spare handles, and the idle pages of a handle that still holds a live
  * block stay mapped until it is spare.
  *
- * CUDA graph capture: nothing is unmapped while a stream of the device is
- * capturing (tally__capture_underway_locked; one test of a counter when
- * none is): cuMemUnmap needs a device synchronise first, which a capture
- * forbids (it would invalidate it). A block that needs pages then maps new
+ * CUDA graph capture: nothing is unmapped while a capture may be under way
+ * (tally__capture_on_locked: one announced, or a stream of the device seen
+ * capturing; tests of counters when none is): cuMemUnmap needs the
+ * segment's stream synchronised first, which a capture forbids (it would
+ * invalidate it). A block that needs pages then maps new
  * ones instead of taking idle ones, past the high-water mark if need be;
  * when the device has no room for them the allocation fails with OOM (the
  * capture survives). empty_cache, stage-end release and the release of a
@@ -252,16 +253,23 @@ static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, si
 /* Whether unmapping is held back: a capture is under way on the device. */
 bool tally__expand_unmap_held_locked(tally_device_t *d)
 {
-    return TALLY_UNLIKELY(d->ncapturing != 0) && tally__capture_underway_locked(d);
+    return tally__capture_on_locked(d);
 }
 
-/* Unmap pages [p, p + n) in one backend call: whole spare handles only.
- * Returns false (nothing changed) when the backend refused. */
+/* Unmap pages [p, p + n) in one backend call: whole spare handles only,
+ * after the work queued on the segment's stream (the one stream whose blocks
+ * the region holds; another stream's uses of a block held it back with
+ * events until done), never after the whole device: an unrelated stream
+ * (NCCL's) is not waited for. Returns false (nothing changed) when the
+ * backend refused. */
 static bool unmap_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n)
 {
     size_t bytes = n * PAGE;
     tally_expand_t *ex = s->ex;
-    if (tally__g.backend->unmap(d->id, (void *)(s->base + p * PAGE), bytes))
+    const tally_backend_t *be = tally__g.backend;
+    if (be->stream_sync && be->stream_sync(d->id, s->stream))
+        return false; /* not known to be done: still mapped, still spare */
+    if (be->unmap(d->id, (void *)(s->base + p * PAGE), bytes))
         return false; /* still mapped, still spare */
     d->stats.num_device_free++;
     for (size_t h = p; h < p + n;) {

@@ -1,11 +1,25 @@
 /* CUDA graph capture in the cache.
  *
- * Capture tracking: a stream seen capturing at an allocation
- * (cuStreamIsCapturing through the backend) is remembered, and the streams
- * remembered are re-checked at each allocation and free until none captures
- * any more. While any does, the cache queries no event (a query on captured
- * work would invalidate the capture) and a block freed with uses on other
- * streams gets its events only once the capture has ended (deferred).
+ * Capture tracking. A capture is announced by tally_graph_pool_begin (PyTorch
+ * calls its graph-pool begin hook before cudaStreamBeginCapture, and the end
+ * hook, in 2.6-2.9, after cudaStreamEndCapture): from begin to end a capture
+ * may be under way, on any device (tally__g.announced counts the pools
+ * between begin and end on all devices: a global-mode capture forbids the
+ * potentially unsafe calls from every thread, whatever the device). Besides,
+ * a stream seen capturing at an allocation (cuStreamIsCapturing through the
+ * backend) is remembered, and the streams remembered are re-checked at each
+ * allocation and free until none captures any more. While a capture may be
+ * under way (tally__capture_on_locked) the cache makes no potentially unsafe
+ * call: it queries and synchronises no event, releases no cached memory
+ * (cuMemFree may synchronise; the OOM path and empty_cache free nothing,
+ * as PyTorch's allocator does), unmaps nothing, and a block freed with uses
+ * on other streams gets its events only once the capture has ended
+ * (deferred); under a pass-through backend (async) a free of a block
+ * allocated outside the capture, or used on other streams, waits for the
+ * end too (cuMemFreeAsync in a capture takes only graph allocations).
+ * Once any capture has been announced, tally relies on announcements: the
+ * cached malloc/free path outside them asks the driver nothing (no
+ * cuStreamIsCapturing); before that it spends one call per allocation.
  *
  * Graph pools: between tally_graph_pool_begin and tally_graph_pool_end,
  * allocations on the device that the pool's filter accepts (PyTorch passes
@@ -43,6 +57,13 @@ bool tally__capture_underway_locked(tally_device_t *d)
         d->capturing[i] = d->capturing[--d->ncapturing];
     }
     return d->ncapturing > 0;
+}
+
+bool tally__capture_on_locked(tally_device_t *d)
+{
+    if (atomic_load_explicit(&tally__g.announced, memory_order_acquire) > 0)
+        return true;
+    return TALLY_UNLIKELY(d->ncapturing != 0) && tally__capture_underway_locked(d);
 }
 
 bool tally__capture_check_locked(tally_device_t *d, void *stream)
@@ -134,8 +155,10 @@ size_t tally__gpool_release_freeable_locked(tally_device_t *d)
 
 /* ---- the public API's bodies (lib/api/graph.c initialises, then calls them) ---- */
 
-/* The device, or NULL with *rc set: an error, or 0 under a pass-through
- * backend (the driver's pools follow CUDA's own graph memory rules). */
+/* The device, or NULL with *rc set to the error. Under a pass-through
+ * backend the pools are kept as records (begin, end and release pair up, and
+ * announce the capture) but never serve memory: the driver's pool follows
+ * CUDA's own graph memory rules. */
 static tally_device_t *graph_device(int device, const char *fn, uint64_t hi, uint64_t lo, int *rc)
 {
     *rc = -TALLY_EINVAL;
@@ -145,10 +168,6 @@ static tally_device_t *graph_device(int device, const char *fn, uint64_t hi, uin
     if (hi == 0 && lo == 0) {
         *rc = tally__fail(TALLY_EINVAL, "%s: pool id (0, 0) is not a graph pool (PyTorch's ids are never both 0)",
                           fn);
-        return NULL;
-    }
-    if (tally__g.backend->passthrough) {
-        *rc = 0;
         return NULL;
     }
     return d;
@@ -188,6 +207,8 @@ int tally__graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo, int (*fi
     gp->allocating = true;
     gp->use_count++;
     d->nallocating++;
+    atomic_store(&tally__g.announces, true);
+    atomic_fetch_add(&tally__g.announced, 1);
     tally__mutex_unlock(&d->lock);
     return 0;
 }
@@ -209,6 +230,8 @@ int tally__graph_pool_end(int device, uint64_t id_hi, uint64_t id_lo)
         gp->filter = NULL;
         gp->arg = NULL;
         d->nallocating--;
+        atomic_fetch_sub(&tally__g.announced, 1);
+        tally__events_capture_on_locked(d, NULL, false); /* deferred frees go now, if no capture is left */
     }
     tally__mutex_unlock(&d->lock);
     return rc;
@@ -230,6 +253,7 @@ int tally__graph_pool_release(int device, uint64_t id_hi, uint64_t id_lo)
         if (gp->allocating) {
             gp->allocating = false;
             d->nallocating--;
+            atomic_fetch_sub(&tally__g.announced, 1);
         }
         if (--gp->use_count == 0) {
             if (gp->nsegments == 0)

@@ -109,6 +109,7 @@ _SIGNATURES = {
     "tally_torch_memory_fraction": (None, [_c.c_double, _c.c_int]),
     "tally_torch_record_stream": (None, [_c.c_void_p, _c.c_void_p]),
     "tally_torch_oom_raises": (_c.c_int, []),
+    "tally_graph_captures_announced": (None, []),
     "tally_torch_set_oom_raiser": (None, [_c.c_void_p]),
     "tally_torch_base_alloc": (_c.c_void_p, [_c.c_void_p, _c.POINTER(_c.c_size_t)]),
     "tally_backend_started": (_c.c_int, []),

@@ -114,6 +114,10 @@ def install(conf: Optional[Any] = None):
         lazy_call(_refuse_host_memory_for_cuda)
     if missing:
         warnings.warn(f"tally: this PyTorch lacks {', '.join(missing)}; those hooks do not reach tally", stacklevel=2)
+    if not any(setter in missing for setter, name in _HOOKS if "pool" in name):
+        # PyTorch announces every capture through the graph-pool hooks: the
+        # cached path need not ask the driver about captures.
+        library().tally_graph_captures_announced()
     _oom_shim.install(torch)
     if not library().tally_torch_oom_raises():
         warnings.warn(

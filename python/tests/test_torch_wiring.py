@@ -138,6 +138,29 @@ class FakeTorchTest(unittest.TestCase):
         self.assertIn("ok", r.stdout)
         self.assertIn("PyTorch passed 5 bytes", r.stderr)
 
+    def test_install_announces_captures_only_with_the_graph_hooks(self):
+        # With PyTorch's graph-pool hooks set, every capture reaches tally
+        # first, so install() promises that (tally_graph_captures_announced);
+        # without them (the fake Handle has none) it must not.
+        for with_graph in (False, True):
+            r = self.run_with_fake_torch(
+                f"""\
+                import warnings
+                import tally
+                if {with_graph}:
+                    for name in ("set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn", "set_release_pool"):
+                        setattr(Handle, name, lambda self, a, n=name: self.hooks.__setitem__(n, a))
+                said = []
+                tally.library().tally_graph_captures_announced = lambda: said.append(1)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    tally.install()
+                assert said == ([1] if {with_graph} else []), said
+                print("ok")
+                """
+            )
+            self.assertIn("ok", r.stdout)
+
     def test_install_refuses_after_cuda_init(self):
         r = self.run_with_fake_torch(
             """\

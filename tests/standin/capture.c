@@ -12,11 +12,36 @@
  *   or if any other thread has a concurrent capture sequence initiated with
  *   CU_STREAM_CAPTURE_MODE_GLOBAL, this thread is prohibited from
  *   potentially unsafe API calls'; THREAD_LOCAL: only the thread's own
- *   capture counts; RELAXED: 'not prohibited'). The calls the stand-in treats
- *   as potentially unsafe: cuMemAlloc ('such as a call to cudaMalloc') and
- *   cuMemFree (it 'may perform implicit synchronization', cuMemFree). Such a
- *   call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ('the operation is
- *   not permitted when the stream is capturing').
+ *   capture counts; RELAXED: 'not prohibited'). Such a call fails with
+ *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ('the operation is not permitted
+ *   when the stream is capturing') and invalidates the captures that
+ *   prohibit it. The calls the stand-in treats as potentially unsafe, and
+ *   where each comes from:
+ *   - cuMemAlloc: CUDA's documentation ('some actions, such as a call to
+ *     cudaMalloc, may be unsafe', cuThreadExchangeStreamCaptureMode);
+ *   - cuMemFree: CUDA's documentation (it 'may perform implicit
+ *     synchronization', cuMemFree; implicit synchronisation is what capture
+ *     forbids);
+ *   - cuEventQuery and cuEventSynchronize of an event that is not part of a
+ *     capture: NOT from CUDA's API reference (which names no list) but from
+ *     measurement reported in PyTorch's sources and pull requests: its
+ *     caching allocator skips its event queries while any capture is under
+ *     way ('cudaEventQueries, illegal during CUDA graph capture'), and an
+ *     event query from the NCCL watchdog thread invalidated global-mode
+ *     captures until that thread switched to thread-local mode (PyTorch PRs
+ *     104555, 105182, 148594; ../shared/cuda.md, "CUDA graph capture");
+ *   - cuStreamSynchronize and cuCtxSynchronize, of any stream or context (the
+ *     driver API has no separate device synchronise; cuCtxSynchronize is
+ *     it): the same sources, a synchronising call being what the unsafe
+ *     cudaMalloc/cudaFree do implicitly; PyTorch releases no cached memory
+ *     (which synchronises) while a capture is under way. A measurement on
+ *     NVIDIA hardware (ROCm's pull request 4508, CUDA 12.0) saw another
+ *     thread's synchronise of ANOTHER device leave a global capture valid:
+ *     the stand-in applies the modes' rule whatever the device, stricter
+ *     than that measurement (tests check that case on the stand-in only).
+ *   cuStreamGetDevice is treated as potentially unsafe too (stream.c), from
+ *   measurement (NVIDIA CCCL's notes on get_device_from_stream: rejected
+ *   during capture by driver 580).
  * - Synchronising or querying a capturing stream, a context with a
  *   capturing stream (cuCtxSynchronize) or an event last recorded in a
  *   capture: CUDA Programming Guide, CUDA Graphs, "Prohibited and Unhandled
@@ -35,6 +60,29 @@
  *   the blocking stream capture is terminated'): work on it or a query of it
  *   fails with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; cuStreamIsCapturing on it
  *   returns that error without invalidating.
+ * - Cross-stream capture (Programming Guide, CUDA Graphs, "Cross-stream
+ *   Dependencies and Events": a stream that waits on an event recorded in a
+ *   capturing stream joins that capture, and its later work is captured
+ *   too): cuStreamWaitEvent on such an event joins the waiting stream into
+ *   the event's capture (stream.c). Every joined stream's work must be
+ *   joined back into the origin stream (the origin waits, directly or
+ *   through other streams, on an event recorded after it) before
+ *   cuStreamEndCapture, else that fails with
+ *   CUDA_ERROR_STREAM_CAPTURE_UNJOINED ('the capture sequence contains a
+ *   fork that was not joined to the primary stream') and a NULL graph. The
+ *   capture ends on the origin only (CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, 'the
+ *   capture was not initiated in this stream', on a joined stream); ending
+ *   it ends every joined stream's capture. A stream capturing into another
+ *   capture cannot wait on the event ('It is invalid to merge two separate
+ *   capture graphs by waiting on a captured event from a stream which is
+ *   being captured and is associated with a different capture graph than
+ *   the event': CUDA_ERROR_STREAM_CAPTURE_ISOLATION, both invalidated).
+ * - Stream-ordered allocation (pool.c): cuMemAllocAsync in a capture makes a
+ *   graph allocation; cuMemFreeAsync in a capture must be given a graph
+ *   allocation of that capture (cuMemFreeAsync's note on stream capture:
+ *   'this function results in the creation of a free node and must therefore
+ *   be passed the address of a graph allocation'), else it fails and the
+ *   capture is invalidated.
  * - Invalidation (Programming Guide, "Invalidation": 'When any illegal
  *   operation is attempted during stream capture, any associated capture
  *   graphs are invalidated'): each refusal above invalidates the captures
@@ -44,12 +92,16 @@
  *   violation of the rules of stream capture, then a NULL graph will be
  *   returned').
  *
- * Simplifications: no cross-stream capture (a stream waiting on an event
- * recorded in a capture is refused with CUDA_ERROR_NOT_SUPPORTED), so every
- * capture has exactly one stream; no graph instantiation or launch. */
+ * Simplifications: a capture spans at most SI_CAPTURE_STREAMS streams (a
+ * join past that is refused with CUDA_ERROR_NOT_SUPPORTED); waiting on an
+ * event of a capture that has ended is refused with CUDA_ERROR_NOT_SUPPORTED
+ * (the documentation does not say); the legacy stream never joins a capture
+ * (refused with CUDA_ERROR_NOT_SUPPORTED); no graph instantiation or
+ * launch. */
 #include "standin.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static _Thread_local CUstreamCaptureMode si_thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 static struct si_capture *si_captures;
@@ -90,12 +142,21 @@ static bool si_blocking_capture(struct CUctx_st *ctx, bool invalidate)
     return any;
 }
 
+/* One more node captured on s (its capture's clock for s moves on). */
+static void si_capture_node(struct CUstream_st *s)
+{
+    struct si_capture *c = s->capture;
+    int i = s->cap_index;
+    c->nodes++;
+    c->clock[i][i] = ++c->ops[i];
+}
+
 int si_capture_enqueue(struct CUstream_st *s)
 {
     if (s->capture) {
         if (s->capture->invalidated)
             return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-        s->capture->nodes++;
+        si_capture_node(s);
         return SI_CAPTURED;
     }
     if (s->legacy && si_blocking_capture(s->ctx, true))
@@ -121,6 +182,51 @@ CUresult si_capture_event_check(struct CUevent_st *e)
     if (!e->captured->ended)
         e->captured->invalidated = true;
     return CUDA_ERROR_CAPTURED_EVENT;
+}
+
+void si_capture_invalidate(struct CUstream_st *s)
+{
+    if (s->capture)
+        s->capture->invalidated = true;
+}
+
+void si_capture_event_recorded(struct CUstream_st *s, struct CUevent_st *e)
+{
+    struct si_capture *c = s->capture;
+    e->captured = c;
+    e->stream = NULL;
+    memcpy(e->clock, c->clock[s->cap_index], sizeof e->clock);
+}
+
+CUresult si_capture_join(struct CUstream_st *s, struct CUevent_st *e)
+{
+    struct si_capture *c = e->captured;
+    if (c->ended || s->legacy)
+        return CUDA_ERROR_NOT_SUPPORTED; /* see the header: not modelled */
+    if (s->capture && s->capture != c) {
+        s->capture->invalidated = true;
+        c->invalidated = true;
+        return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+    }
+    if (c->invalidated)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (!s->capture) {
+        if (c->nstreams == SI_CAPTURE_STREAMS)
+            return CUDA_ERROR_NOT_SUPPORTED;
+        int i = c->nstreams++;
+        c->streams[i] = s;
+        c->ops[i] = 0;
+        memset(c->clock[i], 0, sizeof c->clock[i]);
+        s->capture = c;
+        s->cap_index = i;
+    }
+    /* The waiting stream's next nodes depend on what the event stands for. */
+    unsigned long long *mine = c->clock[s->cap_index];
+    for (int j = 0; j < SI_CAPTURE_STREAMS; j++)
+        if (e->clock[j] > mine[j])
+            mine[j] = e->clock[j];
+    si_capture_node(s);
+    return CUDA_SUCCESS;
 }
 
 CUresult si_capture_ctx_check(struct CUctx_st *ctx)
@@ -165,8 +271,11 @@ CUresult cuStreamBeginCapture(CUstream stream, CUstreamCaptureMode mode)
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
             *c = (struct si_capture){.mode = mode, .thread = pthread_self(), .origin = s, .next_all = si_captures};
+            c->streams[0] = s;
+            c->nstreams = 1;
             si_captures = c;
             s->capture = c;
+            s->cap_index = 0;
         }
     }
     pthread_mutex_unlock(&si_lock);
@@ -201,7 +310,10 @@ CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *status)
  * argument to cuStreamBeginCapture was not CU_STREAM_CAPTURE_MODE_RELAXED,
  * this call must be from the same thread' (else
  * CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD); an invalidated capture ends with
- * a NULL graph and CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. */
+ * a NULL graph and CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, one with unjoined
+ * work with a NULL graph and CUDA_ERROR_STREAM_CAPTURE_UNJOINED; a joined
+ * stream is not where the capture began (CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,
+ * nothing ends). */
 CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph)
 {
     SI_ENTER();
@@ -213,20 +325,29 @@ CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph)
     struct si_capture *c = rc ? NULL : s->capture;
     if (!rc && !c)
         rc = CUDA_ERROR_ILLEGAL_STATE;
+    if (!rc && c->origin != s)
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNMATCHED; /* a joined stream */
     if (!rc && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && !pthread_equal(c->thread, pthread_self()))
         rc = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
     if (!rc) {
         c->ended = true;
-        s->capture = NULL;
+        for (int i = 0; i < c->nstreams; i++)
+            c->streams[i]->capture = NULL;
         *graph = NULL;
+        /* Joined back: the origin's clock covers every stream's nodes. */
+        bool joined = true;
+        for (int i = 1; i < c->nstreams; i++)
+            joined = joined && c->clock[0][i] >= c->ops[i];
         if (c->invalidated) {
             rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        } else if (!joined) {
+            rc = CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
         } else {
             struct CUgraph_st *g = calloc(1, sizeof *g);
             if (!g)
                 rc = CUDA_ERROR_OUT_OF_MEMORY;
             else
-                *g = (struct CUgraph_st){.nodes = c->nodes, .next_all = si_graphs};
+                *g = (struct CUgraph_st){.nodes = c->nodes, .capture = c, .next_all = si_graphs};
             if (g)
                 si_graphs = g;
             *graph = g;
@@ -246,6 +367,8 @@ CUresult cuGraphDestroy(CUgraph graph)
     pthread_mutex_lock(&si_lock);
     if (graph->destroyed)
         rc = CUDA_ERROR_INVALID_VALUE;
+    else
+        si_pool_graph_destroyed(graph->capture); /* its freed graph allocations */
     graph->destroyed = true;
     pthread_mutex_unlock(&si_lock);
     return rc;

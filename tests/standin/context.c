@@ -195,7 +195,8 @@ CUresult cuCtxGetDevice(CUdevice *device)
  * a synchronisation point of the context's pools (cuMemPoolSetAttribute,
  * CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: released 'on the next call to stream,
  * event or context synchronize'). During a capture on one of its streams it
- * is illegal (capture.c). */
+ * is illegal in every mode; during any other capture it is a potentially
+ * unsafe call (capture.c). */
 CUresult cuCtxSynchronize(void)
 {
     SI_ENTER();
@@ -204,6 +205,8 @@ CUresult cuCtxSynchronize(void)
     rc = si_need_current(&c);
     if (!rc)
         rc = si_capture_ctx_check(c);
+    if (!rc)
+        rc = si_capture_unsafe_call();
     if (!rc) {
         for (struct CUstream_st *s = si_all_streams; s; s = s->next_all)
             if (s->ctx == c && s->gen == c->gen)

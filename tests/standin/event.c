@@ -79,8 +79,7 @@ CUresult cuEventRecord(CUevent event, CUstream stream)
         rc = CUDA_ERROR_INVALID_HANDLE;
     int cap = rc ? (int)rc : si_capture_enqueue(s);
     if (cap == SI_CAPTURED) {
-        e->captured = s->capture;
-        e->stream = NULL;
+        si_capture_event_recorded(s, e);
         rc = CUDA_SUCCESS;
     } else if (cap == CUDA_SUCCESS) {
         e->seq = si_stream_push(s, op);
@@ -96,11 +95,16 @@ CUresult cuEventRecord(CUevent event, CUstream stream)
 }
 
 /* An event that is to be queried or synchronised: the capture rules for
- * those (capture.c) included. */
+ * those (capture.c) included: one recorded in a capture is refused in every
+ * mode; any other is a potentially unsafe call. */
 static CUresult si_event_checked(CUevent event, struct CUevent_st **e)
 {
     CUresult rc = si_event_get(event, e);
-    return rc ? rc : si_capture_event_check(*e);
+    if (!rc)
+        rc = si_capture_event_check(*e);
+    if (!rc)
+        rc = si_capture_unsafe_call();
+    return rc;
 }
 
 static bool si_event_done(const struct CUevent_st *e)

@@ -7,10 +7,16 @@
  *                                13000); entry points newer than it are not
  *                                found by cuGetProcAddress
  *   CUDA_VISIBLE_DEVICES         which physical devices are visible, in order
+ *   CUDA_STANDIN_STREAM_GET_DEVICE_IN_CAPTURE  1: cuStreamGetDevice works on
+ *                                a capturing stream (default 0: refused, as
+ *                                on the drivers that reject it; stream.c)
+ *   CUDA_STANDIN_VMM_RDMA        what the device reports for
+ *                                CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+ *                                (default 1)
  * A malformed CUDA_STANDIN_* value makes cuInit fail with
  * CUDA_ERROR_INVALID_VALUE and one line on stderr.
  *
- * Simplifications: device attributes other than the three tally asks for
+ * Simplifications: device attributes other than the four tally asks for
  * are refused with CUDA_ERROR_INVALID_VALUE; CUDA_VISIBLE_DEVICES accepts
  * ordinals only (no GPU-UUID or MIG forms). */
 #include "standin.h"
@@ -160,6 +166,20 @@ static CUresult si_configure(void)
     long physical = d ? si_parse_int(d, 0, SI_MAX_DEVICES) : 2;
     size_t memory = m ? si_parse_bytes(m) : (size_t)16 << 30;
     long version = v ? si_parse_int(v, 1000, 1000000) : 13000;
+    const char *g = getenv("CUDA_STANDIN_STREAM_GET_DEVICE_IN_CAPTURE");
+    long get_device = g ? si_parse_int(g, 0, 1) : 0;
+    if (get_device < 0) {
+        fprintf(stderr, "cuda stand-in: bad configuration: CUDA_STANDIN_STREAM_GET_DEVICE_IN_CAPTURE=%s (0 or 1)\n", g);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    si_config.stream_device_in_capture = get_device == 1;
+    const char *r = getenv("CUDA_STANDIN_VMM_RDMA");
+    long rdma = r ? si_parse_int(r, 0, 1) : 1;
+    if (rdma < 0) {
+        fprintf(stderr, "cuda stand-in: bad configuration: CUDA_STANDIN_VMM_RDMA=%s (0 or 1)\n", r);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    si_config.vmm_rdma = (int)rdma;
     if (physical < 0 || memory == 0 || version < 0) {
         fprintf(stderr, "cuda stand-in: bad configuration: CUDA_STANDIN_DEVICES=%s CUDA_STANDIN_MEMORY=%s "
                         "CUDA_STANDIN_DRIVER_VERSION=%s\n", d ? d : "(unset)", m ? m : "(unset)", v ? v : "(unset)");
@@ -275,6 +295,9 @@ CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attrib, CUdevice de
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
         *value = 1;
+        return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+        *value = si_config.vmm_rdma; /* CUDA_STANDIN_VMM_RDMA */
         return CUDA_SUCCESS;
     }
     return CUDA_ERROR_INVALID_VALUE;

@@ -45,6 +45,15 @@ struct si_entry {
 #define SI_ENTRY(name, version, required, params) {#name, version, (si_fn)name},
 static const struct si_entry si_entries[] = {TALLY_CU_ENTRY_POINTS(SI_ENTRY)};
 #undef SI_ENTRY
+#define SI_NENTRIES (sizeof si_entries / sizeof si_entries[0])
+
+/* Later forms of names in si_entries, not in driver.h's list (which has
+ * one per name): asked for at their version or later, cuGetProcAddress
+ * returns them ('the function pointer to the corresponding versioned
+ * function'). */
+static const struct si_entry si_later_forms[] = {
+    {"cuStreamGetCtx", TALLY_CU_STREAM_GET_CTX_V2, (si_fn)cuStreamGetCtx_v2},
+};
 
 static CUresult si_lookup(const char *symbol, void **pfn, int cuda_version, CUdriverProcAddressQueryResult *status)
 {
@@ -55,14 +64,20 @@ static CUresult si_lookup(const char *symbol, void **pfn, int cuda_version, CUdr
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = NULL;
     CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    for (size_t i = 0; i < sizeof si_entries / sizeof si_entries[0]; i++) {
+    for (size_t i = 0; i < SI_NENTRIES; i++) {
         const struct si_entry *e = &si_entries[i];
         if (strcmp(e->name, symbol) != 0 || e->version > driver)
             continue;
         if (cuda_version < e->version) {
             st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
         } else {
-            memcpy(pfn, &e->fn, sizeof e->fn);
+            si_fn fn = e->fn;
+            for (size_t k = 0; k < sizeof si_later_forms / sizeof si_later_forms[0]; k++) {
+                const struct si_entry *l = &si_later_forms[k];
+                if (strcmp(l->name, symbol) == 0 && l->version <= cuda_version && l->version <= driver)
+                    fn = l->fn;
+            }
+            memcpy(pfn, &fn, sizeof fn);
             st = CU_GET_PROC_ADDRESS_SUCCESS;
         }
         break;
@@ -119,6 +134,9 @@ static const struct si_error si_errors[] = {
     SI_E(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "system has unsupported display driver / cuda driver combination"),
     SI_E(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing"),
     SI_E(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "operation failed due to a previous error during capture"),
+    SI_E(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "the capture was not begun on this stream"),
+    SI_E(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "the capture has work forked off its origin stream and never joined back"),
+    SI_E(CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "the dependency would merge two separate captures"),
     SI_E(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
          "operation would make the legacy stream depend on a capturing blocking stream"),
     SI_E(CUDA_ERROR_CAPTURED_EVENT, "operation not permitted on an event last recorded in a capturing stream"),

@@ -30,10 +30,22 @@
  *
  * Simplifications: no suballocation (a block is reused only for the same
  * rounded size); no reuse by following event dependencies
- * (CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES); an allocation during a
- * capture is served like any other (the
- * documented graph-owned allocation node is not modelled); no retry after
- * trimming on out-of-memory. */
+ * (CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES); no retry after
+ * trimming on out-of-memory.
+ *
+ * In a capture (capture.c): cuMemAllocAsync on a capturing stream makes a
+ * graph allocation (Programming Guide, CUDA Graphs, "Graph Memory Nodes":
+ * stream-ordered allocation during capture creates an allocation node),
+ * always new memory, charged to the device and counted in the pool like
+ * the pool's own blocks (a simplification: CUDA keeps graph memory apart
+ * from the pool); cuMemFreeAsync in a capture takes only a graph
+ * allocation of that capture (cuMemFreeAsync: 'During stream capture, this
+ * function results in the creation of a free node and must therefore be
+ * passed the address of a graph allocation'): anything else fails with
+ * CUDA_ERROR_INVALID_VALUE (the stand-in's choice of code) and invalidates
+ * the capture. A graph allocation freed in its capture belongs to the graph
+ * and goes when the graph is destroyed; one not freed there stays
+ * allocated, for an eager cuMemFreeAsync after the capture. */
 #include "standin.h"
 
 #include <stdlib.h>
@@ -108,6 +120,18 @@ void si_pool_block_freed(struct si_block *b, unsigned long long nth_free)
 {
     if (b->state == SI_BLOCK_FREEING && b->frees == nth_free)
         b->state = SI_BLOCK_FREE;
+}
+
+void si_pool_graph_destroyed(struct si_capture *c)
+{
+    for (struct CUmemPoolHandle_st *p = si_pools; p; p = p->next) {
+        for (struct si_block **link = &p->blocks; *link;) {
+            if ((*link)->graph == c && (*link)->state == SI_BLOCK_GRAPH_FREED)
+                si_block_release(p, link);
+            else
+                link = &(*link)->next;
+        }
+    }
 }
 
 /* cuDeviceGetDefaultMemPool: 'The default mempool of a device contains
@@ -314,7 +338,8 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
         return (CUresult)cap;
     }
     bool wait = false;
-    struct si_block *b = si_pool_reuse(pool, size, s, &wait);
+    /* A graph allocation is always new memory. */
+    struct si_block *b = cap == SI_CAPTURED ? NULL : si_pool_reuse(pool, size, s, &wait);
     if (b && wait) {
         /* The allocating stream waits for the free; not in a capture. */
         struct si_op *op = cap == CUDA_SUCCESS ? si_op_new(SI_OP_WAIT) : NULL;
@@ -346,6 +371,7 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
             pool->reserved_high = pool->reserved;
     }
     b->state = SI_BLOCK_LIVE;
+    b->graph = cap == SI_CAPTURED ? s->capture : NULL;
     pool->used += size;
     if (pool->used > pool->used_high)
         pool->used_high = pool->used;
@@ -358,8 +384,8 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
  * must not be accessed after stream execution reaches the free';
  * CUDA_ERROR_INVALID_VALUE for a pointer no pool allocated (the stand-in's
  * reading of its results); CUDA_ERROR_INVALID_CONTEXT for a default stream
- * 'with no current context'. In a capture the free becomes a graph node and
- * the block stays allocated. */
+ * 'with no current context'. In a capture: a free node, of a graph
+ * allocation of that capture only (see the header). */
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
     SI_ENTER();
@@ -373,12 +399,24 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
             if (x->addr == (uintptr_t)dptr && x->state == SI_BLOCK_LIVE)
                 b = x;
     struct CUstream_st *s = NULL;
-    rc = b ? si_stream_get(stream, &s) : CUDA_ERROR_INVALID_VALUE;
+    rc = si_stream_get(stream, &s);
+    if (!rc && s->capture && !s->capture->invalidated && (!b || b->graph != s->capture)) {
+        /* In a capture: only a graph allocation of this capture. */
+        si_capture_invalidate(s);
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (!rc && !b) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
     int cap = rc ? (int)rc : si_capture_enqueue(s);
-    if (cap == CUDA_SUCCESS) {
+    if (cap == SI_CAPTURED) {
+        /* A free node: the graph owns the memory from here on. */
+        b->state = SI_BLOCK_GRAPH_FREED;
+        b->pool->used -= b->size;
+    } else if (cap == CUDA_SUCCESS) {
         b->state = SI_BLOCK_FREEING;
         b->freed_on = s;
         b->pool->used -= b->size;
+        b->graph = NULL;
         op->block = b;
         op->wait_seq = ++b->frees;
         b->free_seq = si_stream_push(s, op);

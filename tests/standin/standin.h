@@ -55,8 +55,14 @@
 TALLY_CU_ENTRY_POINTS(SI_DECLARE)
 #undef SI_DECLARE
 
+/* cuStreamGetCtx's CUDA 12.5 form (driver.h, TALLY_CU_STREAM_GET_CTX_V2):
+ * cuGetProcAddress("cuStreamGetCtx", 12050 or later) returns it (lookup.c). */
+SI_EXPORT CUresult cuStreamGetCtx_v2(CUstream stream, CUcontext *ctx, CUgreenCtx *green);
+
 /* Not in driver.h's list: the stand-in's marker for cu_is_standin(). */
 SI_EXPORT extern const int cuda_standin_version;
+/* cuMemCreate calls that asked for gpuDirectRDMACapable memory (vmm.c). */
+SI_EXPORT unsigned long long cuda_standin_rdma_creates(void);
 
 #define SI_MAX_DEVICES 16
 #define SI_GRANULARITY ((size_t)2 << 20) /* cuMemGetAllocationGranularity */
@@ -68,6 +74,8 @@ struct si_config {
     int physical[SI_MAX_DEVICES]; /* CUDA_VISIBLE_DEVICES: visible -> physical */
     size_t memory;          /* bytes per device */
     int driver_version;     /* what cuDriverGetVersion reports */
+    bool stream_device_in_capture; /* CUDA_STANDIN_STREAM_GET_DEVICE_IN_CAPTURE=1 */
+    int vmm_rdma;           /* CUDA_STANDIN_VMM_RDMA: the device attribute's value */
 };
 extern struct si_config si_config;
 
@@ -170,6 +178,9 @@ struct si_op {
 
 struct si_capture;
 
+/* Streams one capture may span (the origin and those joined into it). */
+#define SI_CAPTURE_STREAMS 16
+
 struct CUstream_st {
     struct CUctx_st *ctx;
     unsigned gen;
@@ -177,7 +188,8 @@ struct CUstream_st {
     bool legacy, per_thread, destroyed, worker;
     struct si_op *head, *tail;
     unsigned long long enqueued, completed;
-    struct si_capture *capture; /* non-NULL while capturing */
+    struct si_capture *capture; /* non-NULL while capturing (its origin or joined into it) */
+    int cap_index;              /* its place in capture->streams */
     struct CUstream_st *next_all;
 };
 
@@ -188,6 +200,9 @@ struct CUevent_st {
     struct CUstream_st *stream; /* last record, NULL when never recorded */
     unsigned long long seq;
     struct si_capture *captured; /* recorded into this capture */
+    /* Recorded in a capture: the captured work it stands for, as the
+     * recording stream's clock at the time (capture.c). */
+    unsigned long long clock[SI_CAPTURE_STREAMS];
 };
 
 /* Resolve a stream handle (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a
@@ -218,12 +233,22 @@ struct si_capture {
     bool invalidated, ended;
     unsigned nodes;
     struct CUstream_st *origin;
+    /* The streams of the capture: streams[0] is the origin, the others
+     * joined through cuStreamWaitEvent. ops[i]: nodes captured on stream i;
+     * clock[i][j]: how many of stream j's nodes stream i's next node depends
+     * on (a vector clock: the capture is joined when the origin's clock
+     * covers every stream's nodes). */
+    int nstreams;
+    struct CUstream_st *streams[SI_CAPTURE_STREAMS];
+    unsigned long long ops[SI_CAPTURE_STREAMS];
+    unsigned long long clock[SI_CAPTURE_STREAMS][SI_CAPTURE_STREAMS];
     struct si_capture *next_all; /* every capture, kept for stale events */
 };
 
 struct CUgraph_st {
     unsigned nodes;
     bool destroyed;
+    struct si_capture *capture; /* the capture it came from (its graph allocations) */
     struct CUgraph_st *next_all; /* every graph, kept for stale handles */
 };
 
@@ -243,9 +268,21 @@ CUresult si_capture_sync_check(struct CUstream_st *s);
 CUresult si_capture_event_check(struct CUevent_st *e);
 /* Any capture under way on a stream of ctx (cuCtxSynchronize). */
 CUresult si_capture_ctx_check(struct CUctx_st *ctx);
+/* cuStreamWaitEvent on an event last recorded in a capture: join s into
+ * that capture (or refuse). CUDA_SUCCESS when the wait is captured. */
+CUresult si_capture_join(struct CUstream_st *s, struct CUevent_st *e);
+/* cuEventRecord of e on s while s captures: e stands for s's captured work. */
+void si_capture_event_recorded(struct CUstream_st *s, struct CUevent_st *e);
+/* Invalidate s's capture (a refused call made with s). */
+void si_capture_invalidate(struct CUstream_st *s);
+/* The capture graph g came from (graph allocations freed in it go at its
+ * destroy, pool.c). */
+void si_pool_graph_destroyed(struct si_capture *c);
 
 /* ---- pools (pool.c) ---------------------------------------------------------- */
-enum si_block_state { SI_BLOCK_LIVE, SI_BLOCK_FREEING, SI_BLOCK_FREE, SI_BLOCK_GONE };
+/* SI_BLOCK_GRAPH_FREED: a graph allocation freed inside its capture (a free
+ * node): owned by the graph until cuGraphDestroy. */
+enum si_block_state { SI_BLOCK_LIVE, SI_BLOCK_FREEING, SI_BLOCK_FREE, SI_BLOCK_GONE, SI_BLOCK_GRAPH_FREED };
 
 struct si_block {
     uintptr_t addr;
@@ -255,6 +292,7 @@ struct si_block {
     unsigned long long free_seq; /* the last free's place on freed_on */
     struct CUstream_st *freed_on;
     struct CUmemPoolHandle_st *pool;
+    struct si_capture *graph; /* a graph allocation: the capture that made it, else NULL */
     struct si_block *next;
 };
 

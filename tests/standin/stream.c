@@ -232,16 +232,56 @@ CUresult cuStreamGetCtx(CUstream stream, CUcontext *ctx)
     return rc;
 }
 
+/* cuStreamGetCtx_v2 (CUDA 12.5): 'If the stream is associated with a green
+ * context, the API returns the green context in pGreenCtx and the primary
+ * context of the associated device in pCtx. If the stream is associated
+ * with a regular context, the API returns the regular context in pCtx and
+ * NULL in pGreenCtx'; special handles as cuStreamGetCtx. The stand-in has
+ * no green contexts: *green is always NULL. */
+CUresult cuStreamGetCtx_v2(CUstream stream, CUcontext *ctx, CUgreenCtx *green)
+{
+    SI_ENTER();
+    if (!ctx || !green)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&si_lock);
+    struct CUstream_st *s = NULL;
+    rc = si_stream_get(stream, &s);
+    if (!rc) {
+        *ctx = s->ctx;
+        *green = NULL;
+    }
+    pthread_mutex_unlock(&si_lock);
+    return rc;
+}
+
 /* cuStreamGetDevice (CUDA 12.8): 'Returns in *device the device of the
- * stream', special handles as cuStreamGetCtx. */
+ * stream', special handles as cuStreamGetCtx. During a capture: refused
+ * with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, invalidating, when the stream
+ * captures or when the thread's capture mode prohibits potentially unsafe
+ * calls (capture.c). That rule is NOT in CUDA's API reference: it is
+ * measurement, from NVIDIA CCCL's notes on get_device_from_stream (driver
+ * 580 rejects it during capture; ../shared/cuda.md, "CUDA graph capture").
+ * It depends on the driver, so CUDA_STANDIN_STREAM_GET_DEVICE_IN_CAPTURE=1
+ * lets it work in a capture (init.c). */
 CUresult cuStreamGetDevice(CUstream stream, CUdevice *device)
 {
-    CUcontext ctx = NULL;
+    SI_ENTER();
     if (!device)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = cuStreamGetCtx(stream, &ctx);
+    pthread_mutex_lock(&si_lock);
+    struct CUstream_st *s = NULL;
+    rc = si_stream_get(stream, &s);
+    if (!rc && !si_config.stream_device_in_capture) {
+        if (s->capture) {
+            si_capture_invalidate(s);
+            rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        } else {
+            rc = si_capture_unsafe_call();
+        }
+    }
     if (!rc)
-        *device = ctx->dev;
+        *device = s->ctx->dev;
+    pthread_mutex_unlock(&si_lock);
     return rc;
 }
 
@@ -260,13 +300,16 @@ CUresult cuStreamQuery(CUstream stream)
 }
 
 /* cuStreamSynchronize: 'Waits until the device has completed all operations
- * in the stream'; a synchronisation point for pools (context.c). */
+ * in the stream'; a synchronisation point for pools (context.c). Potentially
+ * unsafe during a capture, whatever the stream (capture.c). */
 CUresult cuStreamSynchronize(CUstream stream)
 {
     SI_ENTER();
     pthread_mutex_lock(&si_lock);
     struct CUstream_st *s = NULL;
     rc = si_stream_checked(stream, &s);
+    if (!rc)
+        rc = si_capture_unsafe_call();
     if (!rc) {
         si_stream_wait(s, s->enqueued);
         si_pool_sync_point(s->ctx->dev);
@@ -280,7 +323,9 @@ CUresult cuStreamSynchronize(CUstream stream)
  * device than hStream'; hEvent 'may not be NULL'; the wait uses the event's
  * state at the time of the call (cuEventRecord: 'APIs such as
  * cuStreamWaitEvent() use the most recently captured state at the time of
- * the API call, and are not affected by later calls to cuEventRecord()'). */
+ * the API call, and are not affected by later calls to cuEventRecord()').
+ * On an event last recorded in a capture, the stream joins that capture
+ * (capture.c). */
 CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags)
 {
     SI_ENTER();
@@ -291,8 +336,14 @@ CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags)
     rc = si_event_get(event, &e);
     struct si_op *op = NULL;
     if (!rc && e->captured) {
-        /* Joining a stream into another's capture is not modelled. */
-        rc = CUDA_ERROR_NOT_SUPPORTED;
+        /* Cross-stream capture: the stream joins the event's capture (or is
+         * refused), capture.c; nothing is queued to run. */
+        struct CUstream_st *s = NULL;
+        rc = si_stream_get(stream, &s);
+        if (!rc)
+            rc = si_capture_join(s, e);
+        pthread_mutex_unlock(&si_lock);
+        return rc;
     } else if (!rc) {
         /* Never recorded: an empty set of work, nothing to wait for. */
         op = si_op_new(e->stream ? SI_OP_WAIT : SI_OP_MARK);

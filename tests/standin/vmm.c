@@ -141,6 +141,20 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
     return rc;
 }
 
+/* How many cuMemCreate calls asked for gpuDirectRDMACapable memory
+ * (CUmemAllocationProp.allocFlags: 'This flag if set indicates that the memory
+ * will be used as a buffer for GPU Direct RDMA'; the stand-in models no RDMA
+ * and only counts it, for tests). */
+static unsigned long long si_rdma_creates;
+
+SI_EXPORT unsigned long long cuda_standin_rdma_creates(void)
+{
+    pthread_mutex_lock(&si_lock);
+    unsigned long long n = si_rdma_creates;
+    pthread_mutex_unlock(&si_lock);
+    return n;
+}
+
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                      unsigned long long flags)
 {
@@ -160,6 +174,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
     } else {
         *h = (struct si_handle){.size = size, .dev = prop->location.id, .next = si_handles};
         si_handles = h;
+        if (prop->allocFlags.gpuDirectRDMACapable)
+            si_rdma_creates++;
         *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
     }
     pthread_mutex_unlock(&si_lock);

@@ -118,6 +118,15 @@ static int current_device(void)
     return tally__cu.cuCtxGetDevice(&dev) == CUDA_SUCCESS ? (int)dev : -1;
 }
 
+/* The device of a stream: from its context (cuStreamGetCtx, its CUDA 12.5
+ * form where the driver has it, which also answers for a green context's
+ * stream with the device's primary context; it works in every capture
+ * mode; a primary context tally retained names its device with no further
+ * call, another is made current for one cuCtxGetDevice, which is no
+ * synchronising call either). cuStreamGetDevice only where the context
+ * cannot be had (cuStreamGetCtx refuses green-context streams on CUDA 12
+ * drivers): some drivers refuse it during a capture, and the refusal
+ * invalidates the capture (../shared/cuda.md, "CUDA graph capture"). */
 int tally__cu_stream_device(void *stream, int fallback)
 {
     if (special_stream(stream)) {
@@ -125,11 +134,18 @@ int tally__cu_stream_device(void *stream, int fallback)
         return cur >= 0 ? cur : fallback;
     }
     CUdevice dev = -1;
-    if (tally__cu.cuStreamGetDevice && tally__cu.cuStreamGetDevice((CUstream)stream, &dev) == CUDA_SUCCESS)
-        return (int)dev;
     CUcontext ctx = NULL;
-    if (tally__cu.cuStreamGetCtx((CUstream)stream, &ctx) != CUDA_SUCCESS || !ctx)
+    CUgreenCtx green = NULL;
+    CUresult got = tally__cu.cuStreamGetCtx_v2 ? tally__cu.cuStreamGetCtx_v2((CUstream)stream, &ctx, &green)
+                                               : tally__cu.cuStreamGetCtx((CUstream)stream, &ctx);
+    if (got != CUDA_SUCCESS || !ctx) {
+        if (tally__cu.cuStreamGetDevice && tally__cu.cuStreamGetDevice((CUstream)stream, &dev) == CUDA_SUCCESS)
+            return (int)dev;
         return -1;
+    }
+    for (int i = 0; i < TALLY_MAX_DEVICES; i++)
+        if (atomic_load_explicit(&used[i], memory_order_acquire) && primary[i] == ctx)
+            return i;
     /* The context's device: make it current for one call. */
     if (tally__cu.cuCtxPushCurrent(ctx) != CUDA_SUCCESS)
         return -1;
@@ -251,16 +267,24 @@ int tally__cu_capacity(int device, size_t *total_bytes)
 
 /* A legacy default stream cannot be queried while another stream of its
  * context captures in global mode (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT):
- * that too means a capture is under way on the device. */
+ * that too means a capture is under way on the device. A created stream
+ * names its context: one driver call, no context switch; a default-stream
+ * handle means the current context's, so the device's is made current. */
 int tally__cu_stream_capturing(int device, void *stream)
 {
-    tally_cu_guard_t g;
-    int rc = tally__cu_enter_used(&g, device);
-    if (rc)
-        return rc > 0 ? 0 : -TALLY_EBACKEND;
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    CUresult r = tally__cu.cuStreamIsCapturing((CUstream)stream, &st);
-    tally__cu_leave(&g);
+    CUresult r;
+    if (!tally__cu_device_used(device))
+        return 0;
+    if (!special_stream(stream)) {
+        r = tally__cu.cuStreamIsCapturing((CUstream)stream, &st);
+    } else {
+        tally_cu_guard_t g;
+        if (tally__cu_enter_used(&g, device))
+            return -TALLY_EBACKEND;
+        r = tally__cu.cuStreamIsCapturing((CUstream)stream, &st);
+        tally__cu_leave(&g);
+    }
     if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
         return 1;
     if (r != CUDA_SUCCESS)

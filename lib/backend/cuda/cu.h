@@ -17,6 +17,7 @@ typedef struct tally_cu {
 #define TALLY_CU_FIELD(name, version, required, params) tally_pfn_##name name;
     TALLY_CU_ENTRY_POINTS(TALLY_CU_FIELD)
 #undef TALLY_CU_FIELD
+    tally_pfn_cuStreamGetCtx_v2 cuStreamGetCtx_v2; /* CUDA 12.5 form, NULL on older drivers */
     int driver_version; /* cuDriverGetVersion, e.g. 12080 */
     int ndev;           /* cuDeviceGetCount, capped at TALLY_MAX_DEVICES */
 } tally_cu_t;
@@ -57,9 +58,10 @@ bool tally__cu_device_used(int device);
 /* The device a stream belongs to. NULL, CU_STREAM_LEGACY and
  * CU_STREAM_PER_THREAD name the default stream of whatever context is
  * current, so they mean: the current context's device when the calling
- * thread has one, else fallback. Other streams: cuStreamGetDevice where the
- * driver has it, else cuStreamGetCtx and that context's device. -1 when the
- * stream's device cannot be found. */
+ * thread has one, else fallback. Other streams: cuStreamGetCtx and that
+ * context's device (it works during a capture); cuStreamGetDevice only when
+ * there is no context to be had. -1 when the stream's device cannot be
+ * found. */
 int tally__cu_stream_device(void *stream, int fallback);
 
 /* Events of a device, created with CU_EVENT_DISABLE_TIMING in its primary

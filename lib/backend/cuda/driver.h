@@ -26,6 +26,7 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUgraph_st *CUgraph;
+typedef struct CUgreenCtx_st *CUgreenCtx;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef uint64_t cuuint64_t;
@@ -61,6 +62,9 @@ enum {
     CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_UNMATCHED = 903,
+    CUDA_ERROR_STREAM_CAPTURE_UNJOINED = 904,
+    CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 905,
     CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
     CUDA_ERROR_CAPTURED_EVENT = 907,
     CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
@@ -85,6 +89,7 @@ typedef enum {
 typedef enum {
     CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110,
     CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115
 } CUdevice_attribute;
 
@@ -237,6 +242,15 @@ typedef struct CUmemPoolProps_st {
 #define TALLY_CU_PFN(name, version, required, params) typedef CUresult(*tally_pfn_##name) params;
 TALLY_CU_ENTRY_POINTS(TALLY_CU_PFN)
 #undef TALLY_CU_PFN
+
+/* cuStreamGetCtx's CUDA 12.5 form (cudaTypedefs.h: PFN_cuStreamGetCtx_v12050),
+ * which cuGetProcAddress("cuStreamGetCtx", 12050) returns: the list above has
+ * one form per name, so this one is taken apart (lib/backend/cuda/loader.c).
+ * For a stream of a green context it gives the green context and the
+ * device's primary context, where the 9.2 form refuses such streams on
+ * CUDA 12 drivers (../shared/cuda.md, "CUDA graph capture"). */
+#define TALLY_CU_STREAM_GET_CTX_V2 12050
+typedef CUresult (*tally_pfn_cuStreamGetCtx_v2)(CUstream stream, CUcontext *ctx, CUgreenCtx *green);
 
 /* cuGetProcAddress itself, found with dlsym: the CUDA 12.0 form with a query
  * result, and the CUDA 11.3 form without. */

@@ -80,6 +80,14 @@ static int take_entry_points(void *lib, char *why, size_t whylen)
     } while (0);
     TALLY_CU_ENTRY_POINTS(TALLY_CU_TAKE)
 #undef TALLY_CU_TAKE
+    /* A second form of one name (driver.h): optional. */
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;
+    CUresult r = get2 ? get2("cuStreamGetCtx", &fn, TALLY_CU_STREAM_GET_CTX_V2, CU_GET_PROC_ADDRESS_DEFAULT, &q)
+                      : get1("cuStreamGetCtx", &fn, TALLY_CU_STREAM_GET_CTX_V2, CU_GET_PROC_ADDRESS_DEFAULT);
+    memcpy(&tally__cu.cuStreamGetCtx_v2, &fn, sizeof fn);
+    if (r != CUDA_SUCCESS || q != CU_GET_PROC_ADDRESS_SUCCESS)
+        tally__cu.cuStreamGetCtx_v2 = NULL;
     return 0;
 }
 

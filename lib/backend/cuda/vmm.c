@@ -128,6 +128,13 @@ static size_t access_list(int device, uint64_t mask, CUmemAccessDesc desc[TALLY_
     return n;
 }
 
+/* Devices whose pages are asked to be GPUDirect RDMA capable: those that
+ * report CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (read in
+ * check_device). Without the flag, RDMA registration of the memory (NCCL's
+ * user buffers over InfiniBand) fails or falls back; PyTorch and NCCL set it
+ * the same way. */
+static bool rdma[TALLY_MAX_DEVICES];
+
 static CUmemAllocationProp page_prop(int device)
 {
     CUmemAllocationProp prop;
@@ -135,6 +142,7 @@ static CUmemAllocationProp page_prop(int device)
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device;
+    prop.allocFlags.gpuDirectRDMACapable = rdma[device] ? 1 : 0;
     return prop;
 }
 
@@ -176,6 +184,11 @@ static int check_device(int device, char *why, size_t whylen)
                 snprintf(what, sizeof what, "allocation granularity %zu bytes does not divide the 2 MiB page", gran);
                 snprintf(msg, len, fmt, what, device);
             } else {
+                int can = 0; /* an old driver may not know the attribute: then no RDMA flag */
+                rdma[device] = tally__cu.cuDeviceGetAttribute(
+                                   &can, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev) ==
+                                   CUDA_SUCCESS &&
+                               can;
                 ok = 1;
             }
         }
@@ -285,24 +298,14 @@ static CUresult unmap_run(int device, vmm_range_t *r, size_t p, size_t n)
 }
 
 /* Unmap every mapped page of [p, p + n) of r, in runs. In the device's
- * context; with wait, waits for the device's work first (pages no work has
- * seen, such as those of a failed map, need not). */
-static CUresult unmap_pages(int device, vmm_range_t *r, size_t p, size_t n, bool wait)
+ * context. Waits for nothing: the caller has waited for the streams that
+ * used the pages (lib/cache/expand.c: the segment's stream; other streams' uses
+ * are held back by events until done), never for the whole device (a
+ * cuCtxSynchronize would wait for every stream, NCCL's included, and is
+ * refused during a capture). */
+static CUresult unmap_pages(int device, vmm_range_t *r, size_t p, size_t n)
 {
-    bool any = false;
-    for (size_t q = p; q < p + n && !any; q++)
-        any = bit(r, q);
-    if (!any)
-        return CUDA_SUCCESS;
-    CUresult res = wait ? tally__cu.cuCtxSynchronize() : CUDA_SUCCESS;
-    if (res != CUDA_SUCCESS) {
-        /* Refused, nothing unmapped: queued work may still use the pages.
-         * lib/cache/expand.c unmaps nothing while a capture is under way (when
-         * the synchronise would be refused), so this is defensive; the
-         * caller keeps the pages as mapped. */
-        tally__cu_fail(res, "cuCtxSynchronize before cuMemUnmap (nothing unmapped)", device);
-        return res;
-    }
+    CUresult res = CUDA_SUCCESS;
     for (size_t q = p; q < p + n;) {
         if (!bit(r, q)) {
             q++;
@@ -373,14 +376,14 @@ int tally__cu_vmm_map(int device, void *ptr, size_t size, size_t handle, char *w
             rc = tally__cu_why(cr, "cuMemSetAccess", why, whylen);
     }
     if (rc) /* nothing of this call stays mapped; its memory goes back */
-        unmap_pages(device, r, p, n, false);
+        unmap_pages(device, r, p, n);
     tally__cu.cuThreadExchangeStreamCaptureMode(&mode);
     tally__cu_leave(&g);
     return rc;
 }
 
 /* In the device's context and the relaxed capture mode: unmap the mapped
- * pages of [p, p + n) of r (after waiting for the device) and, with
+ * pages of [p, p + n) of r (the caller waited for their streams) and, with
  * release, free r's addresses (*freed: cuMemAddressFree's result). */
 static int give_back(int device, vmm_range_t *r, size_t p, size_t n, bool release, CUresult *freed)
 {
@@ -389,7 +392,7 @@ static int give_back(int device, vmm_range_t *r, size_t p, size_t n, bool releas
         return TALLY_EBACKEND;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     tally__cu.cuThreadExchangeStreamCaptureMode(&mode);
-    CUresult res = unmap_pages(device, r, p, n, true);
+    CUresult res = unmap_pages(device, r, p, n);
     if (release && res != CUDA_SUCCESS)
         *freed = res; /* pages still mapped: the addresses stay reserved */
     else if (release)
