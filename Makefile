@@ -96,8 +96,8 @@ $(BUILD)/lib/libtally.so.$(SOVERSION): $(BUILD)/lib/libtally.so
 # PyTorch's expandable segments in tools/pt_expand.c) replays traces with
 # bench/trace.c.
 CLI_SRC  := $(sort $(wildcard tools/cli_*.c))
-TOOL_SRC := $(sort $(wildcard tools/tune*.c)) tools/pickle.c tools/pt_expand.c bench/trace.c
-$(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(CLI_SRC) $(TOOL_SRC) bench/trace.h $(BUILD)/lib/libtally.a
+TOOL_SRC := $(sort $(wildcard tools/tune*.c)) tools/pickle.c tools/pt_expand.c tests/standin/cost.c bench/trace.c
+$(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(CLI_SRC) $(TOOL_SRC) bench/trace.h tests/standin/cost.h $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(CLI_SRC) $(TOOL_SRC) $(BUILD)/lib/libtally.a $(LDLIBS)
 

@@ -778,6 +778,45 @@ static void test_max_calls(void **state)
     tally__json_free(rows);
 }
 
+/* --max-driver-time: the modelled driver time of tests/standin/cost.c's
+ * table. three.csv's default makes 3 cuMemAlloc: 3 x 230.45 us on the A100,
+ * 3 x 83.8 on the Blackwell. PyTorch's expandable segments (the model) map 3
+ * pages in 3 runs over 2 ranges: 3 x (193 cuMemCreate + 1.45 cuMemMap + 36
+ * cuMemSetAccess) + 2 x 19 cuMemAddressReserve = 729.35 us on the A100. */
+static double jnum(const tally_json_t *o, const char *key)
+{
+    const tally_json_t *v = tally__json_get(o, key);
+    if (!v)
+        fail_msg("no number '%s'", key);
+    double d = 0;
+    if (v->type == TALLY_JSON_NUMBER)
+        d = v->d;
+    else
+        fail_msg("'%s' is not a number", key);
+    return d;
+}
+
+static void test_max_driver_time(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    three_csv(path, sizeof path);
+    tally_json_t *rows = tune_json(path, "--capacity 1GiB");
+    assert_float_equal(jnum(&rows->items[0], "driver_us_a100"), 691.35, 0.06);
+    assert_float_equal(jnum(&rows->items[0], "driver_us_blackwell"), 251.4, 0.06);
+    assert_float_equal(jnum(row_of(rows, "expandable_segments:True", "PyTorch (model)"), "driver_us_a100"), 729.35, 0.06);
+    tally__json_free(rows);
+    expect_refusal(tune("--capacity 1GiB --max-driver-time 0.5ms '%s'", path),
+                   "no setting keeps within 0.5 ms of driver time (A100): the least any setting needs is 0.7 ms");
+    rows = tune_json(path, "--capacity 1GiB --gpu Blackwell --max-driver-time 300us");
+    for (size_t k = 0; k < rows->len; k++)
+        if (jtrue(&rows->items[k], "recommended") || jtrue(&rows->items[k], "recommended_tally"))
+            assert_true(jnum(&rows->items[k], "driver_us_blackwell") <= 300);
+    tally__json_free(rows);
+    expect_one_line_error(tune("--max-driver-time 5min '%s'", path), 2, "--max-driver-time '5min' is not a duration");
+    expect_one_line_error(tune("--gpu H100 '%s'", path), 2, "--gpu 'H100' is not a column of the driver cost table");
+}
+
 /* ---- bad input --------------------------------------------------------------------- */
 
 static void test_bad_input(void **state)
@@ -1129,6 +1168,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_least_memory),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_max_calls),
+        cmocka_unit_test(test_max_driver_time),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_report_input),
         cmocka_unit_test(test_report_trace_started_late),

@@ -52,7 +52,7 @@ typedef struct seg {
 typedef struct model {
     seg_t *segs;
     uint64_t capacity, large_page, reserved, peak;
-    int64_t pages, unpages, maps, nsegs;
+    int64_t pages, unpages, maps, unmaps, nsegs;
     bool nomem;
 } model_t;
 
@@ -175,6 +175,7 @@ static void release_segment(model_t *m, seg_t *s)
             return;
         mid->mapped = false;
         m->unpages += (int64_t)((hi - lo) / s->page);
+        m->unmaps++;
         m->reserved -= hi - lo;
         merge(s, mid, mid->next);
         merge(s, mid, mid->prev);
@@ -407,6 +408,7 @@ int ptx_replay(const trace_t *t, const ptx_opts_t *o, const ptx_start_t *start, 
     r->pages_mapped = m.pages;
     r->pages_unmapped = m.unpages;
     r->map_calls = m.maps;
+    r->unmap_calls = m.unmaps;
     r->segments = m.nsegs;
     free(ptrs);
     model_clear(&m);

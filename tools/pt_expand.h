@@ -41,6 +41,7 @@ typedef struct ptx_result {
     int64_t peak_reserved;
     int64_t pages_mapped, pages_unmapped; /* PyTorch's num_device_alloc / num_device_free */
     int64_t map_calls;                    /* runs of pages mapped in one go */
+    int64_t unmap_calls;                  /* runs of pages unmapped in one go */
     int64_t segments;                     /* address ranges reserved (one per pool and stream) */
     long oom_event;                       /* first refused allocation, -1 if none */
 } ptx_result_t;

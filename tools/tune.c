@@ -7,6 +7,8 @@
  * whole-device totals, so it is drawn here in a few lines). */
 #include "tune.h"
 
+#include "../tests/standin/cost.h"
+
 #include <tally.h>
 
 #include <ctype.h>
@@ -16,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #define TUNE_MAX_ROWS 40
@@ -38,6 +41,9 @@ static const char tune_help[] =
     "  --max-calls N     call budget: backend calls (device allocations and frees)\n"
     "                    a recommendation may make (default: 4 x PyTorch's default,\n"
     "                    at least 64)\n"
+    "  --max-driver-time T  modelled driver time a recommendation may spend\n"
+    "                    (250ms, 1.5s, 800us; the cost table of tests/standin/cost.c)\n"
+    "  --gpu NAME        the cost table's column: A100 (default) or Blackwell\n"
     "  --torch-version V the torch the job runs with (default: the installed\n"
     "                    torch's), to name the variable that version reads\n"
     "  --device N        the device whose allocations to replay (default: the\n"
@@ -85,6 +91,23 @@ static int parse_size(const char *s, uint64_t *out)
             return 0;
         }
     return -1;
+}
+
+/* "250ms", "1.5s", "800us", "2000" (microseconds) into microseconds. */
+static int parse_duration_us(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || v < 0 || !isdigit((unsigned char)s[0]))
+        return -1;
+    double mult = strcmp(end, "") == 0 || strcmp(end, "us") == 0 ? 1 : strcmp(end, "ms") == 0 ? 1e3
+                                                                  : strcmp(end, "s") == 0  ? 1e6
+                                                                                           : -1;
+    if (mult < 0)
+        return -1;
+    *out = v * mult;
+    return 0;
 }
 
 static const char *mib(int64_t b, char *buf, size_t len)
@@ -141,12 +164,13 @@ static bool eligible(const tune_row_t *r, bool pytorch)
 /* The recommendation among the eligible rows that fit and keep within the
  * budget: the least peak reserved; ties go to fewer calls, then to the
  * earlier row (PyTorch's default first). -1 when no row qualifies. */
-static long recommend(const tune_row_t *rows, size_t n, int64_t budget, bool pytorch)
+static long recommend(const tune_row_t *rows, size_t n, int64_t budget, double max_us, int gpu, bool pytorch)
 {
     long best = -1;
     for (size_t i = 0; i < n; i++) {
         const tune_row_t *r = &rows[i];
-        if (!eligible(r, pytorch) || !fits(r) || r->backend_calls > budget)
+        if (!eligible(r, pytorch) || !fits(r) || r->backend_calls > budget ||
+            (max_us >= 0 && tune_driver_us(r, gpu) > max_us))
             continue;
         if (best < 0 || r->peak_reserved < rows[best].peak_reserved ||
             (r->peak_reserved == rows[best].peak_reserved && r->backend_calls < rows[best].backend_calls))
@@ -267,6 +291,8 @@ typedef struct outcome {
     int64_t budget;
     const tune_row_t *replayed; /* the recorded setting from the recorded state, or NULL */
     const torch_version_t *torch;
+    double max_driver_us;       /* --max-driver-time, < 0: none */
+    int gpu;                    /* the cost table's column */
 } outcome_t;
 
 static void print_json(const outcome_t *o)
@@ -286,6 +312,9 @@ static void print_json(const outcome_t *o)
                ",\"recommended\":%s,\"recommended_tally\":%s",
                r->peak_reserved, o->live, r->backend_calls, r->num_device_alloc, fits(r) ? "true" : "false",
                o->capacity, (long)i == o->rec_pt ? "true" : "false", (long)i == o->rec_tally ? "true" : "false");
+        if (r->ok)
+            printf(",\"driver_us_a100\":%.1f,\"driver_us_blackwell\":%.1f", tune_driver_us(r, SI_COST_A100),
+                   tune_driver_us(r, SI_COST_BLACKWELL));
         if (r->min_bytes > 0)
             printf(",\"min_device_bytes\":%" PRId64, r->min_bytes);
         else if (r->ok && r->min_lower >= 0)
@@ -342,8 +371,11 @@ static void print_recommendation(const outcome_t *o, bool pytorch)
     const tune_row_t *def = &o->rows[0];
     printf("\n%s: ", pytorch ? "PyTorch's allocator" : "tally");
     if (k < 0) {
-        printf("no setting fits in %s within %" PRId64 " backend calls\n", mib((int64_t)o->capacity, a, sizeof a),
+        printf("no setting fits in %s within %" PRId64 " backend calls", mib((int64_t)o->capacity, a, sizeof a),
                o->budget);
+        if (o->max_driver_us >= 0)
+            printf(" and %.1f ms of driver time", o->max_driver_us / 1000.0);
+        printf("\n");
         return;
     }
     const tune_row_t *r = &o->rows[k];
@@ -355,7 +387,8 @@ static void print_recommendation(const outcome_t *o, bool pytorch)
                mib(def->peak_reserved - r->peak_reserved, b, sizeof b),
                def->peak_reserved ? 100.0 * (double)(def->peak_reserved - r->peak_reserved) / (double)def->peak_reserved
                                   : 0.0);
-    printf(", %" PRId64 " backend calls (default %" PRId64 ")", r->backend_calls, def->backend_calls);
+    printf(", %" PRId64 " backend calls (default %" PRId64 "), %.1f ms of driver time on %s", r->backend_calls,
+           def->backend_calls, tune_driver_us(r, o->gpu) / 1000.0, si_cost_column_name(o->gpu));
     if (r->min_bytes > 0)
         printf("; runs in %s", size_text(r->min_bytes, c, sizeof c));
     printf("\n");
@@ -389,8 +422,10 @@ static void print_table(const char *file, const outcome_t *o)
     int w = 22;
     for (size_t i = 0; i < o->n; i++)
         w = (int)strlen(rows[i].setting) > w ? (int)strlen(rows[i].setting) : w;
-    printf("%-*s %-15s %14s %9s %9s %12s %4s  %s\n", w, "setting", "allocator", "peak reserved", "res/live", "calls",
-           "needs", "fits", "runs out with less (event: size, live then)");
+    char dh[32];
+    snprintf(dh, sizeof dh, "driver ms (%s)", si_cost_column_name(o->gpu));
+    printf("%-*s %-15s %14s %9s %9s %*s %12s %4s  %s\n", w, "setting", "allocator", "peak reserved", "res/live", "calls",
+           (int)strlen(dh), dh, "needs", "fits", "runs out with less (event: size, live then)");
     for (size_t i = 0; i < o->n; i++) {
         const tune_row_t *r = &rows[i];
         const char *name = r->setting[0] ? r->setting : "(default)";
@@ -409,14 +444,15 @@ static void print_table(const char *file, const outcome_t *o)
             snprintf(out, sizeof out, "in %s at %ld: %s, %s", size_text(r->out_capacity, c, sizeof c), r->out_event,
                      size_text((int64_t)t->ev[r->out_event].size, d, sizeof d),
                      size_text((int64_t)live_before(t, (size_t)r->out_event), a, sizeof a));
-        printf("%-*s %-15s %14s %9.3f %9" PRId64 " %12s %4s  %s%s%s\n", w, name, allocator_name(r),
+        printf("%-*s %-15s %14s %9.3f %9" PRId64 " %*.1f %12s %4s  %s%s%s\n", w, name, allocator_name(r),
                mib(r->peak_reserved, b, sizeof b), o->live ? (double)r->peak_reserved / (double)o->live : 0.0,
-               r->backend_calls, need, fits(r) ? "yes" : "no", out,
+               r->backend_calls, (int)strlen(dh), tune_driver_us(r, o->gpu) / 1000.0, need, fits(r) ? "yes" : "no", out,
                (long)i == o->rec_pt ? "  <- PyTorch" : "", (long)i == o->rec_tally ? "  <- tally" : "");
     }
     printf("\nneeds: the least device memory the setting runs in (replays bisected to 0.1%%; (fraction): a memory "
            "fraction caps at a share of the device, so it has no least); runs out: where a replay with less "
-           "memory than that refused an allocation\n");
+           "memory than that refused an allocation; driver ms: the modelled time of the row's driver calls "
+           "(tests/standin/cost.c's table, this GPU's column)\n");
     printf("allocator: PyTorch/tally = PyTorch's keys on the default placement, which both follow (tally replays "
            "it); tally = tally's own placement (TALLY_CONF only); PyTorch (model) = PyTorch's own expandable "
            "segments, modelled (tools/pt_expand.c)\n");
@@ -551,6 +587,8 @@ int tune_main(int argc, char **argv)
     long jobs = sysconf(_SC_NPROCESSORS_ONLN), device = -1;
     bool json = false, quiet = false;
     torch_version_t torch = {0};
+    double max_driver_us = -1;
+    int gpu = SI_COST_A100;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -562,7 +600,8 @@ int tune_main(int argc, char **argv)
         } else if (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0) {
             quiet = true;
         } else if (strcmp(a, "--capacity") == 0 || strcmp(a, "--max-calls") == 0 || strcmp(a, "--jobs") == 0 ||
-                   strcmp(a, "--plot") == 0 || strcmp(a, "--device") == 0 || strcmp(a, "--torch-version") == 0) {
+                   strcmp(a, "--plot") == 0 || strcmp(a, "--device") == 0 || strcmp(a, "--torch-version") == 0 ||
+                   strcmp(a, "--max-driver-time") == 0 || strcmp(a, "--gpu") == 0) {
             if (!v)
                 return tune_err(2, "%s needs a value", a);
             i++;
@@ -582,6 +621,16 @@ int tune_main(int argc, char **argv)
                 device = strtol(v, &end, 10);
                 if (device < 0 || device > 1024 || *end || !*v)
                     return tune_err(2, "--device '%s' is not a device number", v);
+            } else if (strcmp(a, "--max-driver-time") == 0) {
+                if (parse_duration_us(v, &max_driver_us))
+                    return tune_err(2, "--max-driver-time '%s' is not a duration (e.g. 250ms, 1.5s, 800us)", v);
+            } else if (strcmp(a, "--gpu") == 0) {
+                gpu = -1;
+                for (int k = 0; k < SI_COST_COLUMNS; k++)
+                    if (strcasecmp(v, si_cost_column_name(k)) == 0)
+                        gpu = k;
+                if (gpu < 0)
+                    return tune_err(2, "--gpu '%s' is not a column of the driver cost table (A100, Blackwell)", v);
             } else if (strcmp(a, "--torch-version") == 0) {
                 if (parse_version(v, &torch))
                     return tune_err(2, "--torch-version '%s' is not a torch version (e.g. 2.9.1, 2.11)", v);
@@ -669,9 +718,13 @@ int tune_main(int argc, char **argv)
     }
     if (budget < 0)
         budget = rows[0].backend_calls * 4 > 64 ? rows[0].backend_calls * 4 : 64;
-    outcome_t o = {&in, rows, n, -1, -1, live, capacity, budget, have_replayed ? &replayed : NULL, &torch};
-    o.rec_pt = recommend(rows, n, budget, true);
-    o.rec_tally = recommend(rows, n, budget, false);
+    outcome_t o = {.in = &in, .rows = rows, .n = n, .rec_pt = -1, .rec_tally = -1, .live = live,
+                   .capacity = capacity, .budget = budget, .replayed = have_replayed ? &replayed : NULL,
+                   .torch = &torch};
+    o.max_driver_us = max_driver_us;
+    o.gpu = gpu;
+    o.rec_pt = recommend(rows, n, budget, max_driver_us, gpu, true);
+    o.rec_tally = recommend(rows, n, budget, max_driver_us, gpu, false);
     if (json)
         print_json(&o);
     else
@@ -692,6 +745,16 @@ int tune_main(int argc, char **argv)
                           "memory tried)",
                           size_text((int64_t)capacity, a, sizeof a), size_text(least ? least->min_lower : 0, b, sizeof b),
                           least && least->setting[0] ? least->setting : "the default");
+    } else if (o.rec_pt < 0 && o.rec_tally < 0 && max_driver_us >= 0 && recommend(rows, n, budget, -1, gpu, true) +
+                                                                       recommend(rows, n, budget, -1, gpu, false) > -2) {
+        /* Within the calls but not within the driver time. */
+        const tune_row_t *least = NULL;
+        for (size_t i = 0; i < n; i++)
+            if (fits(&rows[i]) && (!least || tune_driver_us(&rows[i], gpu) < tune_driver_us(least, gpu)))
+                least = &rows[i];
+        rc = tune_err(1, "no setting keeps within %.1f ms of driver time (%s): the least any setting needs is %.1f ms (%s, %s)",
+                      max_driver_us / 1000.0, si_cost_column_name(gpu), tune_driver_us(least, gpu) / 1000.0,
+                      least->setting[0] ? least->setting : "the default", allocator_name(least));
     } else if (o.rec_pt < 0 && o.rec_tally < 0) {
         const tune_row_t *least = NULL;
         for (size_t i = 0; i < n; i++)

@@ -72,6 +72,10 @@ typedef struct tune_row {
     bool ok;               /* the replay ran (false: the worker failed) */
     long oom_event;        /* first refused allocation at --capacity, -1 if none */
     int64_t peak_reserved, peak_live, backend_calls, num_device_alloc;
+    /* What the driver did, for its modelled time (tune_driver_us): segment
+     * allocations and frees (cuMemAlloc / cuMemFree), or, with expandable
+     * segments, runs of pages mapped and unmapped and the pages in them. */
+    int64_t seg_allocs, seg_frees, map_runs, unmap_runs, pages_mapped, pages_unmapped, ranges;
     /* The least device memory it runs in (bisection of replays), and where
      * it runs out with less: at out_capacity, event out_event of out_size. */
     int64_t min_bytes;     /* 0: not found (min_lower is then a lower bound) */
@@ -81,6 +85,10 @@ typedef struct tune_row {
     double seconds;
     char error[200];
 } tune_row_t;
+
+/* The modelled driver time of r's calls in microseconds, on column
+ * (SI_COST_A100 or SI_COST_BLACKWELL of tests/standin/cost.h). */
+double tune_driver_us(const tune_row_t *r, int column);
 
 /* The grid for t: PyTorch's default first. Returns the count (<= max). */
 size_t tune_grid(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t max);

@@ -14,6 +14,8 @@
  * anonymous mapping and leave with _exit. */
 #include "tune.h"
 
+#include "../tests/standin/cost.h"
+
 #include <tally.h>
 
 #include <errno.h>
@@ -193,7 +195,9 @@ static double now_s(void)
 
 typedef struct sampler {
     int64_t *out;
-    size_t skip; /* events the recorded state stands for */
+    size_t skip;        /* events the recorded state stands for */
+    int64_t last;       /* reserved after the previous event */
+    int64_t up, down;   /* bytes mapped and unmapped over the replay */
 } sampler_t;
 
 /* Reserved bytes after each event: the host backend's used capacity. */
@@ -202,7 +206,14 @@ static void sample(void *arg, size_t i)
     sampler_t *s = arg;
     size_t free_b = 0, total = 0;
     tally_mem_get_info(0, &free_b, &total);
-    s->out[s->skip + i] = (int64_t)(total - free_b);
+    int64_t now = (int64_t)(total - free_b);
+    if (s->out)
+        s->out[s->skip + i] = now;
+    if (now > s->last)
+        s->up += now - s->last;
+    else
+        s->down += s->last - now;
+    s->last = now;
 }
 
 /* The replays' diagnostics (an OOM report when a candidate does not fit)
@@ -364,6 +375,11 @@ static void replay_one(const trace_t *t, const tune_start_t *start, uint64_t cap
         r->peak_reserved = res.peak_reserved;
         r->num_device_alloc = res.pages_mapped;
         r->backend_calls = res.pages_mapped + res.pages_unmapped;
+        r->map_runs = res.map_calls;
+        r->unmap_runs = res.unmap_calls;
+        r->pages_mapped = res.pages_mapped;
+        r->pages_unmapped = res.pages_unmapped;
+        r->ranges = res.segments;
         r->ok = true;
         return;
     }
@@ -396,9 +412,16 @@ static void replay_one(const trace_t *t, const tune_start_t *start, uint64_t cap
     trace_t view = *t;
     view.ev += skip;
     view.nev -= skip;
-    sampler_t s = {series, skip};
+    /* With expandable segments the pages mapped come from the reserved bytes' steps (2 MiB pages). */
+    bool expandable = strstr(r->setting, "expandable_segments:True") != NULL;
+    sampler_t s = {series, skip, 0, 0, 0};
+    if (expandable) {
+        size_t free_b = 0, total = 0;
+        tally_mem_get_info(0, &free_b, &total);
+        s.last = (int64_t)(total - free_b);
+    }
     double t0 = now_s();
-    long oom = trace_run(&view, ptrs, series ? sample : NULL, &s);
+    long oom = trace_run(&view, ptrs, series || expandable ? sample : NULL, &s);
     r->oom_event = oom < 0 ? -1 : oom + (long)skip;
     r->seconds = now_s() - t0;
     for (size_t i = 0; series && i < skip; i++)
@@ -412,7 +435,38 @@ static void replay_one(const trace_t *t, const tune_start_t *start, uint64_t cap
     /* The recorded state's segments were PyTorch's calls before the window, not this replay's. */
     r->num_device_alloc = st.num_device_alloc - st0.num_device_alloc;
     r->backend_calls = r->num_device_alloc + st.num_device_free - st0.num_device_free;
+    if (expandable) {
+        r->map_runs = r->num_device_alloc;
+        r->unmap_runs = st.num_device_free - st0.num_device_free;
+        r->pages_mapped = s.up / (int64_t)(2 * MIB);
+        r->pages_unmapped = s.down / (int64_t)(2 * MIB);
+        r->ranges = (int64_t)t->nstreams;
+    } else {
+        r->seg_allocs = r->num_device_alloc;
+        r->seg_frees = st.num_device_free - st0.num_device_free;
+    }
     r->ok = true;
+}
+
+/* The driver calls each kind of row makes, priced by the cost table:
+ * segments one cuMemAlloc / cuMemFree each; expandable segments one
+ * cuMemCreate and one cuMemMap per page, one cuMemSetAccess per run of pages
+ * mapped (charged per page it covers), one cuMemUnmap per run (per page) and
+ * one cuMemRelease per page unmapped, a cuMemAddressReserve per range, and
+ * for PyTorch's a synchronise before each unmap. */
+double tune_driver_us(const tune_row_t *r, int column)
+{
+    double us = si_cost_us("cuMemAlloc", (uint64_t)r->seg_allocs, 0, column) +
+                si_cost_us("cuMemFree", (uint64_t)r->seg_frees, 0, column);
+    us += si_cost_us("cuMemCreate", (uint64_t)r->pages_mapped, 0, column) +
+          si_cost_us("cuMemMap", (uint64_t)r->pages_mapped, 0, column) +
+          si_cost_us("cuMemSetAccess", (uint64_t)r->map_runs, (uint64_t)r->pages_mapped, column) +
+          si_cost_us("cuMemUnmap", (uint64_t)r->unmap_runs, (uint64_t)r->pages_unmapped, column) +
+          si_cost_us("cuMemRelease", (uint64_t)r->pages_unmapped, 0, column) +
+          si_cost_us("cuMemAddressReserve", (uint64_t)r->ranges, 0, column);
+    if (r->engine == TUNE_PT_EXPAND)
+        us += si_cost_us("cuStreamSynchronize", (uint64_t)r->unmap_runs, 0, column);
+    return us;
 }
 
 /* replay_one in a forked process (tally engines), or here (the model). */
