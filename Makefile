@@ -159,10 +159,12 @@ test-py: lib $(STANDIN_LIB)
 # The shell-script checks: make install into a temporary PREFIX and DESTDIR
 # (a pkg-config-built program runs without LD_LIBRARY_PATH, docs/api.md's
 # static link line links, make uninstall leaves nothing), tools/setup.sh as
-# a non-root user, tests/run.sh's own output, and the demo's.
+# a non-root user, tests/run.sh's own output, the demo's, the layers, and
+# docs/tune.md's generated blocks against tally tune's output.
 test-sh: lib $(CLI) $(BUILD)/bin/demo
 	@MAKE="$(MAKE)" BUILD=$(BUILD) TEST_RESULTS=$(TEST_RESULTS)/sh bash tests/run.sh \
-		tests/check_install.sh tests/check_setup.sh tests/check_run.sh tests/check_demo.sh tests/check_layers.sh
+		tests/check_install.sh tests/check_setup.sh tests/check_run.sh tests/check_demo.sh tests/check_layers.sh \
+		tests/check_tune_docs.sh
 
 # ---- install ----
 PREFIX       ?= /usr/local
