@@ -504,6 +504,13 @@ static void test_recorded_state(void **state)
     tally__json_free(rows);
     expect_table("warm.pickle", "replay of the same setting from the recorded state (2 segments, 1 live block): "
                                 "60.0 MiB; difference +0.0 MiB (+0.00%)", "recorded by PyTorch");
+    /* warm_rounded.pickle: the same under roundup_power2_divisions:2, which cannot make its 40 MiB segment
+     * (40 MiB rounds to 48): the replay from the recorded state says so, and the comparison falls back to
+     * the replay from an empty cache. */
+    expect_table("warm_rounded.pickle",
+                 "replay of the same setting from the recorded state failed: the setting makes a 50331648-byte "
+                 "segment where PyTorch had 41943040 bytes (address 1073741824)",
+                 "replay of the same setting (from an empty cache): 44.0 MiB; difference -16.0 MiB");
 }
 
 /* release.pickle: 4 MiB in a 20 MiB segment, freed, empty_cache (its

@@ -462,7 +462,9 @@ static void print_table(const char *file, const outcome_t *o)
         const tune_row_t *rp = o->replayed;
         if (rp && !rp->ok) {
             printf("replay of the same setting from the recorded state failed: %s\n", rp->error);
-        } else if (rp) {
+            rp = NULL; /* then the grid's row, from an empty cache */
+        }
+        if (rp) {
             int64_t df = rp->peak_reserved - in->recorded_peak;
             printf("replay of the same setting from the recorded state (%zu segment%s, %zu live block%s): %s; "
                    "difference %s%s (%+.2f%%)\n",
@@ -476,7 +478,8 @@ static void print_table(const char *file, const outcome_t *o)
                 if (strcmp(rows[i].setting, in->recorded_conf) == 0 && rows[i].engine != TUNE_TALLY)
                     same = &rows[i];
             if (same && !same->ok) {
-                printf("replay of the same setting failed: %s\n", same->error);
+                if (!o->replayed) /* else it said so just above */
+                    printf("replay of the same setting failed: %s\n", same->error);
             } else if (same) {
                 int64_t df = same->peak_reserved - in->recorded_peak;
                 printf("replay of the same setting (from an empty cache): %s; difference %s%s (%+.2f%%)\n",

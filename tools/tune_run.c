@@ -254,6 +254,8 @@ static int seed_tally(const trace_t *t, const tune_start_t *st, void **ptrs, cha
         void *sp = stream_ptr(t, r->stream);
         uint64_t piece_max = r->small ? MIB : r->size, tiny = r->small ? 512 : MIB;
         unsigned char *base = NULL;
+        tally_stats_t before, made;
+        tally_get_stats(0, &before);
         if (!r->small) {
             base = tally_malloc(r->size, 0, sp);
             if (!base) {
@@ -301,6 +303,19 @@ static int seed_tally(const trace_t *t, const tune_start_t *st, void **ptrs, cha
             unsigned char *p = tally_malloc(size, 0, sp);
             if (p && !base && cur == r->addr)
                 base = p;
+            if (p && cur == r->addr) {
+                /* The segment made is the recorded one's size, or the setting makes another. */
+                tally_get_stats(0, &made);
+                if (made.reserved_bytes[0].current - before.reserved_bytes[0].current != (int64_t)r->size) {
+                    rc = -1;
+                    snprintf(why, whylen, "the setting makes a %lld-byte segment where PyTorch had %llu bytes "
+                             "(address %llu)", (long long)(made.reserved_bytes[0].current -
+                                                           before.reserved_bytes[0].current),
+                             (unsigned long long)r->size, (unsigned long long)r->addr);
+                    tally_free(p);
+                    break;
+                }
+            }
             if (!p || p != base + (cur - r->addr)) {
                 rc = -1; snprintf(why, whylen, "the setting does not lay out the recorded segment at address %llu "
                               "as PyTorch had it", (unsigned long long)r->addr);
