@@ -35,19 +35,22 @@
 #define MiB ((uint64_t)1 << 20)
 #define SMALL_SIZE MiB
 
+typedef struct seg seg_t;
+
 typedef struct blk {
     uint64_t addr, size;
     bool mapped, allocated;
     struct blk *prev, *next;
+    seg_t *seg; /* allocated blocks: their segment */
 } blk_t;
 
-typedef struct seg {
+struct seg {
     int pool; /* 0 small, 1 large */
     unsigned stream;
     uint64_t page;
     blk_t *head;
     struct seg *next;
-} seg_t;
+};
 
 typedef struct model {
     seg_t *segs;
@@ -273,20 +276,15 @@ static blk_t *model_alloc(model_t *m, uint64_t req, unsigned stream)
     if (b->size - size >= 512 && !split_at(m, b, size))
         return NULL;
     b->allocated = true;
+    b->seg = s;
     return b;
 }
 
-static void model_free(model_t *m, blk_t *b)
+static void model_free(blk_t *b)
 {
-    for (seg_t *s = m->segs; s; s = s->next)
-        for (blk_t *x = s->head; x; x = x->next)
-            if (x == b) {
-                b->allocated = false;
-                merge(s, b, b->prev);
-                merge(s, b, b->next);
-                return;
-            }
-    (void)m;
+    b->allocated = false;
+    merge(b->seg, b, b->prev);
+    merge(b->seg, b, b->next);
 }
 
 static void model_clear(model_t *m)
@@ -360,6 +358,7 @@ static int seed(model_t *m, const trace_t *t, const ptx_start_t *st, blk_t **ptr
             if (l->size < x->size && !split_at(m, x, l->size))
                 return snprintf(err, errlen, "out of memory"), -1;
             x->allocated = true;
+            x->seg = s;
             if (l->slot < t->nalloc)
                 ptrs[l->slot] = x;
         }
@@ -391,7 +390,7 @@ int ptx_replay(const trace_t *t, const ptx_opts_t *o, const ptx_start_t *start, 
             }
         } else if (e->op == 'f') {
             if (ptrs[e->slot])
-                model_free(&m, ptrs[e->slot]);
+                model_free(ptrs[e->slot]);
             ptrs[e->slot] = NULL;
         } else if (e->op == 'e') {
             release_all(&m);
