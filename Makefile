@@ -114,6 +114,11 @@ $(BUILD)/tests/test_cuda_vmm_replay: tests/test_cuda_vmm_replay.c bench/trace.c 
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -Ibench -o $@ $< bench/trace.c $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
+# test_expand_steady replays the shared ddp trace with bench/trace.c's reader.
+$(BUILD)/tests/test_expand_steady: tests/test_expand_steady.c bench/trace.c bench/trace.h $(wildcard tests/*.h) $(BUILD)/lib/libtally.a | $(SETUP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Wno-pedantic -Ibench -o $@ $< bench/trace.c $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
+
 $(BUILD)/tests/%: tests/%.cc $(wildcard tests/*.h) $(BUILD)/lib/libtally.so $(BUILD)/lib/libtally.so.$(SOVERSION) | $(SETUP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< -L$(BUILD)/lib -ltally -Wl,-rpath,$(CURDIR)/$(BUILD)/lib -lcmocka $(LDLIBS)

@@ -31,9 +31,10 @@
  *   they mapped, unmap calls, pages unmapped and runs of mapped pages among
  *   them, ranges reserved; and the driver calls the cuda backend makes for
  *   the same calls (lib/backend/cuda/vmm.c): cuMemAlloc / cuMemFree 1 each,
- *   cuMemAddressReserve 1, a map of n pages 3n + 1 (cuMemCreate + cuMemMap
- *   + cuMemRelease per page, one cuMemSetAccess), an unmap one
- *   cuStreamSynchronize (the segment's stream) + one cuMemUnmap per run.
+ *   cuMemAddressReserve 1, a map of h handles 2h + 1 (cuMemCreate + cuMemMap
+ *   per handle, one cuMemSetAccess), an unmap one cuStreamSynchronize (the
+ *   segment's stream) + one cuMemUnmap per run + one cuMemRelease per
+ *   handle taken down.
  * reference.json is looked up next to each trace unless --reference names one. */
 #include "trace.h"
 
@@ -360,7 +361,8 @@ typedef struct figures {
  * comment at the top). */
 static uint64_t cuda_driver_calls(const tally_host_calls_t *c)
 {
-    return c->alloc + c->free + c->reserve + 3 * c->map_handles + c->map + c->unmap + c->unmap_runs;
+    return c->alloc + c->free + c->reserve + 2 * c->map_handles + c->map + c->unmap + c->unmap_runs +
+           c->unmap_handles;
 }
 
 static void simulate(const trace_t *t, figures_t *f)
@@ -429,7 +431,8 @@ static int replay(const trace_t *t, int reps, bool check, figures_t *f, char *er
                 .unreserve = c1.unreserve - c0.unreserve, .map = c1.map - c0.map,
                 .map_pages = c1.map_pages - c0.map_pages, .unmap = c1.unmap - c0.unmap,
                 .unmap_pages = c1.unmap_pages - c0.unmap_pages, .unmap_runs = c1.unmap_runs - c0.unmap_runs,
-                .map_handles = c1.map_handles - c0.map_handles};
+                .map_handles = c1.map_handles - c0.map_handles,
+                .unmap_handles = c1.unmap_handles - c0.unmap_handles};
         }
         tally_stats_t s;
         if (tally_get_stats(0, &s)) {

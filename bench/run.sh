@@ -23,7 +23,7 @@ TRACES=$(cd "$TRACES" && pwd)
 BIN=$BUILD/bench
 for f in "$BIN/hotpath-glibc" "$BIN/hotpath-jemalloc" "$BIN/hotpath-mimalloc" "$BUILD/bin/tally-replay" \
   "$BUILD/bin/tally-driver-cost" "$BUILD/standin/libcuda.so.1" \
-  "$BIN/torchpath-mimalloc" "$BIN/pt-expand-model" "$BIN/unwind"; do
+  "$BIN/torchpath-mimalloc" "$BIN/pt-expand-model" "$BIN/unwind" "$BIN/tally-steps"; do
   if [ ! -x "$f" ]; then
     echo "run.sh: $f is missing; run: make -C bench BUILD=$BUILD" >&2
     exit 1
@@ -78,6 +78,10 @@ step "driver cost of the replays: the cuda backend on the CUDA stand-in, with it
 LD_LIBRARY_PATH="$BUILD/standin" "$BUILD/bin/tally-driver-cost" --table "${replay_args[@]}" >"$OUT/driver-cost-default.txt"
 LD_LIBRARY_PATH="$BUILD/standin" "$BUILD/bin/tally-driver-cost" --table --conf expandable_segments:true "${replay_args[@]}" \
   >"$OUT/driver-cost-expandable.txt"
+step "expandable segments step by step (tally-steps on the stand-in)"
+LD_LIBRARY_PATH="$BUILD/standin" CUDA_STANDIN_DEVICES=1 CUDA_STANDIN_MEMORY=80G \
+  TALLY_CONF=backend:cuda,leak_report:off,expandable_segments:true "$BIN/tally-steps" "${replay_args[@]}" \
+  >"$OUT/steps-expandable.txt"
 step "hot path through PyTorch's entry points (batch of 64) against mimalloc"
 "$BIN/torchpath-mimalloc" >"$OUT/torchpath.txt"
 "$BIN/torchpath-mimalloc" --conf ledger:false | sed 's/^T pattern \([^ ]*\)/T pattern \1 (ledger off)/' >>"$OUT/torchpath.txt"
@@ -292,6 +296,17 @@ for h in 0 4 10 20 32 48 64 96 128; do
     sc+=$8+$9; sx+=$22; sdd+=dd[t] }
   END { if (n) printf "| %s | %.4f | %.4f (%s) | %d | %d | %.1f |\n", h, r/n, w, wt, sc, sx, sdd ? sx/sdd : 0 }' "$OUT/replay.txt" "$OUT/handle-$h.txt"
 done
+echo
+echo "## Expandable segments step by step (bench/steps.c on the CUDA stand-in)"
+echo
+echo "Each trace split into steps (the period of its allocation sizes); memory driver calls (create, map, set-access,"
+echo "release, unmap, segment alloc/free, the synchronise before an unmap) and their modelled time per steady step"
+echo "(the mean over the whole steps after the first) and over the whole trace, expandable_segments:true with the"
+echo "default expandable_move_budget (0: idle pages never move). Captures announced, as under tally.install()."
+echo
+echo "| trace | peak live MiB | peak reserved MiB | res/live | memory calls per steady step | backend calls per steady step | A100 ms per steady step | Blackwell ms per steady step | memory calls, whole trace | A100 ms, whole trace | Blackwell ms, whole trace |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+grep '^  summary |' "$OUT/steps-expandable.txt" | sed 's/^  summary //'
 echo
 echo "## Hot path through PyTorch's entry points (tally_torch_alloc / tally_torch_free against mimalloc)"
 echo

@@ -424,3 +424,34 @@ int trace_dir_sizes(const char *dir, uint64_t **sizes, size_t *n, size_t *cap, c
     free(paths);
     return rc ? -1 : np;
 }
+
+/* The period of the allocation sizes (trace.h), by the fraction of
+ * allocations whose size equals the one P before. O(n^2 / 2) compares. */
+size_t trace_period(const trace_t *t)
+{
+    size_t n = 0;
+    uint64_t *a = malloc((t->nalloc + 1) * sizeof *a);
+    if (!a)
+        return 0;
+    for (size_t e = 0; e < t->nev; e++)
+        if (t->ev[e].op == 'a')
+            a[n++] = t->ev[e].size;
+    size_t maxp = n / 2, period = 0;
+    double *frac = n >= 8 ? calloc(maxp + 1, sizeof *frac) : NULL;
+    double best = 0;
+    for (size_t p = 1; frac && p <= maxp; p++) {
+        size_t m = 0;
+        for (size_t i = 0; i + p < n; i++)
+            m += a[i] == a[i + p];
+        frac[p] = (double)m / (double)(n - p);
+        if (frac[p] > best)
+            best = frac[p];
+    }
+    if (frac && best >= 0.5)
+        for (size_t p = 2; p <= maxp && !period; p++)
+            if (frac[p] >= best - 0.02)
+                period = p;
+    free(frac);
+    free(a);
+    return period;
+}

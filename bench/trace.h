@@ -62,6 +62,13 @@ long trace_run(const trace_t *t, void **ptrs, void (*after)(void *arg, size_t i)
  * files read, or -1 with err set. */
 int trace_dir_sizes(const char *dir, uint64_t **sizes, size_t *n, size_t *cap, char *err, size_t errlen);
 
+/* The step of a repeating trace, in allocations: the smallest shift P at
+ * which the sequence of allocation sizes agrees with itself shifted by P
+ * nearly as often as at the best shift (within 2 points of the best
+ * fraction, which must be at least one half; P <= half the allocations).
+ * 0 when the trace does not repeat. */
+size_t trace_period(const trace_t *t);
+
 /* The .csv files of dir, sorted, as malloc'ed paths; returns the count or -1. */
 int trace_dir_list(const char *dir, char ***paths, char *err, size_t errlen);
 

@@ -366,6 +366,7 @@ typedef struct tally_host_calls {
     uint64_t map, map_pages;       /* map calls, pages they mapped */
     uint64_t unmap, unmap_pages, unmap_runs;
     uint64_t map_handles;          /* physical handles the map calls laid out (one per page, or larger) */
+    uint64_t unmap_handles;        /* physical handles the unmap calls took down (each one cuMemRelease on CUDA) */
 } tally_host_calls_t;
 TALLY_API int tally_host_calls(int device, tally_host_calls_t *out);
 

@@ -309,6 +309,9 @@ static void body_idle_pages_and_release(int fd)
 {
     (void)fd;
     start_driver();
+    /* Pages moving between holes: only within a move budget (none by
+     * default, test_expand_steady.c); this test is of the moves. */
+    NEED(tally_configure("expandable_move_budget:-1") == 0);
     size_t base = driver_free();
     void *a = tally_malloc(40 * MiB, 0, NULL), *b = tally_malloc(40 * MiB, 0, NULL);
     NEED(a && b);

@@ -21,7 +21,8 @@ static int reset(void **state)
 {
     (void)state;
     /* The runtime keys some tests change, back to this file's settings. */
-    if (tally_configure("garbage_collection_threshold:0,expandable_grow_chunk_mb:2,expandable_handle_mb:0"))
+    if (tally_configure("garbage_collection_threshold:0,expandable_grow_chunk_mb:2,expandable_handle_mb:0,"
+                        "expandable_move_budget:-1"))
         return -1;
     tally_empty_cache(-1);
     tally_reset_peak_stats(0);
@@ -771,7 +772,9 @@ static void test_options_show_the_key(void **state)
 int main(void)
 {
     /* Chunk of one page, so that most tests see a block's own pages only;
-     * the chunk test sets it at run time. */
+     * the chunk test sets it at run time. Pages move without limit
+     * (expandable_move_budget:-1): these tests are of the moving policy;
+     * test_expand_steady.c tests the default, which moves none. */
     tu_conf("backend:host,host_devices:2,host_mode:virtual,host_capacity:256MiB,expandable_segments:true,"
             "expandable_grow_chunk_mb:2,leak_report:off");
     const struct CMUnitTest tests[] = {

@@ -242,6 +242,7 @@ static void publish_runtime(const tally_options_t *n)
     STORE(expandable_grow_chunk_mb);
     STORE(trace);
     STORE(expandable_handle_mb);
+    STORE(expandable_move_budget);
 #undef STORE
     __atomic_store(&tally__opt.gc_threshold, &n->gc_threshold, __ATOMIC_RELAXED);
     __atomic_store(&tally__opt.memory_fraction, &n->memory_fraction, __ATOMIC_RELAXED);

@@ -100,7 +100,7 @@ static size_t count_pages(int device, void *ptr, size_t size, size_t hpages, boo
     tally_host_calls_t *c = &counts[device];
     uintptr_t a = (uintptr_t)ptr;
     host_range_t *r = range_locked(device, a);
-    size_t n = size / HOST_PAGE, changed = 0, runs = 0;
+    size_t n = size / HOST_PAGE, changed = 0, runs = 0, handles = 0;
     if (r && (a - r->base) % HOST_PAGE == 0) {
         size_t p = (a - r->base) / HOST_PAGE;
         bool prev = false;
@@ -109,6 +109,7 @@ static size_t count_pages(int device, void *ptr, size_t size, size_t hpages, boo
             if (was != on)
                 changed++;
             runs += !on && was && !prev;
+            handles += !on && was && r->hstart[q] == q;
             prev = was;
             r->mapped[q] = on;
             if (on) {
@@ -130,6 +131,7 @@ static size_t count_pages(int device, void *ptr, size_t size, size_t hpages, boo
         c->unmap++;
         c->unmap_pages += changed;
         c->unmap_runs += runs;
+        c->unmap_handles += handles;
     }
     tally__mutex_unlock(&host_lock);
     return changed;

@@ -245,6 +245,13 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
 int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more, char *why, size_t whylen);
 void tally__expand_unref_locked(tally_block_t *b);
 bool tally__expand_mapped_locked(const tally_block_t *b, size_t size);
+/* The allocation stream, for the steady-state detector and the move
+ * budget (size rounded; live: requested bytes before it). */
+void tally__expand_note_alloc_locked(tally_device_t *d, size_t size, uint64_t live);
+/* Whether the device's job repeats its step, and the step's length in
+ * allocations (0 when not steady). */
+bool tally__expand_steady(const tally_device_t *d);
+uint64_t tally__expand_period(const tally_device_t *d);
 /* Whether unmapping is held back on d: a CUDA graph capture is under way. */
 bool tally__expand_unmap_held_locked(tally_device_t *d);
 size_t tally__expand_trim_locked(tally_device_t *d);

@@ -21,6 +21,15 @@
  * cache.c prefers a free block already on mapped pages among the few after
  * the best fit.
  *
+ * Moves cost driver calls (an unmap there, a map here), and a repeating job
+ * made them every step (issue 21: about 1,000 per ddp step). So they are
+ * made only within expandable_move_budget, the modelled driver time a step
+ * may spend on them; 0 (the default) makes none: reserved memory then grows
+ * to what the step's placement touches, after which a step maps nothing.
+ * Unless moves are unlimited (-1) each map call is one physical handle
+ * (moves take whole idle handles), which also cuts the driver calls of
+ * growth to one cuMemCreate per call.
+ *
  * Physical handles: a map call lays its pages out in handles (backend.h),
  * and a handle can only be unmapped whole (CUDA's cuMemUnmap). Small blocks
  * get a handle per 2 MiB page; a block of at least expandable_handle_mb
@@ -130,6 +139,155 @@ static size_t next_spare(const tally_expand_t *ex, size_t p)
         return ex->npages;
     size_t q = w * 64 + (size_t)__builtin_ctzll(m);
     return q < ex->npages ? q : ex->npages;
+}
+
+/* ---- steady state: is the job repeating its step? ------------------------
+ * A training job allocates the same sizes in the same order every step, and
+ * its live bytes come back to the same figure at the same point of each
+ * step. The allocation stream is kept in a ring (rounded size, requested
+ * bytes before the allocation); a candidate period P comes from the last
+ * place the last KGRAM sizes were seen, and it holds while each new
+ * allocation has the size and the live bytes of the one P before it (the
+ * live-bytes test tells a step from a layer: layers repeat sizes, but each
+ * keeps its activations, so live bytes grow from one to the next; earlier
+ * places of the same sizes are tried, nearest first). After STEADY_RUN
+ * allocations that hold (or a whole period, if shorter), the job is steady
+ * and its step is P allocations; any mismatch ends it. The step is what
+ * expandable_move_budget is per: the budget comes back every P allocations
+ * (every MOVE_WINDOW until a period is known). Learned only with a budget
+ * above 0; with 0 nothing moves and nothing needs learning. */
+#define LEARN ((size_t)1 << 15) /* allocations remembered: periods up to this */
+#define KGRAM 8
+#define KG_SLOTS ((size_t)1 << 14)
+#define MIN_PERIOD 16
+#define STEADY_RUN 256
+#define CHAIN_WALK 64
+#define MOVE_WINDOW 1000 /* allocations per budget until a period is known */
+
+typedef struct steady {
+    uint64_t n; /* allocations seen */
+    uint64_t *size, *live; /* rings of LEARN */
+    uint64_t *kg;          /* KGRAM hash -> index + 1 of its last end */
+    uint64_t *chain;       /* ring: index + 1 of the previous end of the same hash */
+    uint64_t period, run;
+    bool on;
+    double tokens;      /* move budget left in this step (microseconds) */
+    uint64_t refill_at; /* allocation count at which it comes back */
+} steady_t;
+
+static steady_t steady[TALLY_MAX_DEVICES];
+
+static uint64_t kgram_hash(const steady_t *st)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t k = 0; k < KGRAM; k++)
+        h = (h ^ st->size[(st->n - 1 - k) % LEARN]) * 1099511628211ull;
+    return h;
+}
+
+/* One allocation of rounded size, with live: the bytes requested by the
+ * blocks live before it. Called only with a move budget (cache.c). */
+void tally__expand_note_alloc_locked(tally_device_t *d, size_t size, uint64_t live)
+{
+    steady_t *st = &steady[d->id];
+    if (!st->size) {
+        st->size = tally__meta_calloc(LEARN * sizeof *st->size);
+        st->live = tally__meta_calloc(LEARN * sizeof *st->live);
+        st->kg = tally__meta_calloc(KG_SLOTS * sizeof *st->kg);
+        st->chain = tally__meta_calloc(LEARN * sizeof *st->chain);
+        if (!st->size || !st->live || !st->kg || !st->chain) {
+            tally__meta_free(st->size);
+            tally__meta_free(st->live);
+            tally__meta_free(st->kg);
+            tally__meta_free(st->chain);
+            st->size = NULL;
+            return; /* no learning: moves stay on */
+        }
+    }
+    uint64_t i = st->n;
+    bool holds = st->period && i >= st->period && st->size[(i - st->period) % LEARN] == size &&
+                 st->live[(i - st->period) % LEARN] == live;
+    st->size[i % LEARN] = size;
+    st->live[i % LEARN] = live;
+    st->n++;
+    if (holds) {
+        st->run++;
+    } else {
+        st->period = st->run = 0;
+        if (st->n >= KGRAM) {
+            /* Earlier ends of the same KGRAM sizes, nearest first: the
+             * nearest whose sizes and live bytes agree gives the period. */
+            uint64_t j = st->kg[kgram_hash(st) % KG_SLOTS];
+            for (int walk = 0; j && walk < CHAIN_WALK && i + 1 - j < LEARN; walk++) {
+                uint64_t p = i + 1 - j;
+                bool same = p >= MIN_PERIOD;
+                for (size_t k = 0; k < KGRAM && same; k++)
+                    same = st->size[(i - k) % LEARN] == st->size[(i - k - p) % LEARN] &&
+                           st->live[(i - k) % LEARN] == st->live[(i - k - p) % LEARN];
+                if (same) {
+                    st->period = p, st->run = KGRAM;
+                    break;
+                }
+                j = st->chain[(j - 1) % LEARN];
+            }
+        }
+    }
+    if (st->n >= KGRAM) {
+        uint64_t *slot = &st->kg[kgram_hash(st) % KG_SLOTS];
+        st->chain[i % LEARN] = *slot;
+        *slot = st->n;
+    }
+    st->on = st->period && st->run >= (st->period < STEADY_RUN ? st->period : STEADY_RUN);
+    /* The move budget comes back at each step: every period once steady,
+     * every MOVE_WINDOW allocations until then. */
+    if (st->n >= st->refill_at) {
+        st->tokens = (double)TALLY_OPT(expandable_move_budget);
+        st->refill_at = st->n + (st->on ? st->period : MOVE_WINDOW);
+    }
+}
+
+bool tally__expand_steady(const tally_device_t *d)
+{
+    return steady[d->id].on;
+}
+
+uint64_t tally__expand_period(const tally_device_t *d)
+{
+    return steady[d->id].on ? steady[d->id].period : 0;
+}
+
+/* Modelled driver microseconds of moving n pages (A100 column of
+ * tests/standin/cost.c, a handle per page as a move maps them): a
+ * synchronise and cuMemUnmap of the pages taken, then cuMemCreate +
+ * cuMemMap + cuMemRelease + cuMemSetAccess per page mapped. */
+static double move_us(size_t n)
+{
+    return 20.0 + (double)n * (25.6 + 193.0 + 1.45 + 25.6 + 36.0);
+}
+
+/* Pages that could move: spare pages of every region, and the pages of
+ * the free small-pool segments. */
+static size_t movable(const tally_device_t *d)
+{
+    size_t n = 0;
+    for (const tally_segment_t *s = d->segments; s; s = s->next)
+        n += s->ex ? s->ex->spare : 0;
+    return n + d->small.count;
+}
+
+/* Whether pages may move now to spare want new ones (expandable_move_budget),
+ * charging the move of what can move; nothing movable costs nothing. */
+static bool move_allowed(tally_device_t *d, size_t want, size_t avail)
+{
+    int budget = TALLY_OPT(expandable_move_budget);
+    if (budget < 0)
+        return true;
+    steady_t *st = &steady[d->id];
+    size_t n = want < avail ? want : avail;
+    if (budget == 0 || !n || !st->size || st->tokens < move_us(n))
+        return false;
+    st->tokens -= move_us(n);
+    return true;
 }
 
 /* Highest reserved bytes each device has reached (never reset). */
@@ -386,8 +544,13 @@ static size_t steal_runs(tally_device_t *d, size_t want, const tally_segment_t *
 }
 
 /* Requests under this size get a 20 MiB segment in PyTorch's default
- * placement; here they grow the range by expandable_grow_chunk_mb. */
+ * placement; here they grow the range by expandable_grow_chunk_mb. When
+ * each map call is one handle (expandable_move_budget not -1), blocks
+ * under GROW_ONE_HANDLE do: fewer, larger handles, and on the recorded
+ * traces the same peak (docs/benchmarks.md, run I: 10, 20, 40 and 64 MiB
+ * measured; 64 raised resnet50's). */
 #define GROW_SMALL ((size_t)10 << 20)
+#define GROW_ONE_HANDLE ((size_t)40 << 20)
 
 /* Pages to map past the block's last page in the same call, over free,
  * unmapped pages of the block after it: as many as fit under the
@@ -395,7 +558,8 @@ static size_t steal_runs(tally_device_t *d, size_t want, const tally_segment_t *
  * under 10 MiB and grows the range (the free block after it is the
  * region's last), up to the next expandable_grow_chunk_mb boundary, so the
  * next small blocks find pages mapped: those are returned in *ahead, and
- * may raise reserved memory but not the mark. run: the pages this call
+ * may raise reserved memory but not the mark (under 40 MiB when each map
+ * call is one handle). run: the pages this call
  * maps for the block itself. */
 static size_t map_ahead_pages(const tally_device_t *d, const tally_block_t *b, size_t last, size_t run,
                               size_t *ahead)
@@ -409,7 +573,8 @@ static size_t map_ahead_pages(const tally_device_t *d, const tally_block_t *b, s
     size_t under_mark = high_water[d->id] > after ? (high_water[d->id] - after) / PAGE : 0;
     size_t want = under_mark;
     size_t chunk = (size_t)TALLY_OPT(expandable_grow_chunk_mb) * ((size_t)1 << 20) / PAGE;
-    if (chunk > 1 && b->size < GROW_SMALL && !rest->next)
+    size_t grow_below = TALLY_OPT(expandable_move_budget) < 0 ? GROW_SMALL : GROW_ONE_HANDLE;
+    if (chunk > 1 && b->size < grow_below && !rest->next)
         want += (last / chunk + 1) * chunk - last - 1; /* to the next chunk boundary */
     size_t end = (rest->addr + rest->size - s->base) / PAGE; /* pages wholly inside rest end here */
     size_t n = 0;
@@ -442,8 +607,11 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more,
     for (size_t p = first; p <= last; p++)
         need += !ex->mapped[p];
     uint64_t room = high_water[d->id] > d->reserved ? (high_water[d->id] - d->reserved) / PAGE : 0;
-    if (need > room && !tally__expand_unmap_held_locked(d)) {
-        /* (During a capture: new pages, past the mark, or OOM.) */
+    /* Moving idle pages here keeps reserved memory under the mark, at the
+     * price of driver calls (unmap there, map here) that a repeating job
+     * would make every step; within expandable_move_budget only. Otherwise
+     * (and during a capture) new pages: past the mark, or OOM. */
+    if (need > room && !tally__expand_unmap_held_locked(d) && move_allowed(d, need - room, movable(d))) {
         size_t got = steal_runs(d, need - room, s, first, last);
         if (got < need - room)
             tally__cache_release_small_locked(d, (need - room - got) * PAGE);
@@ -461,7 +629,12 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more,
             more = map_ahead_pages(d, b, last, n, &ahead);
         size_t hp = handle_pages(b, n);
         int rc;
-        if (hp > 1) {
+        if (TALLY_OPT(expandable_move_budget) >= 0) {
+            /* Pages move rarely or never: the run and the pages ahead of it
+             * in one handle (one cuMemCreate); a move takes whole idle
+             * handles. Without limit (-1), the handle policy below. */
+            rc = map_run(d, s, p, n + more, n + more, ahead, why, whylen);
+        } else if (hp > 1) {
             /* The block's pages in large handles; pages mapped ahead in a
              * call of their own, a handle per page (a failure there only
              * leaves them unmapped). */

@@ -137,6 +137,7 @@ typedef struct tally_options {
     int large_segment_size_mb;          /* large pool segment for requests under 10 MiB */
     int expandable_grow_chunk_mb;       /* a small block growing its range maps up to this boundary */
     int expandable_handle_mb;           /* blocks at least this large map their new pages as one handle (0: off) */
+    int expandable_move_budget;         /* us of driver time a step may spend moving pages (0: none, -1: no limit) */
     int async_private_pool;             /* async backend: own pool, not the device default */
     uint64_t async_release_threshold;   /* bytes the async pool keeps cached */
     char persistent_tags[512];

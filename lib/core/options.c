@@ -82,6 +82,9 @@ static const option_row_t rows[] = {
     {"expandable_handle_mb", T_INT, OFF(expandable_handle_mb), 0, 1 << 20, NULL, true,
      "expandable segments: a block of at least this many MiB maps its new pages as one physical handle "
      "(0: a handle per 2 MiB page everywhere)"},
+    {"expandable_move_budget", T_INT, OFF(expandable_move_budget), -1, 1 << 30, NULL, true,
+     "expandable segments: modelled driver microseconds a step may spend moving idle pages to lower the "
+     "peak (0: never move, no driver call in a steady step; -1: no limit, the least memory)"},
     {"garbage_collection_threshold", T_DOUBLE, OFF(gc_threshold), 0, 1, NULL, true,
      "with a memory fraction set, reclaim old cached blocks above this share of it (0 < t < 1)"},
     {"roundup_power2_divisions", T_ROUNDUP, OFF(roundup_divisions), 0, 0, NULL, false,
@@ -135,6 +138,7 @@ void tally__options_default(tally_options_t *o)
     o->expandable_grow_chunk_mb = 20;
     o->large_segment_size_mb = 20;
     o->expandable_handle_mb = 0; /* off: least memory (docs/benchmarks.md, run G) */
+    o->expandable_move_budget = 0; /* no page moves: no driver call in a steady step (issue 21) */
     for (int i = 0; i < TALLY_ROUNDUP_INTERVALS; i++)
         o->roundup_divisions[i] = 0;
     o->ledger = 1;

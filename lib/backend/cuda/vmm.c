@@ -11,24 +11,27 @@
  *   the cache's 2 MiB page; otherwise it refuses with one line saying so.
  * - map of n pages in handles of `handle` bytes (backend.h): per handle,
  *   cuMemCreate (that much pinned memory on the device) + cuMemMap at its
- *   address + cuMemRelease of the handle; then one cuMemSetAccess
- *   (read-write for the device) over the n pages. 3h + 1 driver calls for h
- *   handles: 3n + 1 with a handle per page, 4 with one handle.
+ *   address; then one cuMemSetAccess (read-write for the device) over the n
+ *   pages. 2h + 1 driver calls for h handles: 2n + 1 with a handle per
+ *   page, 3 with one handle. The handle is kept until it is unmapped.
  * - unmap of a range: refused (nothing unmapped) if it would cut a handle;
  *   else cuCtxSynchronize (work still queued may use the pages: a block is
  *   reused in stream order, so the last block on a page may have been freed
  *   while its kernels run), then one cuMemUnmap per run of mapped pages in
- *   the range. 2 driver calls for one run. If the synchronise is refused
+ *   the range, then cuMemRelease of each handle taken down. 2 driver calls
+ *   for one run, plus one per handle. If the synchronise is refused
  *   (a capture under way: lib/cache/expand.c never unmaps then) nothing is
  *   unmapped and the unmap fails.
  * - unreserve: unmap what is still mapped, then cuMemAddressFree.
  *
- * Handles: each released right after it is mapped. CUDA frees a handle's
+ * Handles: kept (at their first page) while mapped and released once
+ * unmapped, as PyTorch's expandable segments do: CUDA frees a handle's
  * memory once it is released and no longer mapped (cuMemRelease: 'The
  * memory allocation will be freed when all outstanding mappings to the
- * memory are unmapped'), so the mapping alone keeps the memory, and
- * unmapping it gives the memory back: no handle is ever kept, and unmap
- * needs no cuMemRelease. A mapping can only be unmapped whole (cuMemUnmap
+ * memory are unmapped'). Releasing at once after the map (what this file
+ * did until issue 21) gives the same memory but charges a cuMemRelease to
+ * every map; kept, a job that never unmaps never pays it. A mapping can
+ * only be unmapped whole (cuMemUnmap
  * 'cannot unmap a sub-range') and mapped only from offset 0 of its handle,
  * so lib/cache/expand.c gives back whole handles only: pages of a multi-page
  * handle go back together once none holds a live block. One cuMemUnmap may
@@ -71,6 +74,7 @@ typedef struct vmm_range {
     size_t size, npages;
     uint64_t *mapped; /* bit p: page p is mapped */
     uint64_t *start;  /* bit p: page p is mapped and the first page of its handle */
+    CUmemGenericAllocationHandle *handle; /* first page of a mapped handle: the handle */
     struct vmm_range *next;
 } vmm_range_t;
 
@@ -243,9 +247,10 @@ int tally__cu_vmm_reserve(int device, size_t size, void **ptr, char *why, size_t
     vmm_range_t *r = tally__meta_calloc(sizeof *r);
     uint64_t *bits = tally__meta_calloc((npages / 64 + 1) * sizeof *bits);
     uint64_t *start = tally__meta_calloc((npages / 64 + 1) * sizeof *start);
+    CUmemGenericAllocationHandle *handle = tally__meta_calloc(npages * sizeof *handle);
     CUdeviceptr base = 0;
     CUresult cr = CUDA_SUCCESS;
-    if (!r || !bits || !start) {
+    if (!r || !bits || !start || !handle) {
         snprintf(why, whylen, "out of host memory for a reservation of %zu bytes", size);
         rc = TALLY_ENOMEM;
     } else if ((cr = tally__cu.cuMemAddressReserve(&base, npages * VMM_PAGE, VMM_PAGE, 0, 0)) != CUDA_SUCCESS) {
@@ -256,18 +261,33 @@ int tally__cu_vmm_reserve(int device, size_t size, void **ptr, char *why, size_t
         tally__meta_free(r);
         tally__meta_free(bits);
         tally__meta_free(start);
+        tally__meta_free(handle);
         return rc;
     }
     *r = (vmm_range_t){.base = (uintptr_t)base, .size = npages * VMM_PAGE, .npages = npages, .mapped = bits,
-                       .start = start, .next = ranges[device]};
+                       .start = start, .handle = handle, .next = ranges[device]};
     ranges[device] = r;
     *ptr = (void *)(uintptr_t)base;
     return 0;
 }
 
+/* Release the handles whose first page is in [p, p + n) of r (just
+ * unmapped: their memory goes back to the device). */
+static void release_handles(int device, vmm_range_t *r, size_t p, size_t n)
+{
+    for (size_t q = p; q < p + n; q++) {
+        if (!starts(r, q) || !r->handle[q])
+            continue;
+        CUresult res = tally__cu.cuMemRelease(r->handle[q]);
+        if (res != CUDA_SUCCESS)
+            tally__cu_fail(res, "cuMemRelease", device);
+        r->handle[q] = 0;
+    }
+}
+
 /* Unmap pages [p, p + n) of r (all mapped, whole handles) in one call,
- * else mapping by mapping. In the device's context. Returns the first
- * failure, or CUDA_SUCCESS. */
+ * else mapping by mapping, and release their handles. In the device's
+ * context. Returns the first failure, or CUDA_SUCCESS. */
 static CUresult unmap_run(int device, vmm_range_t *r, size_t p, size_t n)
 {
     CUdeviceptr at = (CUdeviceptr)(r->base + p * VMM_PAGE);
@@ -280,9 +300,10 @@ static CUresult unmap_run(int device, vmm_range_t *r, size_t p, size_t n)
             while (i + k < n && !starts(r, p + i + k))
                 k++;
             CUresult one = tally__cu.cuMemUnmap(at + i * VMM_PAGE, k * VMM_PAGE);
-            if (one == CUDA_SUCCESS)
+            if (one == CUDA_SUCCESS) {
+                release_handles(device, r, p + i, k);
                 set_bits(r, p + i, k, false);
-            else if (res == CUDA_SUCCESS)
+            } else if (res == CUDA_SUCCESS)
                 res = one;
             i += k;
         }
@@ -290,10 +311,12 @@ static CUresult unmap_run(int device, vmm_range_t *r, size_t p, size_t n)
             tally__cu_fail(res, "cuMemUnmap", device);
         return res;
     }
-    if (res == CUDA_SUCCESS)
+    if (res == CUDA_SUCCESS) {
+        release_handles(device, r, p, n);
         set_bits(r, p, n, false);
-    else
+    } else {
         tally__cu_fail(res, "cuMemUnmap", device);
+    }
     return res;
 }
 
@@ -363,10 +386,7 @@ int tally__cu_vmm_map(int device, void *ptr, size_t size, size_t handle, char *w
             break;
         }
         set_bits(r, p + done, k, true);
-        /* The mapping keeps the memory; unmapping it frees it. */
-        cr = tally__cu.cuMemRelease(h);
-        if (cr != CUDA_SUCCESS)
-            rc = tally__cu_why(cr, "cuMemRelease", why, whylen);
+        r->handle[p + done] = h; /* released when unmapped */
     }
     if (!rc) {
         CUmemAccessDesc access[TALLY_MAX_DEVICES + 1];
@@ -442,6 +462,7 @@ int tally__cu_vmm_unreserve(int device, void *ptr, size_t size)
     *link = r->next;
     tally__meta_free(r->mapped);
     tally__meta_free(r->start);
+    tally__meta_free(r->handle);
     tally__meta_free(r);
     return rc;
 }

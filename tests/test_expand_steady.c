@@ -1,0 +1,448 @@
+/* Expandable segments in a repeating job (issue 21): once the first step has
+ * run, a step makes no driver call that creates, maps, unmaps or releases
+ * memory (expandable_move_budget:0, the default), counted on the CUDA
+ * stand-in with cuda_standin_calls; with moves unlimited (-1) the same job
+ * makes calls every step, so the count can fail. Also on the host backend:
+ * what the budget allows, and a random workload's invariants without moves.
+ * The shared ddp trace (../shared/traces, TALLY_TRACES) is replayed too
+ * when present. Each case runs in a child (vmmutil.h). */
+#include "vmmutil.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include "trace.h"
+
+/* The calls that move memory (a steady step makes none of them). */
+static const char *const memory_entries[] = {"cuMemCreate", "cuMemMap",  "cuMemRelease",     "cuMemSetAccess",
+                                             "cuMemUnmap",  "cuMemAlloc", "cuMemFree",       "cuCtxSynchronize",
+                                             "cuStreamSynchronize"};
+enum { NMEM = sizeof memory_entries / sizeof memory_entries[0] };
+
+typedef unsigned long long (*calls_fn)(const char *);
+static calls_fn si_calls;
+static void (*si_reset)(void);
+
+static void load_counters(void)
+{
+    start_driver();
+    *(void **)&si_calls = dlsym(cu_lib, "cuda_standin_calls");
+    *(void **)&si_reset = dlsym(cu_lib, "cuda_standin_counts_reset");
+    NEED(si_calls != NULL && si_reset != NULL);
+}
+
+static unsigned long long memory_calls(void)
+{
+    unsigned long long n = 0;
+    for (int i = 0; i < NMEM; i++)
+        n += si_calls(memory_entries[i]);
+    return n;
+}
+
+/* ---- a synthetic training step ---------------------------------------------
+ * Weights (a live set) first; then each step: a forward pass whose layers
+ * keep activations of mixed sizes (1 MiB to 48 MiB, and small ones), a
+ * workspace taken and freed in each layer, a loss, then the backward pass
+ * freeing activations in reverse while gradients come and go, and an
+ * optimizer temporary. The same sizes in the same order every step. */
+enum { LAYERS = 12, PER_LAYER = 6, MAXLIVE = LAYERS * PER_LAYER + 64 };
+
+typedef struct job {
+    void *weights[16];
+    void *act[LAYERS][PER_LAYER];
+} job_t;
+
+static size_t act_size(int l, int k)
+{
+    static const size_t mib[PER_LAYER] = {3, 48, 12, 1, 20, 7};
+    return mib[k] * MiB + (size_t)(l % 3) * 4096 + (k == 3 ? 1000 : 0);
+}
+
+static void *must(size_t size)
+{
+    void *p = tally_malloc(size, 0, NULL);
+    NEED(p != NULL);
+    return p;
+}
+
+static void job_begin(job_t *j)
+{
+    for (int w = 0; w < 16; w++)
+        j->weights[w] = must((size_t)(w % 4 + 1) * 16 * MiB + (size_t)w * 512);
+}
+
+static void job_step(job_t *j)
+{
+    for (int l = 0; l < LAYERS; l++) {
+        void *ws = must(64 * MiB + (size_t)l * 2 * MiB);
+        for (int k = 0; k < PER_LAYER; k++)
+            j->act[l][k] = must(act_size(l, k));
+        void *tmp = must(300 * 1024);
+        tally_free(ws);
+        tally_free(tmp);
+    }
+    void *loss = must(512);
+    for (int l = LAYERS - 1; l >= 0; l--) {
+        void *grad = must(act_size(l, 1) + 5 * MiB);
+        for (int k = PER_LAYER - 1; k >= 0; k--)
+            tally_free(j->act[l][k]);
+        void *g2 = must(24 * MiB);
+        tally_free(grad);
+        tally_free(g2);
+    }
+    void *opt = must(96 * MiB);
+    tally_free(opt);
+    tally_free(loss);
+}
+
+static void job_end(job_t *j)
+{
+    for (int w = 0; w < 16; w++)
+        tally_free(j->weights[w]);
+}
+
+/* Steps 2 to 6 of the job on the stand-in: memory driver calls per step
+ * written to fd (5 counts), after tally_check. */
+static void body_steps(int fd)
+{
+    load_counters();
+    NEED(tally_init() == 0);
+    job_t j;
+    job_begin(&j);
+    job_step(&j);
+    unsigned long long per[5];
+    for (int s = 0; s < 5; s++) {
+        si_reset();
+        job_step(&j);
+        per[s] = memory_calls();
+    }
+    NEED(tally_check() == 0);
+    job_end(&j);
+    NEED(write(fd, per, sizeof per) == (ssize_t)sizeof per);
+}
+
+static void steps_under(const char *conf, unsigned long long per[5])
+{
+    const char *const env[] = {"CUDA_STANDIN_DEVICES", "1", "CUDA_STANDIN_MEMORY", "16G", "TALLY_CONF", conf, NULL};
+    memset(per, 0, 5 * sizeof per[0]);
+    int st = run_child(env, body_steps, per, 5 * sizeof per[0]);
+    if (st != 0)
+        fail_msg("child ended with status %d (see its line above)", st);
+}
+
+static void test_steady_step_makes_no_memory_driver_call(void **state)
+{
+    (void)state;
+    unsigned long long per[5];
+    steps_under("backend:cuda,expandable_segments:true,leak_report:off", per);
+    for (int s = 0; s < 5; s++) {
+        if (per[s])
+            fail_msg("step %d made %llu memory driver calls (create, map, release, set access, unmap, alloc, free, "
+                     "context or stream synchronise); a steady step makes none",
+                     s + 2, per[s]);
+    }
+}
+
+/* The count sees calls: with moves unlimited the same job moves idle pages
+ * every step (the churn issue 21 measured). */
+static void test_unlimited_moves_make_calls_every_step(void **state)
+{
+    (void)state;
+    unsigned long long per[5];
+    steps_under("backend:cuda,expandable_segments:true,expandable_move_budget:-1,leak_report:off", per);
+    for (int s = 0; s < 5; s++)
+        if (!per[s])
+            fail_msg("step %d made no memory driver call with expandable_move_budget:-1", s + 2);
+}
+
+/* ---- the shared ddp trace on the stand-in ------------------------------- */
+
+static const char *traces_dir(void)
+{
+    const char *d = getenv("TALLY_TRACES");
+    return d && *d ? d : "../shared/traces";
+}
+
+static char ddp_path[1024];
+
+/* Replays the trace; for each step after the first (steps of trace_period
+ * allocations from the second period's lowest live point), its memory
+ * driver calls; writes the count of steps then the counts. */
+static void body_ddp(int fd)
+{
+    char err[512];
+    trace_t t;
+    NEED(trace_load(ddp_path, &t, err, sizeof err) == 0);
+    size_t period = trace_period(&t);
+    NEED(period > 0);
+    load_counters();
+    NEED(tally_init() == 0);
+    /* Event index of each allocation, and the live bytes before it. */
+    size_t *aev = malloc(t.nalloc * sizeof *aev), na = 0, phase = period;
+    uint64_t *live = malloc(t.nalloc * sizeof *live), cur = 0;
+    NEED(aev && live);
+    for (size_t e = 0; e < t.nev; e++) {
+        if (t.ev[e].op == 'a') {
+            aev[na] = e;
+            live[na++] = cur;
+            cur += t.ev[e].size;
+        } else {
+            cur -= t.ev[e].size;
+        }
+    }
+    for (size_t i = period; i < 2 * period && i < na; i++)
+        if (live[i] < live[phase])
+            phase = i;
+    void **ptrs = calloc(t.nalloc, sizeof *ptrs);
+    unsigned long long counts[16] = {0};
+    int steps = 0;
+    size_t next = phase;
+    for (size_t e = 0, a = 0; e < t.nev; e++) {
+        if (t.ev[e].op == 'a') {
+            if (a == next) {
+                if (next > phase && steps < 16)
+                    counts[steps++] = memory_calls();
+                si_reset();
+                next = a + period <= na ? a + period : SIZE_MAX;
+            }
+            a++;
+            if (t.ev[e].size)
+                NEED((ptrs[t.ev[e].slot] = tally_malloc(t.ev[e].size, 0, NULL)) != NULL);
+        } else {
+            tally_free(ptrs[t.ev[e].slot]);
+            ptrs[t.ev[e].slot] = NULL;
+        }
+    }
+    NEED(tally_check() == 0);
+    NEED(write(fd, &steps, sizeof steps) == (ssize_t)sizeof steps);
+    NEED(write(fd, counts, sizeof counts) == (ssize_t)sizeof counts);
+    free(aev);
+    free(live);
+    free(ptrs);
+    trace_free(&t);
+}
+
+static void test_ddp_trace_steady_steps_make_no_memory_driver_call(void **state)
+{
+    (void)state;
+    snprintf(ddp_path, sizeof ddp_path, "%s/ddp-rank1-5steps.csv", traces_dir());
+    struct stat st;
+    if (stat(ddp_path, &st) != 0) {
+        SKIP("no %s (CI has ../shared/traces beside the repo)", ddp_path);
+    }
+    const char *const env[] = {"CUDA_STANDIN_DEVICES", "1", "CUDA_STANDIN_MEMORY", "32G", "TALLY_CONF",
+                               "backend:cuda,expandable_segments:true,leak_report:off", NULL};
+    struct {
+        int steps;
+        unsigned long long counts[16];
+    } out = {0};
+    int rc = run_child(env, body_ddp, &out, sizeof out);
+    if (rc != 0)
+        fail_msg("child ended with status %d (see its line above)", rc);
+    if (out.steps < 3)
+        fail_msg("only %d whole steps found in %s", out.steps, ddp_path);
+    for (int s = 0; s < out.steps; s++)
+        if (out.counts[s])
+            fail_msg("ddp step %d after the first made %llu memory driver calls", s + 1, out.counts[s]);
+}
+
+/* ---- host backend: what the budget allows ------------------------------- */
+
+static void host_conf(const char *extra)
+{
+    char conf[256];
+    snprintf(conf, sizeof conf,
+             "backend:host,host_mode:virtual,host_capacity:1GiB,expandable_segments:true,expandable_grow_chunk_mb:2,"
+             "leak_report:off%s",
+             extra);
+    NEED(tally_configure(conf) == 0);
+    NEED(tally_init() == 0);
+}
+
+static tally_host_calls_t host_calls(void)
+{
+    tally_host_calls_t c;
+    NEED(tally_host_calls(0, &c) == 0);
+    return c;
+}
+
+/* Two holes of 20 MiB (the second merges with the free end of the range),
+ * then a 40 MiB block that fits in the first: it goes on the second hole's
+ * pages and needs 10 more. The budget decides whether the first hole's
+ * pages move under it (the peak holds, one unmap call) or new pages are
+ * mapped (the peak rises by 20 MiB, no unmap). */
+static void holes_then_big(int64_t *peak_rise, uint64_t *unmaps)
+{
+    void *a = must(20 * MiB), *b = must(20 * MiB), *c = must(20 * MiB);
+    tally_stats_t full = stats0();
+    tally_free(a);
+    tally_free(c);
+    tally_host_calls_t before = host_calls();
+    void *d = must(40 * MiB);
+    *peak_rise = stats0().reserved_bytes[TALLY_POOL_ALL].peak - full.reserved_bytes[TALLY_POOL_ALL].peak;
+    *unmaps = host_calls().unmap - before.unmap;
+    NEED(tally_check() == 0);
+    tally_free(b);
+    tally_free(d);
+}
+
+static void body_budget_zero(int fd)
+{
+    host_conf("");
+    int64_t rise;
+    uint64_t unmaps;
+    holes_then_big(&rise, &unmaps);
+    NEED(rise == (int64_t)(20 * MiB) && unmaps == 0);
+    (void)fd;
+}
+
+static void body_budget_unlimited(int fd)
+{
+    host_conf(",expandable_move_budget:-1");
+    int64_t rise;
+    uint64_t unmaps;
+    holes_then_big(&rise, &unmaps);
+    NEED(rise == 0 && unmaps == 1);
+    (void)fd;
+}
+
+/* A budget pays for moves up to its modelled cost per step: 10 ms covers
+ * moving 10 pages (about 2.8 ms at A100 costs), 1 ms does not. */
+static void body_budget_some(int fd)
+{
+    host_conf(",expandable_move_budget:10000");
+    int64_t rise;
+    uint64_t unmaps;
+    holes_then_big(&rise, &unmaps);
+    NEED(rise == 0 && unmaps == 1);
+    NEED(tally_configure("expandable_move_budget:1000") == 0);
+    tally_empty_cache(0);
+    /* The budget of the window already begun stays; the next one is 1 ms. */
+    for (int i = 0; i < 1000; i++)
+        tally_free(must(512));
+    holes_then_big(&rise, &unmaps);
+    NEED(rise == (int64_t)(20 * MiB) && unmaps == 0);
+    (void)fd;
+}
+
+static void test_budget_zero_maps_new_pages_instead_of_moving(void **state)
+{
+    (void)state;
+    const char *const env[] = {"TALLY_CONF", "", NULL};
+    expect_child_ok(env, body_budget_zero);
+}
+
+static void test_unlimited_budget_moves_idle_pages(void **state)
+{
+    (void)state;
+    const char *const env[] = {"TALLY_CONF", "", NULL};
+    expect_child_ok(env, body_budget_unlimited);
+}
+
+static void test_budget_pays_for_moves_up_to_its_cost(void **state)
+{
+    (void)state;
+    const char *const env[] = {"TALLY_CONF", "", NULL};
+    expect_child_ok(env, body_budget_some);
+}
+
+static void discard(void *arg, const char *text, size_t len)
+{
+    (void)arg, (void)text, (void)len;
+}
+
+/* Without moves: random sizes on a small device (OOM included, which may
+ * unmap), one handle per map call; every invariant holds, all goes back. */
+static void body_random(int fd)
+{
+    NEED(tally_configure("backend:host,host_mode:virtual,host_capacity:256MiB,expandable_segments:true,"
+                         "leak_report:off") == 0);
+    NEED(tally_init() == 0);
+    tally_set_sink(discard, NULL);
+    /* Bursts: allocate a random number of blocks (a quarter large, up to
+     * 96 MiB; the rest small), then free a random number of the newest. */
+    enum { SLOTS = 160 };
+    void *live[SLOTS] = {0};
+    int top = 0;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int round = 0; round < 3000; round++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int grow = (int)(x % 9), shrink = (int)(x >> 8) % 9;
+        for (int g = 0; g < grow && top < SLOTS; g++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            size_t size = x % 4 == 0 ? (size_t)(x >> 20) % (96 * MiB) + MiB : (size_t)(x >> 24) % MiB + 1;
+            void *q = tally_malloc(size, 0, NULL);
+            if (q)
+                live[top++] = q;
+        }
+        for (int k = 0; k < shrink && top > 0; k++)
+            tally_free(live[--top]);
+        if (round % 1000 == 999)
+            tally_empty_cache(0);
+        if (round % 100 == 0)
+            NEED(tally_check() == 0);
+    }
+    while (top > 0)
+        tally_free(live[--top]);
+    NEED(tally_check() == 0);
+    tally_empty_cache(0);
+    NEED(stats0().reserved_bytes[TALLY_POOL_ALL].current == 0);
+    (void)fd;
+}
+
+static void test_random_workload_without_moves_keeps_invariants(void **state)
+{
+    (void)state;
+    const char *const env[] = {"TALLY_CONF", "", NULL};
+    expect_child_ok(env, body_random);
+}
+
+/* The key: runtime, shown by tally_write_options, -1 to 2^30 only. */
+static char options_text[16384];
+static size_t options_len;
+
+static void text_out(void *arg, const char *text, size_t len)
+{
+    (void)arg;
+    if (options_len + len < sizeof options_text) {
+        memcpy(options_text + options_len, text, len);
+        options_len += len;
+        options_text[options_len] = 0;
+    }
+}
+
+static void body_key(int fd)
+{
+    (void)fd;
+    NEED(tally_configure("backend:host,expandable_segments:true,leak_report:off") == 0);
+    NEED(tally_configure("expandable_move_budget:-2") != 0);
+    NEED(strstr(tally_last_error(), "expandable_move_budget") != NULL);
+    NEED(tally_configure("expandable_move_budget:lots") != 0);
+    NEED(tally_configure("expandable_move_budget:1073741825") != 0);
+    NEED(tally_init() == 0);
+    NEED(tally_configure("expandable_move_budget:5000") == 0); /* runtime: after init too */
+    NEED(tally_write_options(text_out, NULL) == 0);
+    NEED(strstr(options_text, "expandable_move_budget:5000") != NULL);
+}
+
+static void test_move_budget_key(void **state)
+{
+    (void)state;
+    const char *const env[] = {"TALLY_CONF", "", NULL};
+    expect_child_ok(env, body_key);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_steady_step_makes_no_memory_driver_call),
+        cmocka_unit_test(test_unlimited_moves_make_calls_every_step),
+        cmocka_unit_test(test_ddp_trace_steady_steps_make_no_memory_driver_call),
+        cmocka_unit_test(test_budget_zero_maps_new_pages_instead_of_moving),
+        cmocka_unit_test(test_unlimited_budget_moves_idle_pages),
+        cmocka_unit_test(test_budget_pays_for_moves_up_to_its_cost),
+        cmocka_unit_test(test_random_workload_without_moves_keeps_invariants),
+        cmocka_unit_test(test_move_budget_key),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
