@@ -468,7 +468,8 @@ static void replay_one(const trace_t *t, const tune_start_t *start, uint64_t cap
  * cuMemCreate and one cuMemMap per page, one cuMemSetAccess per run of pages
  * mapped (charged per page it covers), one cuMemUnmap per run (per page) and
  * one cuMemRelease per page unmapped, a cuMemAddressReserve per range, and
- * for PyTorch's a synchronise before each unmap. */
+ * a stream synchronise before each unmap (tally's CUDA path, docs/
+ * architecture.md, and PyTorch's ExpandableSegment alike). */
 double tune_driver_us(const tune_row_t *r, int column)
 {
     double us = si_cost_us("cuMemAlloc", (uint64_t)r->seg_allocs, 0, column) +
@@ -479,8 +480,7 @@ double tune_driver_us(const tune_row_t *r, int column)
           si_cost_us("cuMemUnmap", (uint64_t)r->unmap_runs, (uint64_t)r->pages_unmapped, column) +
           si_cost_us("cuMemRelease", (uint64_t)r->pages_unmapped, 0, column) +
           si_cost_us("cuMemAddressReserve", (uint64_t)r->ranges, 0, column);
-    if (r->engine == TUNE_PT_EXPAND)
-        us += si_cost_us("cuStreamSynchronize", (uint64_t)r->unmap_runs, 0, column);
+    us += si_cost_us("cuStreamSynchronize", (uint64_t)r->unmap_runs, 0, column);
     return us;
 }
 
