@@ -53,7 +53,14 @@ lib: $(BUILD)/lib/libtally.so $(BUILD)/lib/libtally.so.$(SOVERSION) $(BUILD)/lib
 # make test a C compiler and cmocka only, make bench also jemalloc and
 # mimalloc; make fuzz checks for clang's libFuzzer itself.
 SETUP_BENCH := $(BUILD)/.setup-bench-ok
+# make and make demo need only the compiler: on a fresh machine, as root,
+# setup.sh installs it before the first object is compiled.
+SETUP_BUILD := $(BUILD)/.setup-build-ok
 setup: $(SETUP)
+$(SETUP_BUILD): tools/setup.sh
+	@CC="$(CC)" bash tools/setup.sh build
+	@mkdir -p $(BUILD) && touch $@
+$(LIB_OBJ) $(LIB_CXX_OBJ): | $(SETUP_BUILD)
 $(SETUP): tools/setup.sh
 	@CC="$(CC)" bash tools/setup.sh test
 	@mkdir -p $(BUILD) && touch $@
@@ -164,12 +171,12 @@ test-py: lib $(STANDIN_LIB)
 # The shell-script checks: make install into a temporary PREFIX and DESTDIR
 # (a pkg-config-built program runs without LD_LIBRARY_PATH, docs/api.md's
 # static link line links, make uninstall leaves nothing), tools/setup.sh as
-# a non-root user, tests/run.sh's own output, the demo's, the layers, and
-# docs/tune.md's generated blocks against tally tune's output.
+# a non-root user, tests/run.sh's own output, the demo's, and the figures
+# the docs quote (tests/docs_figures.py).
 test-sh: lib $(CLI) $(BUILD)/bin/demo
 	@MAKE="$(MAKE)" BUILD=$(BUILD) TEST_RESULTS=$(TEST_RESULTS)/sh bash tests/run.sh \
 		tests/check_install.sh tests/check_setup.sh tests/check_run.sh tests/check_demo.sh tests/check_layers.sh \
-		tests/check_tune_docs.sh
+		tests/check_docs.sh
 
 # ---- install ----
 PREFIX       ?= /usr/local
@@ -213,6 +220,13 @@ uninstall:
 bench: all $(STANDIN_LIB) | $(SETUP_BENCH)
 	$(MAKE) -C bench BUILD=$(abspath $(BUILD))
 	bash bench/run.sh $(abspath $(BUILD))
+
+# make bench-quick (in .ci/run): every bench/ target built, every program run
+# for a few seconds (bench/run.sh --quick), each table checked to be there.
+.PHONY: bench-quick
+bench-quick: all | $(SETUP_BENCH)
+	$(MAKE) -C bench BUILD=$(abspath $(BUILD))
+	bash bench/check_quick.sh $(abspath $(BUILD))
 
 asan:
 	$(MAKE) test-c BUILD=build-asan SAN="-fsanitize=address -fno-omit-frame-pointer" OPT=-O1

@@ -5,7 +5,8 @@ around each call, as PyTorch does around an op, so each allocation takes the
 GIL back to read its frames) 8 Python frames deep, with python_stack:0 and
 python_stack:8, and prints a Markdown table: CPU ns per allocate+free pair
 (median of 7 rounds) and the difference per allocation.
-Usage: python3 bench/pystack.py <path to libtally.so>"""
+Usage: python3 bench/pystack.py <path to libtally.so> [--quick]
+(--quick: 2,000 pairs, 3 rounds; make bench-quick)"""
 
 import ctypes
 import statistics
@@ -18,6 +19,11 @@ DEPTH = 8
 
 
 def main():
+    global PAIRS, ROUNDS
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] != "--quick"):
+        sys.exit("usage: python3 bench/pystack.py <path to libtally.so> [--quick]")
+    if len(sys.argv) == 3:
+        PAIRS, ROUNDS = 2000, 3
     lib = ctypes.CDLL(sys.argv[1])
     lib.tally_malloc.restype = ctypes.c_void_p
     lib.tally_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Runs tally's benchmarks and prints one report (Markdown tables).
-#   bash bench/run.sh <build dir>
+#   bash bench/run.sh [--quick] <build dir>
+# --quick (make bench-quick, in .ci/run): every program runs a few seconds
+# (fewer repetitions, pairs and settings; no callgrind) and the report has
+# every table, but its figures are not measurements.
 # Builds nothing: `make -C bench BUILD=<abs build dir>` builds the binaries
 # and the synthetic traces first (the top Makefile's `bench` target does both).
 # Traces: $TALLY_TRACES, else ../shared/traces next to the repository.
 # Raw results stay in <build dir>/bench-results/. About 2 minutes on 2 CPUs.
 set -euo pipefail
 
+quick=0
+if [ "${1:-}" = --quick ]; then quick=1; shift; fi
 if [ $# -ne 1 ]; then
-  echo "usage: bash bench/run.sh <build dir>" >&2
+  echo "usage: bash bench/run.sh [--quick] <build dir>" >&2
   exit 2
 fi
 BUILD=$(cd "$1" && pwd)
@@ -39,52 +44,63 @@ unset TALLY_CONF
 
 start=$(date +%s)
 step() { echo "run.sh: $*" >&2; }
+# Quick mode: the same programs and tables on a small budget.
+HOT_QUICK=() RUNS="1 2 3" REPLAY_REPS=() GROW="2 4 8 12 16 20 32 40" HANDLE="0 4 10 20 32 48 64 96 128"
+TORCH_QUICK=() UNWIND_QUICK=() PY_QUICK=()
+if [ $quick = 1 ]; then
+  HOT_QUICK=(--reps 1 --rounds 1 --rep-ms 1) RUNS=1 REPLAY_REPS=(--reps 1) GROW="20" HANDLE="64"
+  TORCH_QUICK=(--reps 1 --batches 20) UNWIND_QUICK=(--quick) PY_QUICK=(--quick)
+  export TALLY_BENCH_QUICK=1 TALLY_BENCH_CALLGRIND=0
+fi
 
 # 1. Hot path: each system allocator against tally in the same process.
 for a in glibc jemalloc mimalloc; do
   step "hot path, $a against tally"
-  "$BIN/hotpath-$a" >"$OUT/hotpath-$a.txt"
+  "$BIN/hotpath-$a" "${HOT_QUICK[@]}" >"$OUT/hotpath-$a.txt"
 done
 # 2. Ledger on / off (not changeable at run time: separate processes,
 #    alternated three times), and backtraces of depth 16.
-for i in 1 2 3; do
+for i in $RUNS; do
   step "hot path, tally ledger on / off ($i of 3)"
-  "$BIN/hotpath-glibc" --only tally --rounds 1 --label ledger-on >"$OUT/ledger-on-$i.txt"
-  "$BIN/hotpath-glibc" --only tally --rounds 1 --label ledger-off --conf ledger:false >"$OUT/ledger-off-$i.txt"
+  "$BIN/hotpath-glibc" --only tally --rounds 1 "${HOT_QUICK[@]}" --label ledger-on >"$OUT/ledger-on-$i.txt"
+  "$BIN/hotpath-glibc" --only tally --rounds 1 "${HOT_QUICK[@]}" --label ledger-off --conf ledger:false >"$OUT/ledger-off-$i.txt"
 done
 step "hot path, tally with backtrace_depth:16"
-"$BIN/hotpath-glibc" --only tally --rounds 1 --label bt16 --conf backtrace_depth:16 >"$OUT/backtrace.txt"
+"$BIN/hotpath-glibc" --only tally --rounds 1 "${HOT_QUICK[@]}" --label bt16 --conf backtrace_depth:16 >"$OUT/backtrace.txt"
 step "allocation sites: unwinders at depth 16, python_stack:8 from a Python loop"
-"$BIN/unwind" >"$OUT/unwind.txt"
-python3 "$HERE/pystack.py" "$BUILD/lib/libtally.so" >"$OUT/pystack.txt"
+"$BIN/unwind" "${UNWIND_QUICK[@]}" >"$OUT/unwind.txt"
+python3 "$HERE/pystack.py" "$BUILD/lib/libtally.so" "${PY_QUICK[@]}" >"$OUT/pystack.txt"
 # 3. Replay of the recorded and the synthetic traces.
 step "replay"
 replay_args=("$TRACES")
 if [ -d "$BUILD/traces" ]; then replay_args+=("$BUILD/traces"); fi
-"$BUILD/bin/tally-replay" --check "${replay_args[@]}" >"$OUT/replay.txt"
+"$BUILD/bin/tally-replay" --check "${REPLAY_REPS[@]}" "${replay_args[@]}" >"$OUT/replay.txt"
 step "replay with expandable segments"
-"$BUILD/bin/tally-replay" --check --conf expandable_segments:true "${replay_args[@]}" >"$OUT/replay-expandable.txt"
+"$BUILD/bin/tally-replay" --check "${REPLAY_REPS[@]}" --conf expandable_segments:true "${replay_args[@]}" >"$OUT/replay-expandable.txt"
 step "PyTorch's expandable segments (model), the expandable_grow_chunk_mb and expandable_handle_mb curves"
 "$BIN/pt-expand-model" "$TRACES" >"$OUT/pt-expandable.txt"
-for f in 2 4 8 12 16 20 32 40; do
+for f in $GROW; do
   "$BUILD/bin/tally-replay" --reps 1 --quiet --conf "expandable_segments:true,expandable_grow_chunk_mb:$f" "$TRACES" \
     >"$OUT/grow-chunk-$f.txt"
 done
-for h in 0 4 10 20 32 48 64 96 128; do
+for h in $HANDLE; do
   "$BUILD/bin/tally-replay" --reps 1 --quiet --conf "expandable_segments:true,expandable_handle_mb:$h" "$TRACES" \
     >"$OUT/handle-$h.txt"
 done
 step "driver cost of the replays: the cuda backend on the CUDA stand-in, with its cost table"
-LD_LIBRARY_PATH="$BUILD/standin" "$BUILD/bin/tally-driver-cost" --table "${replay_args[@]}" >"$OUT/driver-cost-default.txt"
-LD_LIBRARY_PATH="$BUILD/standin" "$BUILD/bin/tally-driver-cost" --table --conf expandable_segments:true "${replay_args[@]}" \
+# Quick mode: the recorded traces only (the synthetic ones take 24 s with expandable segments).
+cost_args=("${replay_args[@]}")
+[ $quick = 0 ] || cost_args=("$TRACES")
+LD_LIBRARY_PATH="$BUILD/standin" "$BUILD/bin/tally-driver-cost" --table "${cost_args[@]}" >"$OUT/driver-cost-default.txt"
+LD_LIBRARY_PATH="$BUILD/standin" "$BUILD/bin/tally-driver-cost" --table --conf expandable_segments:true "${cost_args[@]}" \
   >"$OUT/driver-cost-expandable.txt"
 step "expandable segments step by step (tally-steps on the stand-in)"
 LD_LIBRARY_PATH="$BUILD/standin" CUDA_STANDIN_DEVICES=1 CUDA_STANDIN_MEMORY=80G \
   TALLY_CONF=backend:cuda,leak_report:off,expandable_segments:true "$BIN/tally-steps" "${replay_args[@]}" \
   >"$OUT/steps-expandable.txt"
 step "hot path through PyTorch's entry points (batch of 64) against mimalloc"
-"$BIN/torchpath-mimalloc" >"$OUT/torchpath.txt"
-"$BIN/torchpath-mimalloc" --conf ledger:false | sed 's/^T pattern \([^ ]*\)/T pattern \1 (ledger off)/' >>"$OUT/torchpath.txt"
+"$BIN/torchpath-mimalloc" "${TORCH_QUICK[@]}" >"$OUT/torchpath.txt"
+"$BIN/torchpath-mimalloc" "${TORCH_QUICK[@]}" --conf ledger:false | sed 's/^T pattern \([^ ]*\)/T pattern \1 (ledger off)/' >>"$OUT/torchpath.txt"
 step "tally tune: speed, and the cost of trace:true (bench/tune.sh)"
 bash "$HERE/tune.sh" "$BUILD" "$OUT" >"$OUT/tune.md"
 # 4. Instruction counts (noise-free), when valgrind is installed.
@@ -97,6 +113,7 @@ end=$(date +%s)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 echo "# tally benchmarks"
 echo
+[ $quick = 0 ] || echo "- QUICK MODE (bash bench/run.sh --quick): every program ran on a small budget; the figures are not measurements."
 echo "- machine: ${cpu:-unknown CPU}, $(nproc) CPUs, $(uname -sr)"
 echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
 echo "- traces: $TRACES"
@@ -278,7 +295,7 @@ echo "### expandable_grow_chunk_mb: the trade-off (recorded traces, 1 repetition
 echo
 echo "| expandable_grow_chunk_mb | mean res/live | backend calls (sum) | x default calls | worst trace x default | CUDA driver calls (sum) | x default driver calls |"
 echo "|---:|---:|---:|---:|---:|---:|---:|"
-for f in 2 4 8 12 16 20 32 40; do
+for f in $GROW; do
   awk -F'|' -v f="$f" '
   FILENAME ~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); dc[t]=$8+$9; dd[t]=$22 }
   FILENAME !~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); if (!(t in dc)) next; n++; r+=$7; c=$8+$9; sc+=c; sd+=dc[t]; sx+=$22; sdd+=dd[t]; if (dc[t] && c/dc[t] > w) w=c/dc[t] }
@@ -289,7 +306,7 @@ echo "### expandable_handle_mb: the trade-off (recorded traces, 1 repetition; 64
 echo
 echo "| expandable_handle_mb | mean res/live | worst trace res/live | backend calls (sum) | CUDA driver calls (sum) | x default driver calls |"
 echo "|---:|---:|---:|---:|---:|---:|"
-for h in 0 4 10 20 32 48 64 96 128; do
+for h in $HANDLE; do
   awk -F'|' -v h="$h" '
   FILENAME ~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); dd[t]=$22 }
   FILENAME !~ /replay.txt$/ && /\.csv/ { t=$2; gsub(/ /,"",t); if (!(t in dd)) next; n++; q=$6/$5; r+=q; if (q > w) { w=q; wt=t }

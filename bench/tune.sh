@@ -18,28 +18,31 @@ for f in "$TALLY" "$BUILD/bench/gen_trace" "$BUILD/bench/hotpath-glibc"; do
     exit 1
   fi
 done
-TRACE=$OUT/tune-7b-9steps.csv
-"$BUILD/bench/gen_trace" --model 7b --steps 9 --out "$TRACE" >/dev/null 2>&1
+# TALLY_BENCH_QUICK=1 (bench/run.sh --quick): a 1-step trace, one alternation.
+steps=9 runs="1 2 3" hot=()
+if [ "${TALLY_BENCH_QUICK:-0}" = 1 ]; then steps=1 runs=1 hot=(--reps 1 --rep-ms 1); fi
+TRACE=$OUT/tune-7b-${steps}steps.csv
+"$BUILD/bench/gen_trace" --model 7b --steps $steps --out "$TRACE" >/dev/null 2>&1
 events=$(($(wc -l <"$TRACE") - 1))
 t0=$(date +%s.%N)
 "$TALLY" tune --json "$TRACE" >"$OUT/tune.json" 2>"$OUT/tune.err"
 t1=$(date +%s.%N)
 settings=$(grep -c '"setting"' "$OUT/tune.json")
-for i in 1 2 3; do
-  "$BUILD/bench/hotpath-glibc" --only tally --rounds 1 --threads 1 --sizes small --label trace-off >"$OUT/trace-off-$i.txt"
-  "$BUILD/bench/hotpath-glibc" --only tally --rounds 1 --threads 1 --sizes small --label trace-on \
+for i in $runs; do
+  "$BUILD/bench/hotpath-glibc" --only tally --rounds 1 --threads 1 --sizes small "${hot[@]}" --label trace-off >"$OUT/trace-off-$i.txt"
+  "$BUILD/bench/hotpath-glibc" --only tally --rounds 1 --threads 1 --sizes small "${hot[@]}" --label trace-on \
     --conf trace:true >"$OUT/trace-on-$i.txt"
 done
 
 echo "## tally tune"
 echo
-echo "\`tally tune --json\` on a synthetic trace (gen_trace --model 7b --steps 9), $(nproc) workers:"
+echo "\`tally tune --json\` on a synthetic trace (gen_trace --model 7b --steps $steps), $(nproc) workers:"
 echo
 echo "| trace | events | settings | seconds | target |"
 echo "|---|---:|---:|---:|---|"
-awk -v e="$events" -v s="$settings" -v a="$t0" -v b="$t1" 'BEGIN {
+awk -v st="$steps" -v e="$events" -v s="$settings" -v a="$t0" -v b="$t1" 'BEGIN {
   t = b - a
-  printf "| tune-7b-9steps.csv | %d | %d | %.2f | %s |\n", e, s, t, (e >= 30000 && s >= 20 && t < 10) ? "met (30,000 events, 20 settings, < 10 s)" : "NOT met (30,000 events, 20 settings, < 10 s)"
+  printf "| tune-7b-" st "steps.csv | %d | %d | %.2f | %s |\n", e, s, t, (e >= 30000 && s >= 20 && t < 10) ? "met (30,000 events, 20 settings, < 10 s)" : "NOT met (30,000 events, 20 settings, < 10 s)"
 }'
 echo
 echo "Cost of trace:true on the hot path (CPU ns per allocate+free pair, 1 thread, sizes <= 256 KiB, median of three alternated processes):"

@@ -15,6 +15,8 @@
 #define DEPTH 16
 #define PAIRS 100000
 #define ROUNDS 7
+/* --quick (make bench-quick): a few rounds of fewer pairs, to see it runs. */
+static int pairs = PAIRS, rounds = ROUNDS;
 
 static double cpu_ns(void)
 {
@@ -65,9 +67,9 @@ __attribute__((noinline)) static double timed_pairs(void)
 {
     frames = frames_recorded();
     double r[ROUNDS];
-    for (int k = 0; k < ROUNDS; k++) {
+    for (int k = 0; k < rounds; k++) {
         double t = cpu_ns();
-        for (int i = 0; i < PAIRS; i++) {
+        for (int i = 0; i < pairs; i++) {
             void *p = tally_malloc(4096, 0, NULL);
             if (!p) {
                 fprintf(stderr, "unwind: tally_malloc: %s\n", tally_last_error());
@@ -75,10 +77,10 @@ __attribute__((noinline)) static double timed_pairs(void)
             }
             tally_free(p);
         }
-        r[k] = (cpu_ns() - t) / PAIRS;
+        r[k] = (cpu_ns() - t) / pairs;
     }
-    qsort(r, ROUNDS, sizeof r[0], cmp);
-    return r[ROUNDS / 2];
+    qsort(r, (size_t)rounds, sizeof r[0], cmp);
+    return r[rounds / 2];
 }
 
 __attribute__((noinline)) static double deep(int d)
@@ -88,8 +90,15 @@ __attribute__((noinline)) static double deep(int d)
     return v;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 2 && !strcmp(argv[1], "--quick")) {
+        pairs = 2000;
+        rounds = 3;
+    } else if (argc != 1) {
+        fprintf(stderr, "usage: unwind [--quick]\n");
+        return 2;
+    }
     static const char *const confs[][2] = {
         {"no backtrace", "backtrace_depth:0"},
         {"glibc backtrace", "backtrace_depth:16,unwinder:glibc"},

@@ -18,8 +18,8 @@ has "names the planted leak" "$tmp/out" 'second copy \(tag model-init\) that is 
 has "says which tags are persistent" "$tmp/out" '^weights and optimizer are persistent tags'
 has "says which keys it sets" "$tmp/out" '^Settings: persistent_tags:weights\|optimizer,release_at_stage_end:true,leak_report:full \(TALLY_CONF overrides any of them\)'
 has "explains home device none" "$tmp/out" '"home device none": no device is this'
-has "suggests next steps" "$tmp/out" 'TALLY_CONF=report_path:demo.json,timeline:true build/bin/demo'
-has "suggests tally plot" "$tmp/out" 'build/bin/tally plot demo.json -o demo.html'
+has "suggests next steps" "$tmp/out" 'TALLY_CONF=report_path:build/demo/demo.json,timeline:true build/bin/demo'
+has "suggests tally plot" "$tmp/out" 'build/bin/tally plot build/demo/demo.json -o build/demo/demo.html'
 has "stages take real time" "$tmp/err" '^tally: stage train ended after (0\.(1[5-9]|[2-9][0-9])[0-9]|[1-9][0-9]*\.[0-9]{3}) s'
 lacks "no stage of 0 s" "$tmp/out" '^[0-9]+ +(load|train|eval) +0\.000 '
 has "leak report at exit" "$tmp/err" '^tally: 71644160 bytes \(68\.3 MiB\) in 24 blocks: tag model-init, stage load, device 0$'
@@ -34,4 +34,27 @@ if [ $rc -ne 0 ] && [ "$(cat "$tmp/err")" = "demo: TALLY_CONF: config: unknown k
 else
   bad "a bad TALLY_CONF is one line" "exit $rc, stderr: $(cat "$tmp/err")"
 fi
+# Run from another folder, the demo's next steps name absolute paths and
+# work there as printed; their files go to the build folder's demo/ (git
+# ignores build folders), none to the folder they ran in.
+mkdir "$tmp/elsewhere"
+(cd "$tmp/elsewhere" && TALLY_CONF=backend:host "$demo" >"$tmp/out2" 2>/dev/null)
+grep -E '^  (TALLY_CONF=|/.*/bin/tally |PYTHONPATH=)' "$tmp/out2" | sed 's/   *(.*$//' >"$tmp/steps"
+[ "$(wc -l <"$tmp/steps")" -eq 4 ] && ok "next steps outside the repo: four commands" ||
+  bad "next steps outside the repo: four commands" "$(cat "$tmp/out2" | tail -8)"
+grep -q "$root/${BUILD:-build}/demo/demo.json" "$tmp/steps" && ok "next steps write to the build folder" ||
+  bad "next steps write to the build folder" "$(cat "$tmp/steps")"
+rm -f "$root/${BUILD:-build}/demo/demo.json" "$root/${BUILD:-build}/demo/demo.html" "$root/${BUILD:-build}/demo/demo.pickle"
+n=0
+while IFS= read -r step; do
+  n=$((n + 1))
+  case $step in PYTHONPATH=*) command -v python3 >/dev/null 2>&1 || { skip "next step $n" "python3 is not installed"; continue; } ;; esac
+  if (cd "$tmp/elsewhere" && env -u TALLY_LIB bash -c "$step" >"$tmp/step.out" 2>&1); then ok "next step $n runs outside the repo"
+  else bad "next step $n runs outside the repo" "$step: $(tail -3 "$tmp/step.out")"; fi
+done <"$tmp/steps"
+[ -z "$(ls -A "$tmp/elsewhere")" ] && ok "next steps leave nothing where they ran" ||
+  bad "next steps leave nothing where they ran" "$(ls "$tmp/elsewhere")"
+for f in demo.json demo.html; do
+  [ -s "$root/${BUILD:-build}/demo/$f" ] && ok "next steps wrote ${BUILD:-build}/demo/$f" || bad "next steps wrote ${BUILD:-build}/demo/$f" "absent"
+done
 exit $failed

@@ -52,7 +52,13 @@ elif grep -Eq 'sudo apt-get install -y (libjemalloc-dev|libjemalloc-dev libmimal
 else
   bad "bench without jemalloc" "$(cat "$tmp/out")"
 fi
+# make and make demo: a compiler alone; without one, build-essential is named.
+if CC=no-such-cc-here setup build; then bad "build without a compiler" "exit 0"
+elif grep -q 'sudo apt-get install -y build-essential$' "$tmp/out"; then ok "build without a compiler: names build-essential"
+else bad "build without a compiler" "$(cat "$tmp/out")"; fi
+if setup build && [ ! -s "$tmp/out" ]; then ok "build needs a compiler only"
+else bad "build needs a compiler only" "$(cat "$tmp/out")"; fi
 [ -e "$tmp/apt-ran" ] && bad "no apt-get without root" "setup.sh ran apt-get as uid 1000" || ok "no apt-get without root"
 if setup nosuchkind; then bad "unknown kind" "exit 0"
-else grep -q "unknown kind 'nosuchkind' (valid: test, bench)" "$tmp/out" && ok "unknown kind" || bad "unknown kind" "$(cat "$tmp/out")"; fi
+else grep -q "unknown kind 'nosuchkind' (valid: build, test, bench, fresh-root)" "$tmp/out" && ok "unknown kind" || bad "unknown kind" "$(cat "$tmp/out")"; fi
 exit $failed

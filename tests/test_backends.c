@@ -154,7 +154,8 @@ static void test_auto_picks_host_and_says_why(void **state)
     assert_non_null(strstr(c.err, "tally: backend auto: using host, simulated devices (cuInit: CUDA_ERROR_NO_DEVICE"));
 }
 
-/* Without any driver on the library path: "no libcuda.so.1". */
+/* Without any driver on the library path: host, and not a word about it
+ * (what a machine without a GPU expects; the report names the backend). */
 static void test_auto_without_driver(void **state)
 {
     (void)state;
@@ -165,8 +166,7 @@ static void test_auto_without_driver(void **state)
         SKIP("a CUDA driver is installed on the system library path");
     }
     assert_int_equal(c.result, 0);
-    if (!strstr(c.err, "|host|tally: backend auto: using host, simulated devices (no libcuda.so.1: no NVIDIA driver on "
-                       "this machine)"))
+    if (!strstr(c.err, "|host|") || strstr(c.err, "backend auto"))
         fail_msg("unexpected: %s", c.err);
 }
 

@@ -179,6 +179,47 @@ static void test_merge_missing_rank(void **state)
     run_free(&r);
 }
 
+/* dir/wsN.json: dir/rankN.json as if written without WORLD_SIZE (world size 1). */
+static void world_size_one(int rank)
+{
+    char from[PATH_MAX + 32], to[PATH_MAX + 32];
+    snprintf(from, sizeof from, "%s/rank%d.json", dir, rank);
+    snprintf(to, sizeof to, "%s/ws%d.json", dir, rank);
+    char *s = slurp(from);
+    assert_non_null(s);
+    char *at = strstr(s, "\"world_size\":4,");
+    assert_non_null(at);
+    FILE *f = fopen(to, "w");
+    assert_non_null(f);
+    fprintf(f, "%.*s\"world_size\":1,%s", (int)(at - s), s, at + strlen("\"world_size\":4,"));
+    fclose(f);
+    free(s);
+}
+
+/* The world size and the ranks given disagree: merged, with a warning. */
+static void test_merge_warns_on_world_size(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 3; i++)
+        world_size_one(i);
+    run_t r = tally_run("merge '%s/ws0.json' '%s/ws1.json' '%s/ws2.json'", dir, dir, dir);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "tally merge: 3 reports, ranks 0, 1, 2 (world size 1)");
+    HAS(r.err, "tally merge: warning: the reports say world size 1, but 3 ranks were given (0, 1, 2, some outside "
+               "it); was WORLD_SIZE set where they ran?\n");
+    run_free(&r);
+    r = tally_run("merge '%s/rank0.json' '%s/ws1.json'", dir, dir);
+    EXPECT_RC(r, 0);
+    HAS(r.err, "tally merge: warning: the reports disagree on the world size: ");
+    HAS(r.err, "rank0.json says 4, ");
+    run_free(&r);
+    /* Ranks that fit the world size: no warning, missing ones named. */
+    r = tally_run("merge '%s/rank0.json' '%s/rank2.json'", dir, dir);
+    EXPECT_RC(r, 0);
+    assert_string_equal(r.err, "");
+    run_free(&r);
+}
+
 /* Copy the report from, with its "devices" array listed last to first (a
  * report another writer could make; the schema does not fix the order). */
 static void write_reversed_devices(const char *from, const char *to)
@@ -248,6 +289,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_merge_device_columns_in_order),
         cmocka_unit_test(test_merge_duplicate_rank),
         cmocka_unit_test(test_merge_missing_rank),
+        cmocka_unit_test(test_merge_warns_on_world_size),
     };
     return CLI_MAIN("cli_ledger_merge", tests);
 }

@@ -207,6 +207,131 @@ static void test_summary_absent_device(void **state)
     run_free(&r);
 }
 
+/* ---- damage (docs/bad-input.md) ------------------------------------------ */
+
+/* dir/NAME: train.json with the first `from` replaced by `to` (the whole
+ * file when from is NULL, cut to `cut` bytes when cut > 0). */
+static void edited(const char *name, const char *from, const char *to, size_t cut)
+{
+    char src[PATH_MAX + 32], dst[PATH_MAX + 32];
+    snprintf(src, sizeof src, "%s/train.json", dir);
+    snprintf(dst, sizeof dst, "%s/%s", dir, name);
+    char *text = slurp(src);
+    assert_non_null(text);
+    FILE *f = fopen(dst, "w");
+    assert_non_null(f);
+    char *at = from ? strstr(text, from) : NULL;
+    if (from)
+        assert_non_null(at);
+    if (cut)
+        fwrite(text, 1, cut, f);
+    else if (at)
+        fprintf(f, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    else
+        fputs(text, f);
+    fclose(f);
+    free(text);
+}
+
+/* Every report command refuses dir/NAME with one line holding want (tune
+ * only where the damage is in what it reads: the version, the stats). */
+static void refused(const char *name, const char *want, bool tune)
+{
+    static const char *const cmds[] = {"summary", "ledger", "merge", "plot -o '%s/x.svg'", "tune"};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds - !tune; i++) {
+        char cmd[PATH_MAX + 64];
+        snprintf(cmd, sizeof cmd, cmds[i], dir);
+        run_t r = tally_run("%s '%s/%s'", cmd, dir, name);
+        if (r.rc != 1 || !strstr(r.err, want) || strchr(r.err, '\n') != r.err + strlen(r.err) - 1)
+            fail_msg("tally %s %s: exit %d, expected 1 and one line with \"%s\"; stderr:\n%s", cmd, name, r.rc, want,
+                     r.err);
+        run_free(&r);
+    }
+}
+
+/* A garbled, missing or inconsistent field of a report is named, never read
+ * as 0 (issue: a garbled stats key printed 0 where 527 was right). */
+static void test_damaged_report_is_named(void **state)
+{
+    (void)state;
+    edited("garbled.json", "\"active.all.allocated\"", "\"active.all.alocated\"", 0);
+    refused("garbled.json", "devices[0].stats: unknown key \"active.all.alocated\" (did you mean "
+                                          "\"active.all.allocated\"?)", true);
+    edited("missing.json", "\"num_ooms\": 0, ", "", 0);
+    refused("missing.json", "devices[0].stats: key \"num_ooms\" is missing", true);
+    /* One count changed by hand: all is no longer small_pool + large_pool. */
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/train.json", dir);
+    char *text = slurp(path);
+    char *at = strstr(text, "\"segment.all.allocated\": ");
+    assert_non_null(at);
+    long long n = atoll(at + strlen("\"segment.all.allocated\": "));
+    char from[96], to[96], want[160];
+    snprintf(from, sizeof from, "\"segment.all.allocated\": %lld,", n);
+    snprintf(to, sizeof to, "\"segment.all.allocated\": %lld,", n + 1);
+    snprintf(want, sizeof want, "\"segment.all.allocated\" is %lld, but small_pool + large_pool is %lld", n + 1, n);
+    free(text);
+    edited("sum.json", from, to, 0);
+    refused("sum.json", want, true);
+    /* Cut short: the byte where it ends. */
+    edited("cut.json", NULL, NULL, 900);
+    refused("cut.json", "malformed JSON: byte 900: unexpected end of input", true);
+    /* A ledger row whose counts do not add up. */
+    edited("row.json", "\"current_bytes\":0,", "\"current_bytes\":5,", 0);
+    refused("row.json", "ledger[0]: current_bytes 5 is not allocated_bytes - freed_bytes", false);
+    /* A newer tally's report is refused naming both versions; a version
+     * that is not one is named. */
+    edited("newer.json", "\"version\":\"" TALLY_VERSION "\"", "\"version\":\"9.0.0\"", 0);
+    refused("newer.json", "written by tally 9.0.0, newer than this tally (" TALLY_VERSION ")", true);
+    edited("nover.json", "\"version\":\"" TALLY_VERSION "\"", "\"version\":\"nine\"", 0);
+    run_t r = tally_run("summary '%s/nover.json'", dir);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "\"version\" 'nine' is not a tally version");
+    run_free(&r);
+    /* An older version, and a hand edit that keeps the counts, are read. */
+    edited("older.json", "\"version\":\"" TALLY_VERSION "\"", "\"version\":\"0.0.1\"", 0);
+    r = tally_run("summary '%s/older.json'", dir);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    edited("renamed.json", "\"tag\":\"weights\"", "\"tag\":\"renamed-by-hand\"", 0);
+    r = tally_run("ledger '%s/renamed.json'", dir);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "renamed-by-hand");
+    run_free(&r);
+}
+
+/* A PyTorch memory_stats dump: keys of other PyTorch versions are read
+ * (extra ones skipped, scalars absent), a typo of a known key is not. */
+static void test_pytorch_dump_versions(void **state)
+{
+    (void)state;
+    char src[PATH_MAX + 32], dst[PATH_MAX + 32];
+    snprintf(src, sizeof src, "%s/memory_stats.json", fixtures);
+    char *text = slurp(src);
+    assert_non_null(text);
+    char *brace = strchr(text, '{');
+    assert_non_null(brace);
+    snprintf(dst, sizeof dst, "%s/newer_torch.json", dir);
+    FILE *f = fopen(dst, "w");
+    fprintf(f, "{\"reserved_bytes_by_private_pools.0_1.all.current\": 7, \"a_key_from_2030\": 1, %s", brace + 1);
+    fclose(f);
+    run_t r = tally_run("summary '%s'", dst);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "PyTorch CUDA memory summary");
+    run_free(&r);
+    char *k = strstr(text, "\"num_alloc_retries\"");
+    assert_non_null(k);
+    snprintf(dst, sizeof dst, "%s/typo_torch.json", dir);
+    f = fopen(dst, "w");
+    fprintf(f, "%.*s\"num_alloc_retrys\"%s", (int)(k - text), text, k + strlen("\"num_alloc_retries\""));
+    fclose(f);
+    r = tally_run("summary '%s'", dst);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "unknown key \"num_alloc_retrys\" (did you mean \"num_alloc_retries\"?)");
+    run_free(&r);
+    free(text);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -216,6 +341,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_summary_nested_stats),
         cmocka_unit_test(test_summary_report),
         cmocka_unit_test(test_summary_absent_device),
+        cmocka_unit_test(test_damaged_report_is_named),
+        cmocka_unit_test(test_pytorch_dump_versions),
     };
     return CLI_MAIN("cli_summary", tests);
 }

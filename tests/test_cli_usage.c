@@ -110,7 +110,7 @@ static void test_error_wrong_schema(void **state)
     run_free(&r);
     r = tally_run("ledger '%s/bad_report.json'", fixtures);
     EXPECT_RC(r, 1);
-    HAS(r.err, "bad_report.json: not a valid tally report: byte 331: ledger[0]: \"current_bytes\" should be an "
+    HAS(r.err, "bad_report.json: not a valid tally report: byte 235: ledger[0]: \"current_bytes\" should be an "
                "integer, not string\n");
     run_free(&r);
 }
@@ -133,7 +133,9 @@ static void test_error_bad_flags(void **state)
         {"plot x.json", "no output given: -o OUT.svg or -o OUT.html"},
         {"plot x.json -o out.png", "the output must end in .svg or .html, not 'out.png'"},
         {"plot x.json -o out.svg --x frames", "--x takes 'time' or 'events', not 'frames'"},
-        {"frobnicate", "tally: unknown command 'frobnicate'"},
+        {"frobnicate", "tally: unknown command 'frobnicate' (commands: summary,"},
+        {"sumary x.json", "tally: unknown command 'sumary' (did you mean 'summary'? commands: summary,"},
+        {"legder", "(did you mean 'ledger'?"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         run_t r = tally_run("%s", cases[i].args);

@@ -2,6 +2,7 @@
  * torch.cuda.memory_stats() in its order, a round trip over the whole int64
  * range, the lenient input it accepts and the errors it reports. */
 #include "testutil.h" /* tu_buf_t, tu_buf_write */
+#include <inttypes.h>
 
 #include "report/json.h"
 #include "report/report.h"
@@ -99,14 +100,50 @@ static int64_t next_value(uint64_t *seed)
     }
 }
 
+static int64_t nonneg(uint64_t *seed)
+{
+    int64_t v = next_value(seed);
+    return v == INT64_MIN ? INT64_MAX / 4 : (v < 0 ? -v : v) / 4; /* sums of two stay in range */
+}
+
+/* One stat: current <= peak, nothing negative. */
+static void fill_stat(tally_stat_t *t, uint64_t *seed)
+{
+    t->current = nonneg(seed);
+    t->peak = t->current + nonneg(seed) % (INT64_MAX / 4);
+    t->allocated = nonneg(seed);
+    t->freed = nonneg(seed);
+}
+
+/* Statistics that add up (what the reader checks): per pool stat, all =
+ * small_pool + large_pool for current, allocated and freed, all's peak
+ * between the larger pool peak and their sum; the values otherwise drawn
+ * widely (0, large, INT64_MAX / 4). The three tally-only figures stay 0. */
 static void fill_stats(tally_stats_t *s, uint64_t seed)
 {
     memset(s, 0, sizeof *s);
-    int64_t *f = (int64_t *)(void *)s;
-    /* Every int64 field PyTorch has; the three tally-only figures stay 0. */
-    size_t n = offsetof(tally_stats_t, largest_free_block) / sizeof(int64_t);
-    for (size_t i = 0; i < n; i++)
-        f[i] = next_value(&seed);
+#define TALLY_X_(stat)                                                                          \
+    {                                                                                           \
+        tally_stat_t *p = s->stat;                                                              \
+        fill_stat(&p[TALLY_POOL_SMALL], &seed);                                                 \
+        fill_stat(&p[TALLY_POOL_LARGE], &seed);                                                 \
+        p[TALLY_POOL_ALL].current = p[TALLY_POOL_SMALL].current + p[TALLY_POOL_LARGE].current;  \
+        p[TALLY_POOL_ALL].allocated = p[TALLY_POOL_SMALL].allocated + p[TALLY_POOL_LARGE].allocated; \
+        p[TALLY_POOL_ALL].freed = p[TALLY_POOL_SMALL].freed + p[TALLY_POOL_LARGE].freed;        \
+        int64_t a = p[TALLY_POOL_SMALL].peak, b = p[TALLY_POOL_LARGE].peak, hi = a > b ? a : b; \
+        int64_t lo = p[TALLY_POOL_ALL].current > hi ? p[TALLY_POOL_ALL].current : hi;           \
+        p[TALLY_POOL_ALL].peak = lo + nonneg(&seed) % (a + b - lo + 1);                          \
+    }
+    TALLY_POOL_STATS(TALLY_X_)
+#undef TALLY_X_
+    fill_stat(&s->oversize_allocations, &seed);
+    fill_stat(&s->oversize_segments, &seed);
+    s->num_alloc_retries = nonneg(&seed);
+    s->num_ooms = nonneg(&seed);
+    s->max_split_size = seed % 3 ? nonneg(&seed) : -1;
+    s->num_sync_all_streams = nonneg(&seed);
+    s->num_device_alloc = nonneg(&seed);
+    s->num_device_free = nonneg(&seed);
 }
 
 static void test_stats_json_keys_and_order(void **state)
@@ -145,10 +182,12 @@ static void test_stats_json_round_trip(void **state)
         char err[256];
         fill_stats(&s, seed);
         char *t = stats_json(&s);
-        memset(&back, 0x5a, sizeof back);
-        assert_int_equal(tally__stats_from_json(t, strlen(t), &back, err, sizeof err), 0);
-        assert_string_equal(err, "");
-        assert_memory_equal(&s, &back, sizeof s);
+        for (int mode = TALLY_STATS_DUMP; mode <= TALLY_STATS_STRICT; mode++) {
+            memset(&back, 0x5a, sizeof back);
+            assert_int_equal(tally__stats_from_json_mode(t, strlen(t), &back, mode, err, sizeof err), 0);
+            assert_string_equal(err, "");
+            assert_memory_equal(&s, &back, sizeof s);
+        }
         free(t);
     }
 }
@@ -156,23 +195,29 @@ static void test_stats_json_round_trip(void **state)
 static void test_stats_json_lenient_input(void **state)
 {
     (void)state;
+    /* A PyTorch dump (TALLY_STATS_DUMP): keys of other versions skipped, a
+     * family read whole, scalars optional, nested or flat. */
     static const char text[] =
-        " {\"num_ooms\": 2.0, \"unknown\": [1, {\"x\": null}], \"num_alloc_retries\": 1,\n"
-        "  \"allocation\": {\"all\": {\"current\": 5, \"peak\": 2e1}, \"huh\": \"ignored\"},\n"
-        "  \"oversize_segments\": {\"freed\": -3},\n"
-        "  \"reserved_bytes_by_private_pools.0_1.all.current\": 7,\n"
-        "  \"num_alloc_retries\": 4} ";
+        " {\"num_ooms\": 2.0, \"unknown\": [1, {\"x\": null}], \"num_alloc_retries\": 4,\n"
+        "  \"allocation\": {\"all\": {\"current\": 5, \"peak\": 2e1, \"allocated\": 9, \"freed\": 4},\n"
+        "                 \"small_pool\": {\"current\": 5, \"peak\": 20, \"allocated\": 9, \"freed\": 4},\n"
+        "                 \"large_pool\": {\"current\": 0, \"peak\": 0, \"allocated\": 0, \"freed\": 0},\n"
+        "                 \"huh\": \"ignored\"},\n"
+        "  \"reserved_bytes_by_private_pools.0_1.all.current\": 7} ";
     tally_stats_t s, want;
     char err[256];
     memset(&s, 0x77, sizeof s);
     assert_int_equal(tally__stats_from_json(text, strlen(text), &s, err, sizeof err), 0);
     memset(&want, 0, sizeof want);
     want.num_ooms = 2;
-    want.num_alloc_retries = 4; /* the last of a repeated key wins */
-    want.allocation[TALLY_POOL_ALL].current = 5;
-    want.allocation[TALLY_POOL_ALL].peak = 20;
-    want.oversize_segments.freed = -3;
+    want.num_alloc_retries = 4;
+    want.allocation[TALLY_POOL_ALL] = (tally_stat_t){5, 20, 9, 4};
+    want.allocation[TALLY_POOL_SMALL] = (tally_stat_t){5, 20, 9, 4};
     assert_memory_equal(&s, &want, sizeof s);
+    /* The same is damage in a report's own stats (TALLY_STATS_STRICT). */
+    assert_int_equal(tally__stats_from_json_mode(text, strlen(text), &s, TALLY_STATS_STRICT, err, sizeof err),
+                     -TALLY_EINVAL);
+    assert_string_equal(err, "stats JSON: byte 30: unknown key \"unknown\"");
 
     /* Missing keys are 0, not left as they were. */
     memset(&s, 0x77, sizeof s);
@@ -211,6 +256,40 @@ static void test_stats_json_errors(void **state)
                        "stats JSON: byte 13: key \"num_ooms\": expected an integer, got 9.2233720368547758e+18");
     expect_stats_error("{\"allocation.all.current\": {\"a\": 1}}",
                        "stats JSON: byte 27: key \"allocation.all.current\": expected an integer, got object");
+    /* Damage in a dump: a typo of a known key, a family cut short, a key
+     * twice, counts that do not add up, a negative count. */
+    expect_stats_error("{\"num_oom\": 1}", "stats JSON: byte 12: unknown key \"num_oom\" (did you mean \"num_ooms\"?)");
+    expect_stats_error("{\"num_ooms\": 1, \"num_ooms\": 2}", "stats JSON: byte 28: key \"num_ooms\" given twice");
+    expect_stats_error("{\"segment\": {\"all\": {\"current\": 1}}}",
+                       "stats JSON: key \"segment.all.allocated\" is missing (\"segment.all.current\" is there)");
+    expect_stats_error("{\"oversize_segments\": {\"current\": 3, \"peak\": 2, \"allocated\": 0, \"freed\": 0}}",
+                       "stats JSON: \"oversize_segments.current\" is 3, above \"oversize_segments.peak\" (2)");
+    expect_stats_error("{\"num_ooms\": -1}", "stats JSON: \"num_ooms\" is -1, below 0");
+    {
+        tally_stats_t s;
+        fill_stats(&s, 7);
+        char *t = stats_json(&s);
+        /* One count off by one: all no longer small_pool + large_pool. */
+        s.active_bytes[TALLY_POOL_ALL].current += 1;
+        char *bad = stats_json(&s);
+        char want[200];
+        snprintf(want, sizeof want, "stats JSON: \"active_bytes.all.current\" is %" PRId64 ", but small_pool + "
+                 "large_pool is %" PRId64, s.active_bytes[TALLY_POOL_ALL].current,
+                 s.active_bytes[TALLY_POOL_ALL].current - 1);
+        expect_stats_error(bad, want);
+        free(bad);
+        /* Strict: a key left out is named. */
+        char *cut = strstr(t, "\"num_ooms\"");
+        assert_non_null(cut);
+        memmove(cut, strchr(cut, ',') + 2, strlen(strchr(cut, ',') + 2) + 1);
+        tally_stats_t back;
+        char err[256];
+        assert_int_equal(tally__stats_from_json_mode(t, strlen(t), &back, TALLY_STATS_DUMP, err, sizeof err), 0);
+        assert_int_equal(tally__stats_from_json_mode(t, strlen(t), &back, TALLY_STATS_STRICT, err, sizeof err),
+                         -TALLY_EINVAL);
+        assert_string_equal(err, "stats JSON: key \"num_ooms\" is missing");
+        free(t);
+    }
     /* No err buffer: still an error, no crash. */
     tally_stats_t s;
     assert_int_equal(tally__stats_from_json("{", 1, &s, NULL, 0), -TALLY_EINVAL);

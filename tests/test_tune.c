@@ -16,8 +16,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "skip.h"
+
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,6 +277,10 @@ static void test_rows_give_peak_reserved(void **state)
     tally_json_t *rows = tune_json(path, "--capacity 1GiB");
     assert_int_equal(jint(&rows->items[0], "peak_reserved_bytes"), 800 << 20);
     tally__json_free(rows);
+    /* A CSV trace has no devices to pick from: --device is refused, not ignored. */
+    expect_one_line_error(tune("--device 0 '%s'", path), 2,
+                          "is a CSV trace, which holds one device's allocations (--device picks a device of a "
+                          "PyTorch snapshot or a report)");
 }
 
 static void test_snapshot_command(void **state)
@@ -338,6 +345,61 @@ static void test_snapshot_unsupported_setting(void **state)
 }
 
 /* --plot draws the default and the recommendation, named in the legend. */
+/* A step of 1, 2 or 5 times a power of ten. */
+static bool round_step(double step)
+{
+    double m = step;
+    while (m >= 10)
+        m /= 10;
+    return step >= 1 && (fabs(m - 1) < 1e-9 || fabs(m - 2) < 1e-9 || fabs(m - 5) < 1e-9);
+}
+
+/* The chart's layout (issue: the title cut off, the legend over the curves,
+ * the last x label clipped, ticks not round): the title holds the file's
+ * base name only and fits the width; the legend lies above the plot area
+ * (its top is at y 64); axis ticks are 0, s, 2s, ... with s round; the
+ * last x label ends inside the 900 px width. */
+static void check_plot_layout(const char *svg)
+{
+    const char *t = strstr(svg, "font-size=\"14\">");
+    assert_non_null(t);
+    const char *te = strstr(t, "</text>");
+    if (memchr(t, '/', (size_t)(te - t)) || te - t > 130)
+        fail_msg("title: %.*s", (int)(te - t), t);
+    double yv[16], xv[16], xpos[16];
+    int ny = 0, nx = 0;
+    for (const char *p = svg; (p = strstr(p, "<text ")); p++) {
+        double x, y, v;
+        char anchor[16];
+        if (sscanf(p, "<text x=\"%lf\" y=\"%lf\" text-anchor=\"%15[a-z]\">%lf<", &x, &y, anchor, &v) == 4) {
+            if (strcmp(anchor, "end") == 0 && ny < 16)
+                yv[ny++] = v;
+            else if (strcmp(anchor, "middle") == 0 && nx < 16) {
+                xpos[nx] = x;
+                xv[nx++] = v;
+            }
+        }
+        if (strstr(p, " fill=\"#") && strstr(p, " fill=\"#") < strchr(p, '>') && sscanf(p, "<text x=\"%lf\" y=\"%lf\"", &x, &y) == 2 &&
+            y > 64)
+            fail_msg("a legend entry inside the plot area at y %.0f", y);
+    }
+    assert_true(ny >= 3 && nx >= 3);
+    for (int k = 0; k < 2; k++) {
+        double *v = k ? xv : yv;
+        int n = k ? nx : ny;
+        double step = v[1] - v[0];
+        if (v[0] != 0 || !round_step(step))
+            fail_msg("%s ticks start %.0f, step %.0f", k ? "x" : "y", v[0], step);
+        for (int i = 1; i < n; i++)
+            if (fabs(v[i] - v[0] - step * i) > 1e-6)
+                fail_msg("%s tick %d is %.0f, not %.0f", k ? "x" : "y", i, v[i], step * i);
+    }
+    char last[32];
+    int w = snprintf(last, sizeof last, "%.0f", xv[nx - 1]);
+    if (xpos[nx - 1] + 4.0 * w > 900)
+        fail_msg("the last x label (%s at x %.0f) runs past the 900 px width", last, xpos[nx - 1]);
+}
+
 static void test_plot(void **state)
 {
     (void)state;
@@ -354,6 +416,7 @@ static void test_plot(void **state)
     assert_int_equal(paths, 2);
     if (!strstr(text, ">PyTorch's default</text>") || !strstr(text, "</svg>"))
         fail_msg("svg:\n%s", text);
+    check_plot_layout(text);
     free(text);
     expect_one_line_error(tune("--plot /nonexistent/dir/x.svg '%s/small.pickle'", fixtures), 1, "cannot write");
 }
@@ -1046,7 +1109,7 @@ static void test_shared_snapshots(void **state)
 {
     (void)state;
     if (!shared[0])
-        skip();
+        SKIP("no shared traces: set TALLY_TRACES, or put them in ../shared/traces beside the repository");
     char path[PATH_MAX + 128], err[1024];
     snprintf(path, sizeof path, "%s/reference.json", shared);
     char *text = slurp(path);
@@ -1097,7 +1160,7 @@ static void test_shared_recommendation(void **state)
 {
     (void)state;
     if (!shared[0])
-        skip();
+        SKIP("no shared traces: set TALLY_TRACES, or put them in ../shared/traces beside the repository");
     char path[PATH_MAX + 128], err[512];
     char **list;
     int n = trace_dir_list(shared, &list, err, sizeof err);

@@ -378,6 +378,32 @@ static void merge_json(const merge_t *m)
     printf("}\n");
 }
 
+/* The world size the reports give (WORLD_SIZE when they ran, else 1) and
+ * the ranks given disagree: a warning on stderr, the merge goes on (often a
+ * launcher that set RANK but not WORLD_SIZE). */
+static void world_size_warning(const merge_t *m)
+{
+    int64_t world = m->reps[0].world_size;
+    for (size_t i = 1; i < m->n; i++)
+        if (m->reps[i].world_size != world) {
+            fprintf(stderr, "tally merge: warning: the reports disagree on the world size: %s says %" PRId64
+                    ", %s says %" PRId64 "\n", m->reps[0].doc.path, world, m->reps[i].doc.path,
+                    m->reps[i].world_size);
+            return;
+        }
+    size_t outside = 0;
+    for (size_t i = 0; i < m->n; i++)
+        outside += m->reps[i].rank < 0 || m->reps[i].rank >= world;
+    if (outside || (int64_t)m->n > world) {
+        fprintf(stderr, "tally merge: warning: the reports say world size %" PRId64 ", but %zu rank%s given (", world,
+                m->n, m->n == 1 ? " was" : "s were");
+        for (size_t i = 0; i < m->n; i++)
+            fprintf(stderr, "%s%" PRId64, i ? ", " : "", m->reps[i].rank);
+        fprintf(stderr, "%s); was WORLD_SIZE set where they ran?\n",
+                outside ? (outside == 1 ? ", one outside it" : ", some outside it") : "");
+    }
+}
+
 int cli_merge_main(int argc, char **argv)
 {
     bool json = false, options = true;
@@ -423,6 +449,8 @@ int cli_merge_main(int argc, char **argv)
                               "report_path:...%%r.json names one file per rank)",
                               m.reps[i].rank, m.reps[i - 1].doc.path, m.reps[i].doc.path);
     }
+    if (!rc)
+        world_size_warning(&m);
     if (!rc) {
         size_t dcap = 0, scap = 0, tcap = 0;
         for (size_t i = 0; i < m.n; i++) {

@@ -42,7 +42,7 @@ int cli_doc_kind(const tally_json_t *root)
 
 /* A flat memory_stats object at obj (all of doc when obj is the root) into
  * *out; 0, or a schema error in doc. */
-int cli_stats_from_obj(cli_doc_t *doc, const tally_json_t *obj, const char *where, tally_stats_t *out)
+int cli_stats_from_obj(cli_doc_t *doc, const tally_json_t *obj, const char *where, tally_stats_t *out, int mode)
 {
     /* Every value under a known key must be an integer; checked here so the
      * message carries the offset in the whole file. */
@@ -55,10 +55,20 @@ int cli_stats_from_obj(cli_doc_t *doc, const tally_json_t *obj, const char *wher
             return -1;
         }
     }
-    size_t end = cli_container_end(doc->text, doc->len, obj->offset);
     char err[300];
-    if (tally__stats_from_json(doc->text + obj->offset, end - obj->offset, out, err, sizeof err) < 0) {
-        cli_schema(doc, obj, where, "%s", err);
+    if (tally__stats_from_node(obj, out, mode, err, sizeof err) < 0) {
+        /* "stats JSON: byte N: why" becomes the schema error "byte N: where: why". */
+        tally_json_t at = *obj;
+        const char *why = err;
+        size_t n = 0;
+        int used = 0;
+        if (sscanf(err, "stats JSON: byte %zu: %n", &n, &used) == 1 && used > 0) {
+            at.offset = n;
+            why = err + used;
+        } else if (strncmp(err, "stats JSON: ", 12) == 0) {
+            why = err + 12;
+        }
+        cli_schema(doc, &at, where, "%s", why);
         return -1;
     }
     return 0;
@@ -106,7 +116,7 @@ static void read_devices(report_t *r)
         else if (s) {
             char sw[80];
             snprintf(sw, sizeof sw, "%s.stats", w);
-            cli_stats_from_obj(doc, s, sw, &d->stats);
+            cli_stats_from_obj(doc, s, sw, &d->stats, TALLY_STATS_STRICT);
         }
     }
 }
@@ -136,6 +146,20 @@ static void read_rows(report_t *r)
         x->live_blocks = cli_int(doc, o, w, "live_blocks");
         x->peak_blocks = cli_int_opt(doc, o, w, "peak_blocks", true, 0);
         x->allocated_blocks = cli_int_opt(doc, o, w, "allocated_blocks", true, 0);
+        /* The row's counts add up (a hand edit that breaks them is named). */
+        if (doc->err[0])
+            return;
+        if (x->current < 0 || x->live_blocks < 0)
+            cli_schema(doc, o, w, "\"%s\" is below 0", x->current < 0 ? "current_bytes" : "live_blocks");
+        else if (x->current > x->peak)
+            cli_schema(doc, o, w, "current_bytes %" PRId64 " is above peak_bytes %" PRId64, x->current, x->peak);
+        else if (tally__json_get(o, "peak_blocks") && x->live_blocks > x->peak_blocks)
+            cli_schema(doc, o, w, "live_blocks %" PRId64 " is above peak_blocks %" PRId64, x->live_blocks,
+                       x->peak_blocks);
+        else if (tally__json_get(o, "allocated_bytes") && tally__json_get(o, "freed_bytes") &&
+                 x->current != x->allocated - x->freed)
+            cli_schema(doc, o, w, "current_bytes %" PRId64 " is not allocated_bytes - freed_bytes (%" PRId64 ")",
+                       x->current, x->allocated - x->freed);
     }
 }
 
@@ -180,6 +204,15 @@ static void read_stages(report_t *r)
             s->surv[k].bytes = cli_int(doc, so, sw, "bytes");
             s->surv[k].blocks = cli_int(doc, so, sw, "blocks");
         }
+        int64_t bytes = 0, blocks = 0;
+        for (size_t k = 0; k < s->nsurv; k++) {
+            bytes += s->surv[k].bytes;
+            blocks += s->surv[k].blocks;
+        }
+        if (!doc->err[0] && (bytes != s->survivor_bytes || blocks != s->survivor_blocks))
+            cli_schema(doc, o, w, "survivor_bytes %" PRId64 " and survivor_blocks %" PRId64
+                       " are not the sums of its survivors (%" PRId64 ", %" PRId64 ")",
+                       s->survivor_bytes, s->survivor_blocks, bytes, blocks);
     }
 }
 
@@ -257,6 +290,21 @@ int cli_report_parse(report_t *r, cli_doc_t *doc, bool want_timeline)
     doc = &r->doc;
     const tally_json_t *root = doc->root;
     r->version = cli_str(doc, root, "report", "version", true);
+    /* A report of a newer tally may hold fields this one cannot check:
+     * refused, naming both versions. Older ones are read (fields added
+     * since are optional, docs/reports.md). */
+    int vmaj, vmin, vpatch, used = 0, mine_maj = 0, mine_min = 0;
+    if (r->version && (sscanf(r->version, "%d.%d.%d%n", &vmaj, &vmin, &vpatch, &used) != 3 ||
+                       r->version[used] != 0)) {
+        cli_schema(doc, tally__json_get(root, "version"), "report", "\"version\" '%s' is not a tally version",
+                   r->version);
+    } else if (r->version && sscanf(TALLY_VERSION, "%d.%d", &mine_maj, &mine_min) == 2 &&
+               (vmaj > mine_maj || (vmaj == mine_maj && vmin > mine_min))) {
+        int rc = cli_fail(EXIT_DATA, "%s: written by tally %s, newer than this tally (%s): read it with tally %d.%d "
+                          "or later", doc->path, r->version, TALLY_VERSION, vmaj, vmin);
+        cli_report_free(r);
+        return rc;
+    }
     r->backend = cli_str(doc, root, "report", "backend", true);
     r->pid = cli_int_opt(doc, root, "report", "pid", true, 0);
     r->rank = cli_int_opt(doc, root, "report", "rank", true, 0);

@@ -75,8 +75,10 @@ enum { DOC_REPORT, DOC_STATS, DOC_OTHER };
 /* What the document root is: DOC_REPORT, DOC_STATS or DOC_OTHER. */
 int cli_doc_kind(const tally_json_t *root);
 /* A flat memory_stats object at obj (all of doc when obj is the root) into
- * *out; 0, or a schema error in doc. */
-int cli_stats_from_obj(cli_doc_t *doc, const tally_json_t *obj, const char *where, tally_stats_t *out);
+ * *out; 0, or a schema error in doc. mode: TALLY_STATS_STRICT for a tally
+ * report's stats, TALLY_STATS_DUMP for a bare memory_stats dump
+ * (lib/report/report.h). */
+int cli_stats_from_obj(cli_doc_t *doc, const tally_json_t *obj, const char *where, tally_stats_t *out, int mode);
 
 /* Read the report fields of doc (already loaded, known to be a report)
  * into *r, which takes the document over. Returns 0, or EXIT_DATA after

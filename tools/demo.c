@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define LAYERS 12
 #define STEPS 20
@@ -40,13 +42,51 @@ static const char ledger_note[] =
     "process's own (home_device:auto takes LOCAL_RANK, unset here); with home_device:N,\n"
     "memory on any other device is marked foreign, as a stray checkpoint load would be.\n";
 
-static const char next_steps[] =
-    "\nAt exit the leak report (leak_report) names the model-init copy. Next:\n"
-    "  TALLY_CONF=report_path:demo.json,timeline:true build/bin/demo   (a JSON report)\n"
-    "  build/bin/tally plot demo.json -o demo.html     (memory over time, by tag)\n"
-    "  build/bin/tally summary demo.json               (the table above, from the report)\n"
-    "  python -m tally snapshot demo.json              (for PyTorch's memory visualiser)\n"
-    "docs/reports.md explains every report; docs/configuration.md every TALLY_CONF key.\n";
+/* The next steps, with paths that work from any folder: the build folder
+ * (B, the one holding bin/demo) and the source tree (S, B's parent). Their
+ * files go to B/demo/ (made here; build folders are ignored by git), not to
+ * the folder the demo runs in. */
+static void print_next_steps(void)
+{
+    char exe[2048], b[2048] = "build", s[2048] = ".";
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/'); /* .../B/bin/demo */
+        if (slash && slash > exe) {
+            *slash = 0;
+            slash = strrchr(exe, '/');
+            if (slash && strcmp(slash, "/bin") == 0) {
+                *slash = 0;
+                snprintf(b, sizeof b, "%s", exe);
+                slash = strrchr(exe, '/');
+                if (slash && slash > exe) {
+                    *slash = 0;
+                    snprintf(s, sizeof s, "%s", exe);
+                }
+            }
+        }
+    }
+    /* Run from the source tree (make demo): the paths relative to it. */
+    char cwd[2048], rel[2048];
+    size_t sl = strlen(s);
+    if (getcwd(cwd, sizeof cwd) && strcmp(cwd, s) == 0 && strncmp(b, s, sl) == 0 && b[sl] == '/') {
+        snprintf(rel, sizeof rel, "%s", b + sl + 1);
+        snprintf(b, sizeof b, "%s", rel);
+        snprintf(s, sizeof s, ".");
+    }
+    char out[2100];
+    snprintf(out, sizeof out, "%s/demo", b);
+    mkdir(out, 0777); /* it may be there already */
+    printf("\nAt exit the leak report (leak_report) names the model-init copy. Next (the files go to %s/):\n"
+           "  TALLY_CONF=report_path:%s/demo.json,timeline:true %s/bin/demo   (a JSON report)\n"
+           "  %s/bin/tally plot %s/demo.json -o %s/demo.html     (memory over time, by tag)\n"
+           "  %s/bin/tally summary %s/demo.json               (the table above, from the report)\n"
+           "  PYTHONPATH=%s/python python3 -m tally snapshot %s/demo.json  (for PyTorch's memory visualiser;\n"
+           "    after pip install ./python: python3 -m tally snapshot %s/demo.json)\n"
+           "docs/reports.md explains every report; docs/configuration.md every TALLY_CONF key.\n",
+           out, out, b, b, out, out, b, out, s, out, out);
+}
 
 /* Stands in for a step's computation, so stages take real time. */
 static void compute(int ms)
@@ -194,7 +234,7 @@ int main(void)
     tally_get_stats(0, &s);
     printf("largest free block %lld bytes, utilisation (peak allocated / peak reserved) %.3f\n",
            (long long)s.largest_free_block, s.utilisation);
-    printf("%s", next_steps);
+    print_next_steps();
     fflush(stdout);
 
     for (int l = 0; l < LAYERS; l++) {

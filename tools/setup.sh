@@ -4,9 +4,11 @@
 # command and fails). Each need is checked by trying it (a C program linked
 # with the library, a command run), not by asking dpkg, so a library built
 # from source counts too.
+#   tools/setup.sh build   make, make demo: a C compiler
 #   tools/setup.sh test    make test: a C compiler and cmocka (python3 and
 #                          pkg-config are optional: their tests skip)
 #   tools/setup.sh bench   make bench: also jemalloc and mimalloc
+#   tools/setup.sh fresh-root   .ci/fresh_root.sh: debootstrap
 # The fuzz targets check for clang's libFuzzer themselves (make fuzz).
 # Called by make through a stamp file per kind, so it runs once.
 set -u
@@ -29,24 +31,28 @@ cmocka_links() {
 
 missing=""
 need() { missing="$missing $1"; }
-command -v "$CC" >/dev/null 2>&1 || need build-essential
+[ "$kind" = fresh-root ] || command -v "$CC" >/dev/null 2>&1 || need build-essential
 case $kind in
+  build) ;;
+  fresh-root)
+    command -v debootstrap >/dev/null 2>&1 || need debootstrap ;;
   test)
     cmocka_links || need libcmocka-dev ;;
   bench)
     links jemalloc jemalloc/jemalloc.h || need libjemalloc-dev
     links mimalloc mimalloc.h || need libmimalloc-dev ;;
   *)
-    echo "setup: unknown kind '$kind' (valid: test, bench)" >&2; exit 2 ;;
+    echo "setup: unknown kind '$kind' (valid: build, test, bench, fresh-root)" >&2; exit 2 ;;
 esac
 # Optional: runtime libraries loaded with dlopen (libdw names file:line in
 # reports, libunwind is the fast unwinder) and pkg-config (the install
-# check builds with it). Without them those tests skip; as root they are
-# installed with the rest.
+# check builds with it), python3 (the Python tests). Without them those
+# tests skip; as root they are installed with the rest.
 if [ "$kind" = test ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   ldconfig -p 2>/dev/null | grep -q 'libdw\.so\.1 ' || need libdw1
   ldconfig -p 2>/dev/null | grep -q 'libunwind\.so\.8 ' || need libunwind8
   command -v pkg-config >/dev/null 2>&1 || need pkg-config
+  command -v python3 >/dev/null 2>&1 || need python3
 fi
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

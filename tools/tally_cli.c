@@ -81,7 +81,7 @@ static int cmd_summary(int argc, char **argv)
         return cli_fail(EXIT_DATA, "%s: not a tally report or memory_stats object", file);
     }
     if (kind == DOC_STATS) {
-        rc = cli_stats_from_obj(&doc, doc.root, "memory_stats", &s);
+        rc = cli_stats_from_obj(&doc, doc.root, "memory_stats", &s, TALLY_STATS_DUMP);
         if (rc) {
             cli_fail(EXIT_DATA, "%s: not a valid memory_stats object: %s", file, doc.err);
             cli_doc_free(&doc);
@@ -306,5 +306,19 @@ int main(int argc, char **argv)
             return cmds[i].fn(argc - 1, argv + 1);
         }
     }
+    /* The nearest command, when it is near enough to be a typo. */
+    const char *near = NULL;
+    size_t best = 3;
+    static const char *const names[] = {"summary", "ledger", "merge", "plot", "tune", "version"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        size_t d = tally__edit_distance(cmd, names[i]);
+        if (d < best) {
+            best = d;
+            near = names[i];
+        }
+    }
+    if (near)
+        return cli_usage("unknown command '%s' (did you mean '%s'? commands: summary, ledger, merge, plot, tune, "
+                         "version)", cmd, near);
     return cli_usage("unknown command '%s' (commands: summary, ledger, merge, plot, tune, version)", cmd);
 }

@@ -14,6 +14,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,7 +48,7 @@ static const char tune_help[] =
     "  --torch-version V the torch the job runs with (default: the installed\n"
     "                    torch's), to name the variable that version reads\n"
     "  --device N        the device whose allocations to replay (default: the\n"
-    "                    one with the most events)\n"
+    "                    one with the most events); snapshots and reports only\n"
     "  --jobs N          worker processes (default: the online CPUs)\n"
     "  --json            print one JSON array of rows instead of the table\n"
     "  --plot OUT.svg    draw reserved memory over the trace, recommendation and\n"
@@ -512,11 +513,28 @@ static void xml_text(FILE *f, const char *s)
     }
 }
 
+/* A round tick step for an axis from 0 to max with about n steps: 1, 2 or 5
+ * times a power of ten. */
+static double nice_step(double max, int n)
+{
+    double raw = max > 0 ? max / n : 1, mag = 1;
+    while (mag * 10 <= raw)
+        mag *= 10;
+    while (mag > raw)
+        mag /= 10;
+    double f = raw / mag;
+    return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
+}
+
+/* Layout: the title on its own line (the file's base name, cut to fit),
+ * the legend on the line below it, outside the plot so it never covers a
+ * curve; axes with round ticks, the top tick at the axis's end; the right
+ * margin wide enough for the last x label. */
 int tune_plot_svg(const char *path, const char *title, const tune_series_t *s, const char *const *names, size_t n,
                   char *err, size_t errlen)
 {
     static const char *const colors[] = {"#e15759", "#4e79a7", "#59a14f", "#f28e2c"};
-    const double W = 900, H = 420, L = 80, R = 20, T = 40, B = 50;
+    const double W = 900, H = 440, L = 80, R = 50, T = 64, B = 50;
     int64_t top = 1;
     size_t len = 1;
     for (size_t k = 0; k < n; k++) {
@@ -527,27 +545,49 @@ int tune_plot_svg(const char *path, const char *title, const tune_series_t *s, c
     FILE *f = fopen(path, "w");
     if (!f)
         return snprintf(err, errlen, "%s: cannot write: %s", path, strerror(errno)), -1;
-    double ymax = (double)top / 1048576.0 * 1.05;
+    double ystep = nice_step((double)top / 1048576.0, 5);
+    double ymax = ystep * ceil((double)top / 1048576.0 / ystep);
+    double xstep = nice_step((double)len, 8);
+    double xmax = xstep * ceil((double)len / xstep);
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
                "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
             W, H);
-    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"14\">reserved memory (MiB) over the trace: ", L);
-    xml_text(f, title);
+    /* About 7 px a character at 14 px: what fits beside the fixed words. */
+    const char *base = strrchr(title, '/') ? strrchr(title, '/') + 1 : title;
+    char shown[128];
+    size_t room = 70, bl = strlen(base);
+    if (bl > room)
+        snprintf(shown, sizeof shown, "...%s", base + bl - (room - 3));
+    else
+        snprintf(shown, sizeof shown, "%s", base);
+    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"14\">reserved memory (MiB) over the trace ", L);
+    xml_text(f, shown);
     fputs("</text>\n", f);
+    double lx = L;
+    for (size_t k = 0; k < n; k++) {
+        fprintf(f, "<line x1=\"%.0f\" y1=\"42\" x2=\"%.0f\" y2=\"42\" stroke=\"%s\" stroke-width=\"2\"/>\n", lx,
+                lx + 20, colors[k % 4]);
+        fprintf(f, "<text x=\"%.0f\" y=\"46\" fill=\"%s\">", lx + 26, colors[k % 4]);
+        xml_text(f, names[k]);
+        fputs("</text>\n", f);
+        lx += 26 + 7.0 * (double)strlen(names[k]) + 24;
+    }
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, T, L, H - B);
-    for (int g = 0; g <= 4; g++) {
-        double v = ymax * g / 4, y = H - B - (H - T - B) * g / 4;
+    for (double v = 0; v <= ymax + ystep / 2; v += ystep) {
+        double y = H - B - (H - T - B) * v / ymax;
         fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.0f</text>\n", L - 6, y + 4, v);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%zu</text>\n", L + (W - L - R) * g / 4,
-                H - B + 18, (size_t)((double)len * g / 4));
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L + 1, y, W - R, y);
     }
+    for (double v = 0; v <= xmax + xstep / 2; v += xstep)
+        fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%.0f</text>\n", L + (W - L - R) * v / xmax,
+                H - B + 18, v);
     fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">event</text>\n", L + (W - L - R) / 2, H - 8);
     for (size_t k = 0; k < n; k++) {
         fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" d=\"", colors[k % 4]);
-        double prev_y = -1;
+        double prev_y = -1, x = L;
         for (size_t i = 0; i < s[k].n; i++) {
-            double x = L + (W - L - R) * (double)i / (double)len;
+            x = L + (W - L - R) * (double)i / xmax;
             double y = H - B - (H - T - B) * ((double)s[k].reserved[i] / 1048576.0) / ymax;
             if (i == 0)
                 fprintf(f, "M%.1f %.1f", x, y);
@@ -555,10 +595,7 @@ int tune_plot_svg(const char *path, const char *title, const tune_series_t *s, c
                 fprintf(f, "H%.1fV%.1f", x, y);
             prev_y = y;
         }
-        fprintf(f, "H%.1f\"/>\n", W - R);
-        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" fill=\"%s\">", L + 10, T + 16 + 16.0 * (double)k, colors[k % 4]);
-        xml_text(f, names[k]);
-        fputs("</text>\n", f);
+        fprintf(f, "H%.1f\"/>\n", L + (W - L - R) * (double)len / xmax);
     }
     fputs("</svg>\n", f);
     if (fclose(f))
@@ -665,6 +702,12 @@ int tune_main(int argc, char **argv)
     tune_input_t in;
     if (tune_input_load(file, (int)device, &in, err, sizeof err))
         return tune_err(1, "%s", err);
+    /* A CSV trace has no device column: --device would silently do nothing. */
+    if (device >= 0 && strcmp(in.kind, "CSV trace") == 0) {
+        tune_input_free(&in);
+        return tune_err(2, "--device %ld: %s is a CSV trace, which holds one device's allocations (--device picks "
+                        "a device of a PyTorch snapshot or a report)", device, file);
+    }
     if (!torch.text[0])
         installed_torch(&torch);
     if (!capacity)

@@ -7,6 +7,7 @@
 #include "tune.h"
 
 #include "report/json.h"
+#include "report/report.h" /* the strict stats reader */
 #include "pickle.h"
 
 #include <errno.h>
@@ -638,6 +639,41 @@ static int convert(const char *path, const tally_json_t *root, int want, tune_in
     return rc;
 }
 
+/* A damaged report is refused here as by the other commands
+ * (tools/cli_report.h): a version newer than this tally, or device stats
+ * that are not the report's own strict set. */
+static int check_report(const char *path, const tally_json_t *root, char *err, size_t errlen)
+{
+    const tally_json_t *ver = tally__json_get(root, "version");
+    int maj, min, patch, used = 0, mine_maj = 0, mine_min = 0;
+    if (ver && (ver->type != TALLY_JSON_STRING || sscanf(ver->s, "%d.%d.%d%n", &maj, &min, &patch, &used) != 3 ||
+                ver->s[used] != 0))
+        return in_fail(err, errlen, "%s: byte %zu: \"version\" is not a tally version", path, ver->offset);
+    if (ver && sscanf(TALLY_VERSION, "%d.%d", &mine_maj, &mine_min) == 2 &&
+        (maj > mine_maj || (maj == mine_maj && min > mine_min)))
+        return in_fail(err, errlen, "%s: written by tally %s, newer than this tally (%s): read it with tally %d.%d or later",
+                       path, ver->s, TALLY_VERSION, maj, min);
+    const tally_json_t *devs = tally__json_get(root, "devices");
+    for (size_t i = 0; devs && devs->type == TALLY_JSON_ARRAY && i < devs->len; i++) {
+        const tally_json_t *st = tally__json_get(&devs->items[i], "stats");
+        tally_stats_t s;
+        char why[300];
+        if (st && tally__stats_from_node(st, &s, TALLY_STATS_STRICT, why, sizeof why) < 0) {
+            /* The other commands' shape: "byte N: devices[i].stats: why". */
+            size_t at = st->offset;
+            int skip = 0;
+            const char *w = why;
+            if (sscanf(why, "stats JSON: byte %zu: %n", &at, &skip) == 1 && skip > 0)
+                w = why + skip;
+            else if (strncmp(why, "stats JSON: ", 12) == 0)
+                w = why + 12;
+            return in_fail(err, errlen, "%s: not a valid tally report: byte %zu: devices[%zu].stats: %s", path, at, i,
+                           w);
+        }
+    }
+    return 0;
+}
+
 int tune_report_parse(const char *text, size_t len, const char *name, int device, tune_input_t *in, char *err,
                       size_t errlen)
 {
@@ -653,7 +689,12 @@ int tune_report_parse(const char *text, size_t len, const char *name, int device
                 *c = '?';
         return in_fail(err, errlen, "%s: malformed JSON: %s", name, why);
     }
-    int rc = convert(name, root, device, in, err, errlen);
+    const tally_json_t *format = tally__json_get(root, "format");
+    int rc = 0;
+    if (format && format->type == TALLY_JSON_STRING && strcmp(format->s, "tally-report") == 0)
+        rc = check_report(name, root, err, errlen);
+    if (!rc)
+        rc = convert(name, root, device, in, err, errlen);
     tally__json_free(root);
     return rc;
 }

@@ -55,7 +55,11 @@ static int apply_fraction_locked(tally_device_t *d, double fraction)
 }
 
 /* backend:auto takes cuda when the driver loads and reports a device, else
- * host; one line on the sink says which and why. */
+ * host. It says so (one line on the sink, with why) only when that is
+ * news: a driver is installed but cannot be used. Host on a machine with no
+ * NVIDIA driver, and cuda where it works, are what one expects, and a line
+ * in every process would be noise (reports and `python -m tally info` name
+ * the backend). */
 static const tally_backend_t *choose_backend(char *why, size_t whylen)
 {
     (void)why;
@@ -71,11 +75,10 @@ static const tally_backend_t *choose_backend(char *why, size_t whylen)
         break;
     }
     char probe[256];
-    if (tally__cu_load(probe, sizeof probe) > 0) {
-        tally__diag("backend auto: using cuda (%s)", probe);
+    if (tally__cu_load(probe, sizeof probe) > 0)
         return &tally__backend_cuda;
-    }
-    tally__diag("backend auto: using host, simulated devices (%s)", probe);
+    if (tally__cu_loaded())
+        tally__diag("backend auto: using host, simulated devices (%s)", probe);
     return &tally__backend_host;
 }
 
@@ -122,6 +125,7 @@ static void do_init_locked(void)
         return;
     }
     char why[256] = "";
+    tally__env_hints(); /* once, as the process starts using tally */
     const tally_backend_t *be = choose_backend(why, sizeof why);
     if (!be || be->init(&tally__opt, why, sizeof why)) {
         tally__g.init_rc = -TALLY_EBACKEND;

@@ -88,6 +88,7 @@ extern const tally_backend_t tally__backend_async;
 /* Load the CUDA driver (once) for backend:auto; the device count (> 0) or 0
  * with why set (lib/backend/cuda/loader.c). */
 int tally__cu_load(char *why, size_t whylen);
+bool tally__cu_loaded(void); /* libcuda.so.1 was found (it may still be unusable) */
 
 /* Host backend controls (backend_host.c), reached through the public API. */
 int tally__host_stream_hold(void *stream, int hold);

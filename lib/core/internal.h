@@ -103,6 +103,8 @@ void tally__fmt_bytes(uint64_t bytes, char *buf, size_t len);
 const char *tally__plural(uint64_t n);
 
 /* ---- options (options.c) ------------------------------------------------- */
+size_t tally__edit_distance(const char *a, const char *b);
+void tally__env_hints(void); /* LEAK_REPORT=..., TALLY_CONFIG=...: "did you mean TALLY_CONF" */
 enum { TALLY_BACKEND_AUTO, TALLY_BACKEND_HOST, TALLY_BACKEND_CUDA, TALLY_BACKEND_ASYNC };
 enum { TALLY_HOST_BACKED, TALLY_HOST_VIRTUAL };
 enum { TALLY_LEAK_OFF, TALLY_LEAK_SUMMARY, TALLY_LEAK_FULL };

@@ -284,8 +284,9 @@ uint64_t tally__option_bit(const char *key)
     return 0;
 }
 
-/* Edits (insert, delete, substitute, swap two neighbours) from a to b. */
-static size_t edit_distance(const char *a, const char *b)
+/* Edits (insert, delete, substitute, swap two neighbours) from a to b
+ * (also the stats reader's "did you mean", stats_json.c). */
+size_t tally__edit_distance(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
     if (la > 64 || lb > 64)
@@ -310,6 +311,47 @@ static size_t edit_distance(const char *a, const char *b)
     return d[la][lb];
 }
 
+/* Environment variables that look like configuration tally never reads:
+ * a key as its own variable (LEAK_REPORT=full, TALLY_LEAK_REPORT=full) or a
+ * misspelt TALLY_CONF (TALLY_CONFIG, TALLY_CNF). One line each on the sink,
+ * naming the TALLY_CONF item meant; nothing changes. A bare name counts only
+ * in capitals and with an underscore (LEAK_REPORT, not BACKEND or TRACE,
+ * which other programs use). */
+extern char **environ;
+void tally__env_hints(void)
+{
+    for (char **e = environ; e && *e; e++) {
+        const char *eq = strchr(*e, '=');
+        size_t n = eq ? (size_t)(eq - *e) : 0;
+        if (n == 0 || n >= 64)
+            continue;
+        char name[64], key[64];
+        memcpy(name, *e, n);
+        name[n] = 0;
+        bool upper = true;
+        for (size_t i = 0; i < n; i++)
+            upper = upper && ((name[i] >= 'A' && name[i] <= 'Z') || (name[i] >= '0' && name[i] <= '9') || name[i] == '_');
+        if (!upper)
+            continue;
+        bool prefixed = strncmp(name, "TALLY_", 6) == 0;
+        const char *k = prefixed ? name + 6 : name;
+        size_t kn = strlen(k);
+        for (size_t i = 0; i <= kn; i++)
+            key[i] = k[i] >= 'A' && k[i] <= 'Z' ? (char)(k[i] - 'A' + 'a') : k[i];
+        if (prefixed && strcmp(key, "conf") != 0 && kn >= 3 && kn <= 7 && tally__edit_distance(key, "conf") <= 2) {
+            tally__diag("%s is not read (did you mean TALLY_CONF?)", name);
+            continue;
+        }
+        if (!prefixed && !strchr(key, '_'))
+            continue;
+        for (size_t i = 0; i < NROWS; i++)
+            if (strcmp(rows[i].name, key) == 0) {
+                tally__diag("%s in the environment is not read (did you mean TALLY_CONF=%s:%s?)", name, key, eq + 1);
+                break;
+            }
+    }
+}
+
 /* The key nearest to an unknown one, when it is near enough to be a typo
  * (at most a third of its letters wrong, at least 2 allowed); else NULL. */
 static const char *nearest_key(const char *key)
@@ -317,7 +359,7 @@ static const char *nearest_key(const char *key)
     const char *best = NULL;
     size_t best_d = 64, len = strlen(key);
     for (size_t i = 0; i < NROWS; i++) {
-        size_t d = edit_distance(key, rows[i].name);
+        size_t d = tally__edit_distance(key, rows[i].name);
         if (d < best_d) {
             best_d = d;
             best = rows[i].name;

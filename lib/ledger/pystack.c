@@ -199,6 +199,24 @@ static const tally_pysite_t *pysite_intern(const tally_pyframe_t *frames, int n)
     return s;
 }
 
+/* Frames of the machinery that starts the program, not of the program:
+ * `python -m tally run`'s runner (tally/_cli.py, tally/__main__.py) and
+ * runpy (`python -m`, run_path). They are left out of sites, and do not
+ * count against python_stack's depth. */
+static bool runner_file(const char *file)
+{
+    static const char *const tails[] = {"/tally/_cli.py", "/tally/__main__.py", "/runpy.py", "<frozen runpy>"};
+    if (!file)
+        return false;
+    size_t n = strlen(file);
+    for (size_t i = 0; i < sizeof tails / sizeof *tails; i++) {
+        size_t t = strlen(tails[i]);
+        if ((n == t || (n > t && tails[i][0] == '/')) && memcmp(file + n - t, tails[i], t) == 0)
+            return true;
+    }
+    return false;
+}
+
 const tally_pysite_t *tally__py_capture(int depth)
 {
     int st = atomic_load_explicit(&py_state, memory_order_acquire);
@@ -219,9 +237,12 @@ const tally_pysite_t *tally__py_capture(int depth)
     while (f && n < depth) {
         PyObject *code = py.frame_code(f);
         if (code) {
-            tally_pyframe_t *fr = &frames[n++];
+            tally_pyframe_t *fr = &frames[n];
             code_names(code, &fr->file, &fr->func);
-            fr->line = py.frame_line(f);
+            if (!runner_file(fr->file)) {
+                fr->line = py.frame_line(f);
+                n++;
+            }
             py.decref(code);
         }
         PyObject *back = py.frame_back(f);

@@ -37,6 +37,19 @@ int tally__summary_render(const tally_stats_t *s, int device, int abbreviated,
  * (largest_free_block, cached_free_bytes, utilisation) come out 0.
  * Returns 0, or -TALLY_EINVAL with a message in err (when err is not NULL)
  * naming the problem and its byte offset; *out is then left unchanged. */
+/* How strictly: TALLY_STATS_DUMP, a torch.cuda.memory_stats() dump (keys
+ * differ by PyTorch version: unknown keys are skipped unless one is a typo
+ * of a known key, a family of keys is read whole or not at all, scalars may
+ * be absent); TALLY_STATS_STRICT, the stats of tally's own report (every
+ * key known and present). Both check that the counts add up (all = small
+ * pool + large pool; current <= peak; nothing negative). */
+enum { TALLY_STATS_DUMP, TALLY_STATS_STRICT };
+int tally__stats_from_json_mode(const char *text, size_t len, tally_stats_t *out, int mode, char *err,
+                                size_t errlen);
+/* The same from an object of a parsed document (error offsets are the
+ * document's). */
+struct tally_json;
+int tally__stats_from_node(const struct tally_json *obj, tally_stats_t *out, int mode, char *err, size_t errlen);
 int tally__stats_from_json(const char *text, size_t len, tally_stats_t *out, char *err,
                            size_t errlen);
 

@@ -181,10 +181,58 @@ def _check_runnable(args) -> None:
         raise CliError(f"run: cannot open {script}: {e.strerror}", 2) from None
 
 
+def _check_report_path(path: str) -> None:
+    """--report's folder exists and can be written, checked before the
+    program runs (a CI job must not lose its report at the end of a run).
+    A folder named with %r or %p is checked when the report is written."""
+    folder = os.path.dirname(path) or "."
+    if "%" in folder:
+        return
+    if not os.path.isdir(folder):
+        raise CliError(f"run: --report {path}: cannot write there: no folder {folder}", 2)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CliError(f"run: --report {path}: cannot write there: folder {folder} is not writable", 2)
+
+
+def _write_run_report() -> None:
+    """Write report_path's report now, when the program has ended, and
+    leave none for the library's exit (whose failure could not change the
+    exit status): CliError if it cannot be written."""
+    if not options().get("report_path"):
+        return
+    try:
+        with _held_diagnostics():
+            _reports.write_report(None)
+    except TallyError as e:
+        raise CliError(f"run: {e}") from None
+    finally:
+        configure({"report_path": ""})
+
+
+def _runner_file(filename: str) -> bool:
+    """A frame of the machinery that starts the program (this module,
+    tally/__main__.py, runpy), not of the program itself (lib/ledger/pystack.c
+    leaves the same frames out of recorded sites)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return (filename in (os.path.join(here, "_cli.py"), os.path.join(here, "__main__.py"), runpy.__file__,
+                         "<frozen runpy>") or filename.endswith(os.sep + "runpy.py"))
+
+
+def _print_program_error() -> None:
+    """The program's exception as Python prints it for `python script.py`:
+    the runner's frames (which come first) left out."""
+    exc_type, exc, tb = sys.exc_info()
+    while tb is not None and _runner_file(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(exc_type, exc, tb)
+
+
 def _cmd_run(args) -> int:
     if not args.module and not args.args:
         raise CliError("run: give a script (or -m module) to run", 2)
     _check_runnable(args)
+    if args.report:
+        _check_report_path(args.report)
     have_torch = _import_torch()
     # TALLY_CONF is checked here (the library would only say so at its first
     # allocation), but the backend is not started before the program runs, so
@@ -213,10 +261,10 @@ def _cmd_run(args) -> int:
     except SystemExit as e:
         code = _exit_code(e.code)
     except KeyboardInterrupt:
-        traceback.print_exc()
+        _print_program_error()
         code = 130
     except BaseException:  # the program's own error: reported as Python would
-        traceback.print_exc()
+        _print_program_error()
         code = 1
     finally:
         sys.argv[:] = saved_argv
@@ -228,6 +276,11 @@ def _cmd_run(args) -> int:
     leak_exitcode = int(options().get("leak_exitcode", "0") or 0)
     if code == 0 and live and leak_exitcode:
         code = leak_exitcode
+    try:
+        _write_run_report()
+    except CliError as e:
+        _err(str(e))
+        code = code or e.status
     # This report replaces the one the library would print at exit; the exit
     # status rule (leak_exitcode) stays in force there.
     configure({"leak_report": "off"})
@@ -240,7 +293,15 @@ def _cmd_info(args) -> int:
     _init()
     print(f"tally {library().tally_version().decode()}")
     print(f"library: {library_path()}")
-    print(f"backend: {library().tally_backend_name().decode()}")
+    backend = library().tally_backend_name().decode()
+    chosen = options().get("backend", "auto")
+    # The library says why only when a driver is there but unusable; here the
+    # choice is always explained.
+    if chosen == "auto" and backend == "host":
+        backend += " (backend:auto: no usable CUDA driver, so simulated devices in host memory)"
+    elif chosen == "auto":
+        backend += " (backend:auto: the CUDA driver works)"
+    print(f"backend: {backend}")
     print(f"devices: {library().tally_device_count()}")
     # What tally.install() would make an out-of-memory raise (building the
     # shim now if torch is there and it is not cached yet).
@@ -304,19 +365,32 @@ def _find_cli() -> Optional[str]:
 
 
 def _run_cli(command: str, args: List[str]) -> int:
-    """Run `tally COMMAND ARGS...` (the C tool) and return its status."""
+    """Run `tally COMMAND ARGS...` (the C tool) and return its status: its
+    output, errors and exit status are the command's own."""
     cli = _find_cli()
     if not cli:
         raise CliError(f"{command}: the tally command-line tool was not found (build it with `make`, "
                        "or set TALLY_CLI to its path)", 2)
+    sys.stdout.flush()
     try:
         return subprocess.call([cli, command, *args])
     except OSError as e:
         raise CliError(f"{command}: cannot run {cli}: {e.strerror}", 2) from None
 
 
-def _cmd_merge(args) -> int:
-    return _run_cli("merge", args.reports)
+# The tally command's own subcommands (tools/tally_cli.c): `python -m tally
+# COMMAND ...` runs them as they are, so a pip-only user has the whole tool,
+# with the same help, messages and exit status.
+TOOL_COMMANDS = {
+    "summary": "the torch.cuda.memory_summary table of a report or memory_stats dump (runs `tally summary`)",
+    "ledger": "ownership by tag x stage x device, stages, live blocks (runs `tally ledger`)",
+    "merge": "merge per-rank JSON reports into one table (runs `tally merge`)",
+    "plot": "memory over time, stacked by tag, as SVG or HTML (runs `tally plot`)",
+    "tune": "replay a trace, PyTorch snapshot or report under candidate allocator settings and recommend one "
+            "(runs `tally tune`)",
+    "version": "print the version (runs `tally version`)",
+}
+PY_COMMANDS = ("run", "info", "options", "snapshot")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -350,23 +424,37 @@ def _parser() -> argparse.ArgumentParser:
     snap.add_argument("-o", "--output", help="the pickle to write (default: the report's name with .pickle)")
     snap.set_defaults(func=_cmd_snapshot)
 
-    merge = sub.add_parser("merge", help="merge per-rank JSON reports into one table (runs `tally merge`)")
-    merge.add_argument("reports", nargs="+", help="JSON reports, e.g. rank*.json")
-    merge.set_defaults(func=_cmd_merge)
-
-    tune = sub.add_parser("tune", add_help=False,
-                          help="replay a trace, PyTorch snapshot or report under candidate allocator "
-                               "settings and recommend one (runs `tally tune`; see tally tune --help)")
-    tune.add_argument("tune_args", nargs=argparse.REMAINDER, metavar="[OPTIONS] FILE",
-                      help="passed to `tally tune` as they are")
-    # main() hands `tune ...` to the C tool before parsing (its options are the tool's).
+    for name, text in TOOL_COMMANDS.items():
+        # main() hands these to the C tool before parsing (their options and
+        # help are the tool's: `python -m tally NAME --help`).
+        tool = sub.add_parser(name, add_help=False, help=text)
+        tool.add_argument("tool_args", nargs=argparse.REMAINDER, metavar="...", help="passed to the tool as they are")
     return parser
+
+
+def _unknown_command(name: str) -> int:
+    """As the tally command says it: one line naming the nearest command,
+    then where the help is; exit status 2."""
+    import difflib
+
+    commands = list(PY_COMMANDS) + list(TOOL_COMMANDS)
+    near = difflib.get_close_matches(name, commands, n=1, cutoff=0.6)
+    hint = f"did you mean '{near[0]}'? " if near else ""
+    _err(f"unknown command '{name}' ({hint}commands: {', '.join(commands)})")
+    print("Try 'python -m tally --help'.", file=sys.stderr)
+    return 2
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["tune"]:
-        return _run_cli("tune", argv[1:])
+    if argv[:1] and (argv[0] in TOOL_COMMANDS or argv[0] == "--version"):
+        try:
+            return _run_cli(argv[0], argv[1:])
+        except CliError as e:
+            _err(str(e))
+            return e.status
+    if argv[:1] and not argv[0].startswith("-") and argv[0] not in PY_COMMANDS:
+        return _unknown_command(argv[0])
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -76,6 +76,13 @@ def load_report(path):
     for key in ("devices", "segments"):
         if not isinstance(report.get(key), list):
             raise ReportError(f"{path}: not a valid tally report: \"{key}\" should be a list")
+    from . import __version__
+    from ._check import DamageError, check_report
+
+    try:
+        check_report(report, __version__)
+    except DamageError as e:
+        raise ReportError(f"{path}: not a valid tally report: {e}") from None
     if not isinstance(report.get("timeline", []), list):
         raise ReportError(f"{path}: not a valid tally report: \"timeline\" should be a list")
     return report

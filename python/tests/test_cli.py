@@ -61,7 +61,8 @@ class CliTest(unittest.TestCase):
     def test_help_lists_every_command(self):
         r = self.tally("--help")
         self.assertEqual(r.returncode, 0, r.stderr)
-        for command in ("run", "info", "options", "snapshot", "merge"):
+        for command in ("run", "info", "options", "snapshot", "summary", "ledger", "merge", "plot", "tune",
+                        "version"):
             self.assertIn(command, r.stdout)
         r = self.tally("run", "--help")
         self.assertEqual(r.returncode, 0)
@@ -202,6 +203,111 @@ class CliTest(unittest.TestCase):
         r = self.tally("info", TALLY_LIB="/nonexistent/libtally.so", TALLY_DEBUG="1")
         self.assertIn("Traceback", r.stderr)
 
+    def test_unwritable_report_fails_the_run(self):
+        """docs/pytorch.md: a report that cannot be written is a non-zero
+        exit status, not a line lost in the output of a run that passed."""
+        ok = self.script("ok.py", "print('ran')\n")
+        # A folder that is not there: refused before the program runs.
+        r = self.tally("run", "--report", "/nonexistent/r.json", ok)
+        self.assertOneLineError(r, "tally: run: --report /nonexistent/r.json: cannot write there: no folder /nonexistent", 2)
+        # A folder named with %r is known only when the report is written: the
+        # program runs, and the status says the report was lost.
+        r = self.tally("run", "--report", "/nonexistent%r/r.json", ok, RANK="1")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("ran", r.stdout)
+        self.assertIn("tally: run: tally_write_report: cannot open '/nonexistent1/r.json' for writing", r.stderr)
+        self.assertEqual(r.stderr.count("cannot open"), 1, r.stderr)  # the library's exit does not repeat it
+        # The program's own failure status wins over the lost report's.
+        bad = self.script("bad.py", "raise SystemExit(7)\n")
+        self.assertEqual(self.tally("run", "--report", "/nonexistent%r/r.json", bad, RANK="1").returncode, 7)
+        # A writable one is written once, and the run passes.
+        report = os.path.join(self.dir, "r.json")
+        r = self.tally("run", "--report", report, ok)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(report) as f:
+            self.assertIn('"format"', f.read())
+
+    def test_env_vars_that_look_like_configuration(self):
+        """LEAK_REPORT=full (a key as its own variable) or a misspelt TALLY_CONF
+        is never read: one line each names the TALLY_CONF item meant; generic
+        names (BACKEND, TRACE) other programs use are left alone."""
+        r = self.tally("options", LEAK_REPORT="full", TALLY_CONFIG="leak_report:full", TALLY_BACKTRACE_DEPTH="4",
+                       BACKEND="x", TRACE="1", TALLY_TRACES="/x")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(sorted(r.stderr.splitlines()), [
+            "tally: LEAK_REPORT in the environment is not read (did you mean TALLY_CONF=leak_report:full?)",
+            "tally: TALLY_BACKTRACE_DEPTH in the environment is not read (did you mean TALLY_CONF=backtrace_depth:4?)",
+            "tally: TALLY_CONFIG is not read (did you mean TALLY_CONF?)",
+        ])
+        self.assertIn("leak_report:summary", r.stdout)  # nothing changed
+        r = self.tally("options")
+        self.assertEqual(r.stderr, "")
+
+    def test_runner_frames_are_hidden(self):
+        """Under `python -m tally run`, the runner's own frames (tally/_cli.py,
+        tally/__main__.py, runpy) are neither recorded in allocation sites
+        (python_stack) nor shown in the program's traceback."""
+        script = self.script("deep.py", textwrap.dedent("""\
+            import tally
+            lib = tally.library()
+            kept = []
+            def inner():
+                kept.append(lib.tally_malloc(4096, 0, None))
+            def outer():
+                inner()
+            outer()
+            def boom():
+                raise ValueError("bad")
+            boom()
+            """))
+        report = os.path.join(self.dir, "deep.json")
+        r = self.tally("run", "--conf", "python_stack:8", "--report", report, script)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        tb = r.stderr[r.stderr.index("Traceback"):r.stderr.index("ValueError: bad")]
+        self.assertEqual([line.split(",")[0].strip() for line in tb.splitlines() if line.strip().startswith("File")],
+                         [f'File "{script}"'] * 2, tb)
+        with open(report) as f:
+            doc = __import__("json").load(f)
+        frames = [(fr["filename"], fr["name"]) for site in doc["sites"] for fr in site["frames"]]
+        self.assertEqual(frames, [(script, "inner"), (script, "outer"), (script, "<module>")])
+
+    def test_damaged_report_is_named(self):
+        """docs/bad-input.md: a garbled, missing or inconsistent field of a
+        report is named in one line, never read as 0; a newer version is
+        refused, an older one and a consistent hand edit are read."""
+        report = os.path.join(self.dir, "r.json")
+        w = support.run_python(["-c", "import tally; lib = tally.library(); p = lib.tally_malloc(4096, 0, None); "
+                                f"tally.write_report({report!r})"])
+        self.assertEqual(w.returncode, 0, w.stderr)
+        with open(report) as f:
+            text = f.read()
+        doc = __import__("json").loads(text)
+        current = doc["devices"][0]["stats"]["segment.all.allocated"]
+        cases = [
+            ('"active.all.allocated"', '"active.all.alocated"',
+             'devices[0].stats: unknown key "active.all.alocated" (did you mean "active.all.allocated"?)'),
+            ('"num_ooms": 0, ', "", 'devices[0].stats: key "num_ooms" is missing'),
+            (f'"segment.all.allocated": {current},', f'"segment.all.allocated": {current + 1},',
+             f'devices[0].stats: "segment.all.allocated" is {current + 1}, but small_pool + large_pool is {current}'),
+            ('"version":"0.1.0"', '"version":"9.0.0"',
+             "written by tally 9.0.0, newer than this tally (0.1.0): read it with tally 9.0 or later"),
+        ]
+        for old, new, want in cases:
+            with self.subTest(want=want):
+                self.assertIn(old, text)
+                bad = self.script("bad.json", text.replace(old, new, 1))
+                r = self.tally("snapshot", bad, "-o", os.path.join(self.dir, "x.pickle"))
+                self.assertOneLineError(r, f"tally: snapshot: {bad}: not a valid tally report: {want}", 1)
+        cut = self.script("cut.json", text[:700])
+        r = self.tally("snapshot", cut)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("malformed JSON", r.stderr)
+        self.assertIn("(char ", r.stderr)
+        for old, new in (('"version":"0.1.0"', '"version":"0.0.1"'), ('"backend":"host"', '"backend":"by-hand"')):
+            ok = self.script("ok.json", text.replace(old, new, 1))
+            r = self.tally("snapshot", ok, "-o", os.path.join(self.dir, "ok.pickle"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+
     def test_snapshot_to_a_bad_path_and_without_a_timeline(self):
         report = os.path.join(self.dir, "r.json")
         w = support.run_python(["-c", f"import tally; tally.write_report({report!r})"])
@@ -330,6 +436,59 @@ class BuildTest(unittest.TestCase):
                                capture_output=True, text=True, timeout=60)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn("tally merge: 1 report", r.stdout)
+
+    def test_every_tool_command_through_the_package(self):
+        """`python -m tally` is the whole tool for a pip-only user: unpacked
+        as pip would, run outside the repository with no TALLY_CLI, TALLY_LIB
+        or build tree, every `tally` subcommand gives the same stdout, stderr
+        and exit status as the tool itself, help and errors included."""
+        with tempfile.TemporaryDirectory() as tmp:
+            name = self.build_wheel(tmp)
+            site = os.path.join(tmp, "site")
+            with zipfile.ZipFile(os.path.join(tmp, name)) as whl:
+                whl.extractall(site)
+            tool = os.path.join(site, "tally", "bin", "tally")
+            for member in ("tally/bin/tally", "tally/libtally.so"):
+                os.chmod(os.path.join(site, member), 0o755)
+            env = {k: v for k, v in os.environ.items() if k not in ("TALLY_CLI", "TALLY_LIB", "PYTHONPATH")}
+            env.update(PATH="/usr/bin:/bin", TALLY_CONF="backend:host,timeline:true,trace:true")
+            report = os.path.join(tmp, "r.json")
+            code = ("import tally; lib = tally.library()\n"
+                    "with tally.stage('load'), tally.tag('weights'):\n"
+                    "    kept = [lib.tally_malloc(1 << 20, 0, None) for _ in range(3)]\n"
+                    f"tally.write_report({report!r})\n")
+            w = subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=site), cwd=tmp,
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(w.returncode, 0, w.stderr)
+            trace = os.path.join(str(support.REPO), "tests", "fixtures", "tune", "small.pickle")
+            cases = [
+                ["summary", report], ["summary", "--device", "0", "-a", report], ["summary", "--help"],
+                ["summary"], ["summary", "missing.json"], ["ledger", report], ["ledger", "--help"],
+                ["merge", report], ["merge", "--json", report], ["merge"],
+                ["plot", report, "-o", os.path.join(tmp, "p.svg")], ["plot", report], ["plot", "--help"],
+                ["tune", "--help"], ["tune", report], ["version"], ["--version"],
+            ]
+            if os.path.exists(trace):
+                cases.append(["tune", trace])
+            for args in cases:
+                with self.subTest(args=args):
+                    want = subprocess.run([tool, *args], env=env, cwd=tmp, capture_output=True, text=True, timeout=120)
+                    got = subprocess.run([sys.executable, "-m", "tally", *args], env=dict(env, PYTHONPATH=site),
+                                         cwd=tmp, capture_output=True, text=True, timeout=120)
+                    # Timings (tune's "0.01 s") are the one thing that may differ.
+                    seconds = __import__("re").compile(r"[0-9]+\.[0-9]+ s\b")
+                    self.assertEqual((got.returncode, got.stdout, seconds.sub("T s", got.stderr)),
+                                     (want.returncode, want.stdout, seconds.sub("T s", want.stderr)))
+            # The answers are real ones, not two identical failures.
+            r = subprocess.run([sys.executable, "-m", "tally", "ledger", report], env=dict(env, PYTHONPATH=site),
+                               cwd=tmp, capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("weights", r.stdout)
+            # A misspelt command: one line with the nearest, exit 2, as the tool.
+            r = subprocess.run([sys.executable, "-m", "tally", "sumary", report], env=dict(env, PYTHONPATH=site),
+                               cwd=tmp, capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("tally: unknown command 'sumary' (did you mean 'summary'?", r.stderr)
 
     @unittest.skipUnless(os.environ.get("TALLY_TEST_PIP"), "set TALLY_TEST_PIP=1 to pip-install into a venv")
     def test_pip_install_into_a_venv(self):

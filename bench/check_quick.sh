@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# make bench-quick: bench/run.sh --quick, then a check that every program
+# ran and its table is in the report (a heading and at least one row with a
+# figure under it). It checks that the benchmarks run, not their figures.
+#   bash bench/check_quick.sh <build dir>
+set -uo pipefail
+BUILD=${1:?usage: bash bench/check_quick.sh <build dir>}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+report=$BUILD/bench-quick.md
+t0=$SECONDS
+if ! bash "$HERE/run.sh" --quick "$BUILD" >"$report" 2>"$report.err"; then
+  cat "$report.err" >&2
+  echo "bench-quick: bench/run.sh --quick failed (report so far: $report)" >&2
+  exit 1
+fi
+failed=0
+# section HEADING PROGRAM: under the heading (up to the next one), a table
+# row holding a number.
+section() {
+  if awk -v h="$1" 'index($0, h) == 1 { on = 1; next } /^##/ { on = 0 }
+       on && /^\|/ && !/^\|---/ && /[0-9]/ && !/^\| *(sizes|pattern|trace|sites|python_stack|expandable_)/ { found = 1 }
+       on && /^T [a-z]+ .*[0-9]/ { found = 1 }
+       END { exit !found }' "$report"; then
+    echo "bench-quick: ok $2"
+  else
+    echo "bench-quick: FAIL $2: no table with figures under '$1' in $report" >&2
+    failed=1
+  fi
+}
+section "## Hot path: CPU ns per allocate+free pair" "hotpath-glibc, hotpath-jemalloc, hotpath-mimalloc"
+section "## Hot path: tally ledger on / off" "hotpath-glibc ledger on / off, backtrace_depth:16"
+section "## Allocation sites: unwinding" "unwind"
+section "## Allocation sites: python_stack:8" "pystack.py"
+section "## Replay (PyTorch" "tally-replay"
+section "## Replay with expandable_segments" "tally-replay (expandable segments)"
+section "### PyTorch's placement (default)" "tally-driver-cost"
+section "### expandable_segments:true" "tally-driver-cost (expandable segments)"
+section "## Expandable segments: memory" "pt-expand-model"
+section "### expandable_grow_chunk_mb" "tally-replay expandable_grow_chunk_mb"
+section "### expandable_handle_mb" "tally-replay expandable_handle_mb"
+section "## Hot path through PyTorch" "torchpath-mimalloc"
+section "## tally tune" "tune.sh (gen_trace, tally tune, hotpath trace:true)"
+# Every jemalloc / mimalloc column holds a figure (the binaries really ran).
+if awk -F'|' '/^\| <= 256 KiB \| pair \| 1 \|/ { if ($5 ~ /[0-9]/ && $6 ~ /[0-9]/ && $7 ~ /[0-9]/) ok = 1 } END { exit !ok }' "$report"; then
+  echo "bench-quick: ok glibc, jemalloc and mimalloc figures"
+else
+  echo "bench-quick: FAIL the hot path table lacks a glibc, jemalloc or mimalloc figure" >&2; failed=1
+fi
+echo "bench-quick: $([ $failed = 0 ] && echo passed || echo FAILED) in $((SECONDS - t0)) s (report: $report)"
+exit $failed
