@@ -166,7 +166,7 @@ def tune_budgets():
             f.write(THREE)
         out = ["```", "$ cat three.csv", THREE.rstrip()]
         for args in (["--capacity", "30MiB"], ["--capacity", "1GiB", "--max-calls", "0"],
-                     ["--capacity", "1GiB", "--max-driver-time", "0.5ms"]):
+                     ["--capacity", "1GiB", "--max-driver-time", "0.3ms"]):
             r = run([TALLY, "tune", "-q", *args, path], env=NO_TORCH, check=False)
             out += [f"$ tally tune -q {' '.join(args)} three.csv >/dev/null; echo $?",
                     r.stderr.rstrip().replace(path, "three.csv"), str(r.returncode)]

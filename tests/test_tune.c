@@ -887,10 +887,20 @@ static void test_max_driver_time(void **state)
     assert_float_equal(jnum(&rows->items[0], "driver_us_a100"), 691.35, 0.06);
     assert_float_equal(jnum(&rows->items[0], "driver_us_blackwell"), 251.4, 0.06);
     assert_float_equal(jnum(row_of(rows, "expandable_segments:True", "PyTorch (model)"), "driver_us_a100"), 729.35, 0.06);
+    /* A budget under every row's time: refused, naming the least (whichever row that is). */
+    double least = 1e300;
+    for (size_t k = 0; k < rows->len; k++)
+        if (jtrue(&rows->items[k], "fits") && jnum(&rows->items[k], "driver_us_a100") < least)
+            least = jnum(&rows->items[k], "driver_us_a100");
     tally__json_free(rows);
-    expect_refusal(tune("--capacity 1GiB --max-driver-time 0.5ms '%s'", path),
-                   "no setting keeps within 0.5 ms of driver time (A100): the least any setting needs is 0.7 ms");
+    assert_true(least > 300 && least <= 691.35 + 0.06);
+    char want[160];
+    snprintf(want, sizeof want,
+             "no setting keeps within 0.3 ms of driver time (A100): the least any setting needs is %.1f ms (",
+             least / 1000.0);
+    expect_refusal(tune("--capacity 1GiB --max-driver-time 0.3ms '%s'", path), want);
     rows = tune_json(path, "--capacity 1GiB --gpu Blackwell --max-driver-time 300us");
+    assert_non_null(rows);
     for (size_t k = 0; k < rows->len; k++)
         if (jtrue(&rows->items[k], "recommended") || jtrue(&rows->items[k], "recommended_tally"))
             assert_true(jnum(&rows->items[k], "driver_us_blackwell") <= 300);

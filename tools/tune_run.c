@@ -126,6 +126,8 @@ size_t tune_grid(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t m
     add(&g, "tally's page-granular placement", true, "expandable_segments:True");
     /* Growth in whole 2 MiB pages only: least memory, more map calls. */
     add(&g, "tally's placement, no growth chunk", true, "expandable_segments:True,expandable_grow_chunk_mb:2");
+    /* Idle pages moved without a driver-time limit: the least memory, a handle per page. */
+    add(&g, "tally's placement, idle pages moved", true, "expandable_segments:True,expandable_move_budget:-1");
     /* PyTorch's own expandable segments (tools/pt_expand.c): its 20 MiB
      * large pages, and large_segment_size_mb's smaller ones. */
     add_pt(&g, "PyTorch's expandable segments (model)", "expandable_segments:True");
@@ -465,20 +467,25 @@ static void replay_one(const trace_t *t, const tune_start_t *start, uint64_t cap
 
 /* The driver calls each kind of row makes, priced by the cost table:
  * segments one cuMemAlloc / cuMemFree each; expandable segments one
- * cuMemCreate and one cuMemMap per page, one cuMemSetAccess per run of pages
- * mapped (charged per page it covers), one cuMemUnmap per run (per page) and
- * one cuMemRelease per page unmapped, a cuMemAddressReserve per range, and
+ * cuMemCreate and one cuMemMap per physical handle (PyTorch: a page; tally:
+ * a map call, or a page with expandable_move_budget:-1), one cuMemSetAccess
+ * per run mapped and one cuMemUnmap per run unmapped (charged per mapping
+ * they cover), one cuMemRelease per handle unmapped, a cuMemAddressReserve
+ * per range, and
  * a stream synchronise before each unmap (tally's CUDA path, docs/
  * architecture.md, and PyTorch's ExpandableSegment alike). */
 double tune_driver_us(const tune_row_t *r, int column)
 {
     double us = si_cost_us("cuMemAlloc", (uint64_t)r->seg_allocs, 0, column) +
                 si_cost_us("cuMemFree", (uint64_t)r->seg_frees, 0, column);
-    us += si_cost_us("cuMemCreate", (uint64_t)r->pages_mapped, 0, column) +
-          si_cost_us("cuMemMap", (uint64_t)r->pages_mapped, 0, column) +
-          si_cost_us("cuMemSetAccess", (uint64_t)r->map_runs, (uint64_t)r->pages_mapped, column) +
-          si_cost_us("cuMemUnmap", (uint64_t)r->unmap_runs, (uint64_t)r->pages_unmapped, column) +
-          si_cost_us("cuMemRelease", (uint64_t)r->pages_unmapped, 0, column) +
+    /* Physical handles: PyTorch's one per page; tally's one per map call unless idle pages may move
+     * without limit (expandable_move_budget:-1: a handle per 2 MiB page, docs/configuration.md). */
+    bool per_page = r->engine == TUNE_PT_EXPAND || strstr(r->setting, "expandable_move_budget:-1") != NULL;
+    uint64_t made = (uint64_t)(per_page ? r->pages_mapped : r->map_runs);
+    uint64_t gone = (uint64_t)(per_page ? r->pages_unmapped : r->unmap_runs);
+    us += si_cost_us("cuMemCreate", made, 0, column) + si_cost_us("cuMemMap", made, 0, column) +
+          si_cost_us("cuMemSetAccess", (uint64_t)r->map_runs, made, column) +
+          si_cost_us("cuMemUnmap", (uint64_t)r->unmap_runs, gone, column) + si_cost_us("cuMemRelease", gone, 0, column) +
           si_cost_us("cuMemAddressReserve", (uint64_t)r->ranges, 0, column);
     us += si_cost_us("cuStreamSynchronize", (uint64_t)r->unmap_runs, 0, column);
     return us;
