@@ -99,11 +99,12 @@ $(BUILD)/lib/libtally.so.$(SOVERSION): $(BUILD)/lib/libtally.so
 	ln -sf libtally.so $@
 
 # The tally command: tools/tally_cli.c (main, summary, ledger) and its pieces
-# (tools/cli_*.c); tally tune (tools/tune*.c, tools/pickle.c) replays traces
-# with bench/trace.c.
+# (tools/cli_*.c); tally tune (tools/tune*.c, tools/pickle.c, the model of
+# PyTorch's expandable segments in tools/pt_expand.c) replays traces with
+# bench/trace.c.
 CLI_SRC  := $(sort $(wildcard tools/cli_*.c))
-TOOL_SRC := $(sort $(wildcard tools/tune*.c)) tools/pickle.c bench/trace.c
-$(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(CLI_SRC) $(TOOL_SRC) bench/trace.h $(BUILD)/lib/libtally.a
+TOOL_SRC := $(sort $(wildcard tools/tune*.c)) tools/pickle.c tools/pt_expand.c tests/standin/cost.c bench/trace.c
+$(BUILD)/bin/tally: tools/tally_cli.c $(wildcard tools/*.h) $(CLI_SRC) $(TOOL_SRC) bench/trace.h tests/standin/cost.h $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(CLI_SRC) $(TOOL_SRC) $(BUILD)/lib/libtally.a $(LDLIBS)
 

@@ -3,10 +3,12 @@
  * formulas and what is left out are in bench/README.md ("Synthetic traces").
  *
  *   gen_trace --model 7b|13b [--seq N] [--batch N] [--steps N] [--shards Z]
- *             [--bucket-mib N] [--inflight N] --out FILE
+ *             [--bucket-mib N] [--inflight N] [--cross-free 1] --out FILE
  *
  * Stream 0 is the compute stream; stream 1 the communication stream that the
- * gradient buckets are allocated on. */
+ * gradient buckets are allocated on. With --cross-free 1 each bucket is freed
+ * from the compute stream (its free line names stream 0): a block freed from
+ * another stream than its own, which goes back to its own stream's pool. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -60,6 +62,8 @@ static size_t A(uint64_t size, int stream)
     return id;
 }
 
+static bool cross_free; /* buckets (stream 1) freed from stream 0 */
+
 static void F(size_t id)
 {
     if (!id || id > nids || !live[id])
@@ -67,7 +71,7 @@ static void F(size_t id)
     live[id] = false;
     live_bytes -= sizes[id];
     nevents++;
-    fprintf(out, "f,%zu,%llu,%d\n", id, (unsigned long long)sizes[id], streams[id]);
+    fprintf(out, "f,%zu,%llu,%d\n", id, (unsigned long long)sizes[id], cross_free && streams[id] == 1 ? 0 : streams[id]);
 }
 
 /* ---- the model ------------------------------------------------------------ */
@@ -265,7 +269,7 @@ static void step(run_t *r, saved_t *sv, int step_no)
 static void usage(void)
 {
     fprintf(stderr, "usage: gen_trace --model 7b|13b [--seq N] [--batch N] [--steps N] [--shards Z] "
-                    "[--bucket-mib N] [--inflight N] --out FILE\n");
+                    "[--bucket-mib N] [--inflight N] [--cross-free 1] --out FILE\n");
     exit(2);
 }
 
@@ -307,6 +311,8 @@ int main(int argc, char **argv)
             r.bucket = num(v) << 20;
         else if (!strcmp(a, "--inflight"))
             r.inflight = num(v);
+        else if (!strcmp(a, "--cross-free"))
+            cross_free = num(v) == 1 ? true : (usage(), false);
         else
             usage();
     }

@@ -161,10 +161,32 @@ int trace_is_live(const trace_builder_t *b, uint64_t id)
     return live->slots[map_find(live, id)] != UINT32_MAX;
 }
 
+/* Room for one more event in b's trace. */
+static int grow_events(trace_builder_t *b, char *err, size_t errlen)
+{
+    trace_t *t = b->t;
+    if (t->nev < b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap * 2 : 4096;
+    trace_event_t *grown = realloc(t->ev, cap * sizeof *grown);
+    if (!grown)
+        return fail(err, errlen, "out of memory");
+    t->ev = grown;
+    b->cap = cap;
+    return 0;
+}
+
 int trace_add(trace_builder_t *b, char op, uint64_t id, uint64_t size, uint64_t stream, char *err, size_t errlen)
 {
     trace_t *t = b->t;
     live_map_t *live = b->live;
+    if (op == 'e') {
+        /* A release of cached memory (tally tune: a snapshot's segment_free). */
+        if (grow_events(b, err, errlen))
+            return -1;
+        t->ev[t->nev++] = (trace_event_t){0, UINT32_MAX, 0, 'e'};
+        return 0;
+    }
     size_t si = 0;
     while (si < t->nstreams && t->stream_ids[si] != (long long)stream)
         si++;
@@ -173,14 +195,8 @@ int trace_add(trace_builder_t *b, char op, uint64_t id, uint64_t size, uint64_t 
             return fail(err, errlen, "more than %zu distinct streams", sizeof t->stream_ids / sizeof t->stream_ids[0]);
         t->stream_ids[t->nstreams++] = (long long)stream;
     }
-    if (t->nev == b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        trace_event_t *grown = realloc(t->ev, cap * sizeof *grown);
-        if (!grown)
-            return fail(err, errlen, "out of memory");
-        t->ev = grown;
-        b->cap = cap;
-    }
+    if (grow_events(b, err, errlen))
+        return -1;
     trace_event_t *e = &t->ev[t->nev];
     e->op = op;
     e->stream = (uint16_t)si;
@@ -325,6 +341,8 @@ long trace_run(const trace_t *t, void **ptrs, void (*after)(void *arg, size_t i)
                     oom = (long)i;
                 ptrs[e->slot] = p;
             }
+        } else if (e->op == 'e') {
+            tally_empty_cache(0);
         } else {
             tally_free(ptrs[e->slot]);
             ptrs[e->slot] = NULL;

@@ -11,7 +11,7 @@ typedef struct trace_event {
     uint64_t size;   /* bytes asked for (allocations; frees carry their block's) */
     uint32_t slot;   /* dense allocation number: frees name the slot they release */
     uint16_t stream; /* dense stream index (0 = the trace's stream id 0, if present) */
-    char op;         /* 'a' or 'f' */
+    char op;         /* 'a', 'f', or 'e': a release of cached memory (empty_cache; tally tune's snapshots) */
 } trace_event_t;
 
 typedef struct trace {
@@ -35,8 +35,8 @@ typedef struct trace_builder {
 } trace_builder_t;
 
 int trace_begin(trace_builder_t *b, trace_t *t, const char *path, char *err, size_t errlen);
-/* One event: op 'a' (allocate id with size) or 'f' (free id; size 0 or the
- * allocation's). On error returns -1 with "what" in err (no file or line). */
+/* One event: op 'a' (allocate id with size), 'f' (free id; size 0 or the
+ * allocation's) or 'e' (release cached memory; id, size, stream ignored). On error returns -1 with "what" in err (no file or line). */
 int trace_add(trace_builder_t *b, char op, uint64_t id, uint64_t size, uint64_t stream, char *err, size_t errlen);
 /* Whether id is live in the trace built so far. */
 int trace_is_live(const trace_builder_t *b, uint64_t id);
@@ -50,7 +50,8 @@ void trace_free(trace_t *t);
 
 /* Replay t once through tally on device 0 (tally_replay and tally tune):
  * each 'a' is tally_malloc(size, 0, stream) (stream id 0 is the default
- * stream, NULL; others distinct fake pointers), each 'f' a tally_free.
+ * stream, NULL; others distinct fake pointers), each 'f' a tally_free, each
+ * 'e' a tally_empty_cache(0).
  * ptrs holds t->nalloc pointers, NULL on entry; blocks left live stay in it.
  * after(arg, i), when given, runs after event i. Returns the index of the
  * first allocation tally refused, or -1. */

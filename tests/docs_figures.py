@@ -41,6 +41,10 @@ def run(args, env=None, check=True):
     return r
 
 
+# tally tune asks an installed torch for its version unless told: the figures must not depend on one.
+NO_TORCH = dict(os.environ, TALLY_PYTHON="false")
+
+
 def need_traces():
     if not os.path.isdir(TRACES):
         raise Skip(f"no shared traces at {TRACES} (set TALLY_TRACES)")
@@ -57,12 +61,12 @@ def tune_snapshot_example():
     """docs/tune.md: tally tune on the gpt2 snapshot, its stderr line and table."""
     need_traces()
     path = os.path.join(TRACES, "snapshots", "gpt2-small-compiled-train.pickle")
-    r = run([TALLY, "tune", path])
+    r = run([TALLY, "tune", "--torch-version", "2.11", path], env=NO_TORCH)
     shown = "../shared/traces/snapshots/gpt2-small-compiled-train.pickle"
     line = re.sub(r", [0-9]+ workers?, [0-9.]+ s$", "", r.stderr.strip().splitlines()[-1])
     out = r.stdout.replace(path, shown).rstrip("\n")
-    return (f"`build/bin/tally tune {shown}`; on stderr: `{line}` (then the workers and seconds).\n\n"
-            f"```\n{out}\n```")
+    return (f"`build/bin/tally tune --torch-version 2.11 {shown}`; on stderr: `{line}` (then the workers and "
+            f"seconds).\n\n```\n{out}\n```")
 
 
 def tune_report_example():
@@ -72,13 +76,13 @@ def tune_report_example():
         report = os.path.join(tmp, "demo.json")
         env = dict(os.environ, TALLY_CONF=f"backend:host,trace:true,report_path:{report}")
         run([os.path.join(BUILD, "bin", "demo")], env=env)
-        r = run([TALLY, "tune", "-q", "--capacity", "24GiB", report])
-        j = json.loads(run([TALLY, "tune", "-q", "--json", "--capacity", "24GiB", report]).stdout)
+        r = run([TALLY, "tune", "-q", "--torch-version", "2.11", "--capacity", "24GiB", report], env=NO_TORCH)
+        j = json.loads(run([TALLY, "tune", "-q", "--json", "--capacity", "24GiB", report], env=NO_TORCH).stdout)
     lines = r.stdout.replace(report, "demo.json").rstrip("\n").splitlines()
-    end = max(i for i, l in enumerate(lines) if l.startswith("recommendation:"))
+    end = max(i for i, l in enumerate(lines) if l.startswith("PyTorch's allocator:"))
     shown = lines[:8] + ["..."] + lines[end - 1:]
     default = j[0]
-    exp = next(row for row in j if row["setting"] == "expandable_segments:True")
+    exp = next(row for row in j if row["setting"] == "expandable_segments:True" and row["allocator"] == "tally")
     budget = int(re.search(r"call budget ([0-9]+)", r.stdout).group(1))
     saved = (default["peak_reserved_bytes"] - exp["peak_reserved_bytes"]) / MIB
     verdict = ("over the budget of %d, so the default stays" % budget if exp["backend_calls"] > budget
@@ -93,7 +97,7 @@ def tune_report_example():
                 "they stopped.")
     return ("`TALLY_CONF=trace:true,report_path:demo.json build/bin/demo`, then `tally tune -q --capacity 24GiB "
             "demo.json`\n(the first rows and the end):\n\n```\n" + "\n".join(shown) + "\n```\n\n"
-            f"Expandable segments reserve {saved:.0f} MiB less and make {exp['backend_calls']} backend calls "
+            f"tally's expandable segments reserve {saved:.0f} MiB less and make {exp['backend_calls']} backend calls "
             f"against the default's {default['backend_calls']}: {verdict}.{tail}")
 
 
@@ -111,29 +115,68 @@ _rows_cache = {}
 
 def tune_rows(name):
     if name not in _rows_cache:
-        _rows_cache[name] = json.loads(run([TALLY, "tune", "-q", "--json", os.path.join(TRACES, name)]).stdout)
+        _rows_cache[name] = json.loads(run([TALLY, "tune", "-q", "--json", os.path.join(TRACES, name)],
+                                           env=NO_TORCH).stdout)
     return _rows_cache[name]
 
 
+SNAPSHOTS = ["gpt2-small-compiled-train", "opt125m-zeroth-order-finetune", "transformer-d768-l12-train",
+             "transformer-forward-ctx128", "transformer-medium-ctx1024-train", "transformer-train-4steps-cold",
+             "transformer-xl-forward-ctx512-expandable"]
+
+
 def tune_accuracy_table():
-    """docs/tune.md: replay against what PyTorch recorded, every shared trace."""
+    """docs/tune.md: the replay of the recorded setting from the recorded
+    state against PyTorch's recorded peak, on the seven shared snapshots."""
+    need_traces()
     with open(os.path.join(TRACES, "reference.json")) as f:
         ref = {r["trace"]: r for r in json.load(f)}
-    out = ["| file | peak live | PyTorch | recorded | replay | replay - PyTorch | recommended | its calls / "
-           "default's | recommendation |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for name in shared_files():
-        rows = tune_rows(name)
-        base = os.path.basename(name).rsplit(".", 1)[0] + ".csv"
-        pt = ref.get(base, {}).get("pytorch_native_peak_reserved_bytes")
-        default = rows[0]
-        rec = next(r for r in rows if r["recommended"])
-        recorded = default.get("recorded_peak_reserved_bytes")
-        cell = lambda v: "-" if v is None else "%.1f" % (v / MIB)
-        diff = "-" if pt is None else "%+.1f" % ((default["peak_reserved_bytes"] - pt) / MIB)
-        out.append(f"| {name} | {cell(default['peak_live_bytes'])} | {cell(pt)} | {cell(recorded)} | "
-                   f"{cell(default['peak_reserved_bytes'])} | {diff} | {cell(rec['peak_reserved_bytes'])} | "
-                   f"{rec['backend_calls']} / {default['backend_calls']} | `{rec['line']}` |")
+    mib = lambda b: "%.1f" % (b / MIB)
+    out = ["`build/bin/tally tune -q --json` on each shared snapshot; PyTorch = `pytorch_native_peak_reserved_bytes` "
+           "of reference.json; MiB unless marked:", "",
+           "| snapshot | recorded setting | PyTorch | replay from the recorded state | difference | replay from empty "
+           "(same setting) | PyTorch's recommendation | MiB | tally's recommendation | MiB |",
+           "|---|---|---:|---:|---:|---:|---|---:|---|---:|"]
+    for name in SNAPSHOTS:
+        rows = tune_rows(f"snapshots/{name}.pickle")
+        pt = ref[name + ".csv"]["pytorch_native_peak_reserved_bytes"]
+        replay = rows[0]["recorded_replay_peak_reserved_bytes"]
+        rec_pt = next(r for r in rows if r["recommended"])
+        rec_t = next(r for r in rows if r["recommended_tally"])
+        conf = next((r for r in rows if r["why"] == "the setting the job ran with"), None)
+        if conf is None:  # the grid holds the recorded setting: its row under PyTorch's rules
+            want = "expandable_segments:True" if "expandable" in name else ""
+            conf = next(r for r in rows if r["setting"] == want and r["allocator"] != "tally")
+        out.append(f"| {name} | `{conf['setting'] or '(default)'}` | {mib(pt)} | {mib(replay)} | {replay - pt:+d} B "
+                   f"({100.0 * (replay - pt) / pt:+.3f}%) | {mib(conf['peak_reserved_bytes'])} | "
+                   f"`{rec_pt['setting'] or '(default)'}` ({rec_pt['allocator']}) | {mib(rec_pt['peak_reserved_bytes'])} | "
+                   f"`{rec_t['setting'] or '(default)'}` | {mib(rec_t['peak_reserved_bytes'])} |")
     return "\n".join(out)
+
+
+THREE = "op,id,size,stream\na,1,31457280,0\na,2,1000,0\na,3,5242880,0\n"
+
+
+def tune_budgets():
+    """docs/tune.md: the refusals (--capacity, --max-calls, --max-driver-time)
+    and a row's least memory, on a hand trace of three blocks."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "three.csv")
+        with open(path, "w") as f:
+            f.write(THREE)
+        out = ["```", "$ cat three.csv", THREE.rstrip()]
+        for args in (["--capacity", "30MiB"], ["--capacity", "1GiB", "--max-calls", "0"],
+                     ["--capacity", "1GiB", "--max-driver-time", "0.3ms"]):
+            r = run([TALLY, "tune", "-q", *args, path], env=NO_TORCH, check=False)
+            out += [f"$ tally tune -q {' '.join(args)} three.csv >/dev/null; echo $?",
+                    r.stderr.rstrip().replace(path, "three.csv"), str(r.returncode)]
+        row = json.loads(run([TALLY, "tune", "-q", "--json", "--capacity", "1GiB", path], env=NO_TORCH).stdout)[0]
+        out.append("$ tally tune -q --json --capacity 1GiB three.csv   # the default's row, in part")
+        keys = ("setting", "allocator", "peak_reserved_bytes", "min_device_bytes", "driver_us_a100",
+                "driver_us_blackwell", "runs_out")
+        out.append(json.dumps({k: row[k] for k in keys}))
+        out.append("```")
+        return "\n".join(out)
 
 
 def tune_grid_size():
@@ -154,7 +197,7 @@ def tune_bench_trace():
         run([gen, "--model", "7b", "--steps", "9", "--out", trace])
         with open(trace) as f:
             events = sum(1 for _ in f) - 1
-        settings = len(json.loads(run([TALLY, "tune", "-q", "--json", trace]).stdout))
+        settings = len(json.loads(run([TALLY, "tune", "-q", "--json", trace], env=NO_TORCH).stdout))
     return events, settings
 
 
@@ -177,6 +220,7 @@ FIGURES = {
     "tune-snapshot-example": ("docs/tune.md", tune_snapshot_example),
     "tune-report-example": ("docs/tune.md", tune_report_example),
     "tune-accuracy": ("docs/tune.md", tune_accuracy_table),
+    "tune-budgets": ("docs/tune.md", tune_budgets),
     "tune-grid-size": ("docs/tune.md", tune_grid_size),
 }
 

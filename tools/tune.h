@@ -11,9 +11,23 @@
 #define TALLY_TOOLS_TUNE_H
 
 #include "../bench/trace.h"
+#include "pt_expand.h"
 
 #include <stdbool.h>
 #include <stdint.h>
+
+/* What a snapshot says was reserved when recording began (docs/tune.md,
+ * "The recorded state"): the segments then, their pools and streams, and
+ * the blocks live in them, by address. */
+typedef struct tune_start {
+    ptx_range_t *ranges; /* segments (or an expandable recording's mapped ranges) at the start */
+    size_t nranges;
+    ptx_live_t *live;    /* blocks live at the start: address, rounded size, the trace's slot */
+    size_t nlive;
+    bool expandable;     /* recorded with expandable segments */
+    bool known;          /* the snapshot carried the state (a snapshot); false: CSV or report */
+    char gap[240];       /* what the snapshot could not carry, "" when nothing */
+} tune_start_t;
 
 typedef struct tune_input {
     trace_t trace;
@@ -26,6 +40,8 @@ typedef struct tune_input {
     char recorded_conf[512];  /* allocator_settings.PYTORCH_CUDA_ALLOC_CONF */
     int64_t capacity;         /* device memory from a report; 0 if unknown */
     int device;               /* the device whose allocations were taken */
+    size_t releases;          /* 'e' events: segment_free runs replayed as releases */
+    tune_start_t start;       /* the recorded state (snapshots) */
 } tune_input_t;
 
 /* Read FILE, whichever of the three it is (by its first bytes), taking the
@@ -38,18 +54,41 @@ void tune_input_free(tune_input_t *in);
 int tune_snapshot_parse(unsigned char *data, size_t len, const char *name, tune_input_t *in, char *err,
                         size_t errlen);
 
+/* Which allocator's rules a row replays. */
+enum {
+    TUNE_BOTH,      /* PyTorch's keys on the default placement: PyTorch and tally place alike (tally runs it) */
+    TUNE_TALLY,     /* tally's own placement or keys: only tally (TALLY_CONF) */
+    TUNE_PT_EXPAND, /* PyTorch's own expandable segments: the model of tools/pt_expand.c */
+};
+
 /* One candidate and what its replay gave. */
 typedef struct tune_row {
     char setting[160];     /* PYTORCH_CUDA_ALLOC_CONF / TALLY_CONF keys; "" = PyTorch's default */
     bool tally_only;       /* a key PyTorch does not have (write it as TALLY_CONF) */
+    int engine;            /* TUNE_BOTH, TUNE_TALLY or TUNE_PT_EXPAND */
+    bool from_start;       /* replayed from the recorded state (tune_input_t.start) */
     const char *why;       /* one phrase: where the candidate comes from */
     /* results */
     bool ok;               /* the replay ran (false: the worker failed) */
-    long oom_event;        /* first refused allocation, -1 if none */
+    long oom_event;        /* first refused allocation at --capacity, -1 if none */
     int64_t peak_reserved, peak_live, backend_calls, num_device_alloc;
+    /* What the driver did, for its modelled time (tune_driver_us): segment
+     * allocations and frees (cuMemAlloc / cuMemFree), or, with expandable
+     * segments, runs of pages mapped and unmapped and the pages in them. */
+    int64_t seg_allocs, seg_frees, map_runs, unmap_runs, pages_mapped, pages_unmapped, ranges;
+    /* The least device memory it runs in (bisection of replays), and where
+     * it runs out with less: at out_capacity, event out_event of out_size. */
+    int64_t min_bytes;     /* 0: not found (min_lower is then a lower bound) */
+    int64_t min_lower;
+    int64_t out_capacity;
+    long out_event;        /* -1: none known */
     double seconds;
     char error[200];
 } tune_row_t;
+
+/* The modelled driver time of r's calls in microseconds, on column
+ * (SI_COST_A100 or SI_COST_BLACKWELL of tests/standin/cost.h). */
+double tune_driver_us(const tune_row_t *r, int column);
 
 /* The grid for t: PyTorch's default first. Returns the count (<= max). */
 size_t tune_grid(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t max);
@@ -66,6 +105,11 @@ typedef struct tune_series {
  * the reserved-over-time of rows want[0..nwant). Returns 0, or -1 with err. */
 int tune_run(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t nrows, int jobs, bool quiet,
              const size_t *want, size_t nwant, tune_series_t *series, char *err, size_t errlen);
+/* As tune_run, with the recorded state for rows with from_start, and with
+ * the least memory of each row searched for when search is set. */
+int tune_run_ex(const trace_t *t, const tune_start_t *start, uint64_t capacity, bool search, tune_row_t *rows,
+                size_t nrows, int jobs, bool quiet, const size_t *want, size_t nwant, tune_series_t *series, char *err,
+                size_t errlen);
 
 /* A tally JSON report's alloc_trace (tune_input.c); as tune_input_load.
  * _parse reads text[0..len) (not taken over); name is for messages. */

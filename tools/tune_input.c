@@ -60,13 +60,71 @@ static const pk_value_t *snap_list(const snap_ctx_t *c, const pk_value_t *v, con
 
 typedef struct prelive {
     uint64_t addr, size, stream;
+    uint64_t block; /* the block's rounded size where the snapshot gives it, else 0 */
 } prelive_t;
 
 typedef struct snap_events {
     const pk_value_t *ev; /* the device's trace list */
     prelive_t *pre;
     size_t npre, cappre;
+    /* Frees PyTorch completed later than the user asked (a block used on
+     * another stream: reusable only once that stream's work was done):
+     * defer[i] on the free_requested, fire[j] on its free_completed, where
+     * the replay frees it. NULL when there are none. */
+    unsigned char *defer, *fire;
 } snap_events_t;
+
+/* Mark the free_requested events whose free_completed comes after other
+ * allocations, frees or segment events (cross-stream frees). */
+static int snap_defer(snap_events_t *s)
+{
+    size_t n = s->ev->n, cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    uint64_t *keys = calloc(cap, sizeof *keys);
+    size_t *req = calloc(cap, sizeof *req), *mark = calloc(cap, sizeof *mark);
+    s->defer = calloc(n ? n : 1, 1);
+    s->fire = calloc(n ? n : 1, 1);
+    if (!keys || !req || !mark || !s->defer || !s->fire) {
+        free(keys), free(req), free(mark);
+        return -1;
+    }
+    size_t relevant = 0, deferred = 0;
+    for (size_t i = 0; i < n; i++) {
+        const pk_value_t *e = s->ev->items[i], *a = pk_get(e, "action"), *addr = pk_get(e, "addr");
+        bool done = pk_str_is(a, "free_completed");
+        if (!done && !pk_str_is(a, "alloc") && !pk_str_is(a, "free_requested") && !pk_str_is(a, "segment_alloc") &&
+            !pk_str_is(a, "segment_free") && !pk_str_is(a, "segment_map") && !pk_str_is(a, "segment_unmap"))
+            continue;
+        if (!done)
+            relevant++;
+        if (!addr || addr->type != PK_INT || (!done && !pk_str_is(a, "free_requested")))
+            continue;
+        /* The slot of this address: keys hold addr + 1 (0: empty). */
+        uint64_t k = (uint64_t)addr->i + 1;
+        size_t h = (size_t)((k * 0x9e3779b97f4a7c15ull) >> 20) & (cap - 1);
+        while (keys[h] && keys[h] != k)
+            h = (h + 1) & (cap - 1);
+        if (!done) {
+            keys[h] = k;
+            req[h] = i + 1;
+            mark[h] = relevant;
+        } else if (keys[h] && req[h]) {
+            if (mark[h] != relevant) {
+                s->defer[req[h] - 1] = 1;
+                s->fire[i] = 1;
+                deferred++;
+            }
+            req[h] = 0;
+        }
+    }
+    free(keys), free(req), free(mark);
+    if (!deferred) {
+        free(s->defer), free(s->fire);
+        s->defer = s->fire = NULL;
+    }
+    return 0;
+}
 
 static int add_prelive(snap_events_t *s, uint64_t addr, uint64_t size, uint64_t stream)
 {
@@ -78,7 +136,7 @@ static int add_prelive(snap_events_t *s, uint64_t addr, uint64_t size, uint64_t 
         s->pre = g;
         s->cappre = cap;
     }
-    s->pre[s->npre++] = (prelive_t){addr, size, stream};
+    s->pre[s->npre++] = (prelive_t){addr, size, stream, 0};
     return 0;
 }
 
@@ -97,6 +155,10 @@ static int snap_feed(const snap_ctx_t *c, snap_events_t *s, trace_builder_t *b, 
             return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu has no 'action' string",
                            c->path, i);
         bool alloc = pk_str_is(action, "alloc"), free_req = pk_str_is(action, "free_requested");
+        bool fire = s->fire && s->fire[i];
+        if (s->defer && s->defer[i] && !first)
+            continue; /* freed at its free_completed */
+        free_req = free_req || fire;
         bool seg_up = pk_str_is(action, "segment_alloc") || pk_str_is(action, "segment_map");
         bool seg_down = pk_str_is(action, "segment_free") || pk_str_is(action, "segment_unmap");
         if (!alloc && !free_req && !seg_up && !seg_down)
@@ -116,14 +178,25 @@ static int snap_feed(const snap_ctx_t *c, snap_events_t *s, trace_builder_t *b, 
                 if (reserved > rec->recorded_peak)
                     rec->recorded_peak = reserved;
                 rec->recorded_segment_allocs += pk_str_is(action, "segment_alloc");
+                /* The program gave cached memory back here (empty_cache, an OOM retry): a run of segment
+                 * frees or unmaps is one release, replayed at the same point. */
+                if (seg_down && (b->t->nev == 0 || b->t->ev[b->t->nev - 1].op != 'e')) {
+                    if (trace_add(b, 'e', 0, 0, 0, why, sizeof why))
+                        return in_fail(c->err, c->errlen, "%s: %s", c->path, why);
+                    rec->releases++;
+                }
             }
             continue;
         }
+        if (first && fire && !trace_is_live(b, (uint64_t)addr))
+            continue; /* allocated before recording: noted at its free_requested */
         if (first && free_req && !trace_is_live(b, (uint64_t)addr)) {
             if (add_prelive(s, (uint64_t)addr, (uint64_t)size, (uint64_t)stream))
                 return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
             continue;
         }
+        if (first && s->defer && s->defer[i])
+            continue; /* a live block freed later, at its free_completed */
         if (trace_add(b, alloc ? 'a' : 'f', (uint64_t)addr, free_req ? 0 : (uint64_t)size, (uint64_t)stream, why,
                       sizeof why))
             return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu (%.*s at address %lld): %s",
@@ -157,12 +230,17 @@ static int snap_segments(const snap_ctx_t *c, const pk_value_t *segs, int device
             const pk_value_t *blk = blocks->items[k];
             if (!pk_str_is(pk_get(blk, "state"), "active_allocated"))
                 continue;
-            int64_t addr, req;
+            int64_t addr, req, bsize = 0;
             if (snap_int(c, blk, "address", "segments[].blocks", k, &addr) ||
                 snap_int(c, blk, "requested_size", "segments[].blocks", k, &req))
                 return -1;
-            if (!trace_is_live(b, (uint64_t)addr) && add_prelive(s, (uint64_t)addr, (uint64_t)req, (uint64_t)stream))
-                return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
+            if (pk_get(blk, "size") && snap_int(c, blk, "size", "segments[].blocks", k, &bsize))
+                return -1;
+            if (!trace_is_live(b, (uint64_t)addr)) {
+                if (add_prelive(s, (uint64_t)addr, (uint64_t)req, (uint64_t)stream))
+                    return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
+                s->pre[s->npre - 1].block = bsize > 0 ? (uint64_t)bsize : 0;
+            }
         }
     }
     return 0;
@@ -198,6 +276,148 @@ static int snap_device(const pk_value_t *traces)
     return best;
 }
 
+/* ---- the recorded state: what was reserved when recording began ---------------- */
+
+typedef struct range_list {
+    ptx_range_t *r;
+    size_t n, cap;
+} range_list_t;
+
+static int range_add(range_list_t *l, ptx_range_t r)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        ptx_range_t *g = realloc(l->r, cap * sizeof *g);
+        if (!g)
+            return -1;
+        l->r = g;
+        l->cap = cap;
+    }
+    l->r[l->n++] = r;
+    return 0;
+}
+
+/* Take [addr, addr + size) out of every range of l (an expandable
+ * recording's pages mapped inside the window were not mapped before it). */
+static int range_cut(range_list_t *l, uint64_t addr, uint64_t size)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        ptx_range_t *r = &l->r[i];
+        uint64_t lo = addr > r->addr ? addr : r->addr;
+        uint64_t hi = addr + size < r->addr + r->size ? addr + size : r->addr + r->size;
+        if (lo >= hi)
+            continue;
+        ptx_range_t tail = *r;
+        tail.addr = hi;
+        tail.size = r->addr + r->size - hi;
+        r->size = lo - r->addr;
+        if (tail.size && range_add(l, tail))
+            return -1;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < l->n; i++)
+        if (l->r[i].size)
+            l->r[k++] = l->r[i];
+    l->n = k;
+    return 0;
+}
+
+static int cmp_range(const void *a, const void *b)
+{
+    const ptx_range_t *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* The segments (for an expandable recording, the mapped ranges) that
+ * existed when recording began, and the blocks live in them: the dump's
+ * segments, less those the window allocated (or mapped), plus those it
+ * freed (or unmapped); every block live then is one of the allocations
+ * placed first (rule 3), at its address; all else in them was free. */
+static int snap_start(const snap_ctx_t *c, const pk_value_t *segs, int device, const snap_events_t *s,
+                      tune_input_t *in)
+{
+    tune_start_t *st = &in->start;
+    range_list_t l = {0};
+    bool expandable = strstr(in->recorded_conf, "expandable_segments:True") != NULL;
+    for (size_t i = 0; i < segs->n; i++) {
+        const pk_value_t *seg = segs->items[i], *ex = pk_get(seg, "is_expandable");
+        int64_t dev = 0;
+        if (pk_get(seg, "device") && snap_int(c, seg, "device", "segments", i, &dev))
+            return -1;
+        if (dev == device && ex && ex->type == PK_BOOL && ex->i)
+            expandable = true;
+    }
+    st->expandable = expandable;
+    /* The window's segment events, newest first, undo what they did. */
+    size_t mapped_in_window = 0;
+    for (size_t i = 0; i < segs->n; i++) {
+        const pk_value_t *seg = segs->items[i];
+        int64_t dev = 0, addr, size, stream = 0;
+        if (pk_get(seg, "device") && snap_int(c, seg, "device", "segments", i, &dev))
+            return -1;
+        if (dev != device)
+            continue;
+        if (snap_int(c, seg, "address", "segments", i, &addr) || snap_int(c, seg, "total_size", "segments", i, &size))
+            return -1;
+        if (pk_get(seg, "stream") && snap_int(c, seg, "stream", "segments", i, &stream))
+            return -1;
+        ptx_range_t r = {(uint64_t)addr, (uint64_t)size, (uint64_t)stream,
+                         pk_str_is(pk_get(seg, "segment_type"), "small")};
+        if (range_add(&l, r))
+            goto nomem;
+    }
+    for (size_t i = s->ev->n; i-- > 0;) {
+        const pk_value_t *e = s->ev->items[i], *a = pk_get(e, "action");
+        const pk_value_t *av = pk_get(e, "addr"), *sv = pk_get(e, "size"), *tv = pk_get(e, "stream");
+        bool up = pk_str_is(a, "segment_alloc") || pk_str_is(a, "segment_map");
+        bool down = pk_str_is(a, "segment_free") || pk_str_is(a, "segment_unmap");
+        if ((!up && !down) || !av || av->type != PK_INT || !sv || sv->type != PK_INT)
+            continue;
+        if (up) {
+            mapped_in_window++;
+            if (range_cut(&l, (uint64_t)av->i, (uint64_t)sv->i))
+                goto nomem;
+        } else {
+            ptx_range_t r = {(uint64_t)av->i, (uint64_t)sv->i, tv && tv->type == PK_INT ? (uint64_t)tv->i : 0,
+                             (uint64_t)sv->i <= ((uint64_t)2 << 20)};
+            if (range_add(&l, r))
+                goto nomem;
+        }
+    }
+    qsort(l.r, l.n, sizeof *l.r, cmp_range);
+    st->ranges = l.r;
+    st->nranges = l.n;
+    st->live = calloc(s->npre ? s->npre : 1, sizeof *st->live);
+    if (!st->live)
+        goto nomem;
+    size_t outside = 0;
+    for (size_t i = 0; i < s->npre; i++) {
+        const prelive_t *p = &s->pre[i];
+        uint64_t size = p->block ? p->block : p->size < 512 ? 512 : (p->size + 511) / 512 * 512;
+        bool in_range = false;
+        for (size_t k = 0; k < l.n && !in_range; k++)
+            in_range = p->addr >= l.r[k].addr && p->addr + size <= l.r[k].addr + l.r[k].size;
+        outside += !in_range;
+        st->live[i] = (ptx_live_t){p->addr, size, (uint32_t)i};
+    }
+    st->nlive = s->npre;
+    st->known = outside == 0;
+    if (outside)
+        snprintf(st->gap, sizeof st->gap,
+                 "%zu block%s live before recording lie outside the segments it had then; the replay starts from an "
+                 "empty cache", outside, outside == 1 ? "" : "s");
+    else if (expandable && mapped_in_window)
+        snprintf(st->gap, sizeof st->gap,
+                 "the pages mapped at the start are the dump's less the %zu map event%s of the window", mapped_in_window,
+                 mapped_in_window == 1 ? "" : "s");
+    return 0;
+nomem:
+    free(l.r);
+    st->ranges = NULL;
+    st->nranges = 0;
+    return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
+}
+
 static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, int device, tune_input_t *in)
 {
     if (!root || root->type != PK_DICT)
@@ -224,6 +444,8 @@ static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, int dev
     trace_t scratch;
     trace_builder_t b;
     int64_t total = 0;
+    if (snap_defer(&s))
+        return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
     int rc = trace_begin(&b, &scratch, c->path, c->err, c->errlen);
     if (!rc)
         rc = snap_feed(c, &s, &b, true, NULL);
@@ -249,9 +471,13 @@ static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, int dev
             rc = snap_feed(c, &s, &b, false, in);
         trace_end(&b);
         in->has_recorded = !rc;
+        if (!rc)
+            rc = snap_start(c, segs, in->device, &s, in);
     }
     in->prelive = s.npre;
     free(s.pre);
+    free(s.defer);
+    free(s.fire);
     return rc;
 }
 
@@ -523,4 +749,8 @@ int tune_input_load(const char *path, int device, tune_input_t *in, char *err, s
 void tune_input_free(tune_input_t *in)
 {
     trace_free(&in->trace);
+    free(in->start.ranges);
+    free(in->start.live);
+    in->start.ranges = NULL;
+    in->start.live = NULL;
 }

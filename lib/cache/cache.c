@@ -47,7 +47,6 @@ tally_device_t *tally__device_lookup(int device, const char *fn)
 #define MIN_BLOCK 512u
 #define SMALL_SIZE ((size_t)1 << 20)
 #define SMALL_BUFFER ((size_t)2 << 20)
-#define LARGE_BUFFER ((size_t)20 << 20)
 #define MIN_LARGE_ALLOC ((size_t)10 << 20)
 #define ROUND_LARGE ((size_t)2 << 20)
 
@@ -83,8 +82,12 @@ size_t tally__segment_size(size_t rounded)
 {
     if (rounded <= SMALL_SIZE)
         return SMALL_BUFFER;
-    if (rounded < MIN_LARGE_ALLOC)
-        return LARGE_BUFFER;
+    if (rounded < MIN_LARGE_ALLOC) {
+        /* large_segment_size_mb (PyTorch's key, default 20), never less than the block. */
+        size_t large = (size_t)tally__opt.large_segment_size_mb << 20;
+        size_t need = (rounded + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
+        return large > need ? large : need;
+    }
     return (rounded + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
 }
 

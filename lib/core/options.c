@@ -71,6 +71,8 @@ static const option_row_t rows[] = {
      "async backend: bytes the pool keeps cached after synchronisation ('all' keeps everything)"},
     {"max_split_size_mb", T_SPLIT_MB, OFF(max_split_size), 0, 0, NULL, false,
      "blocks at or above this size (MiB, >= 20) are never split; 'none' for unlimited"},
+    {"large_segment_size_mb", T_INT, OFF(large_segment_size_mb), 2, 1024, NULL, false,
+     "the large pool's segment for a request under 10 MiB (MiB; PyTorch's key, default 20)"},
     {"max_non_split_rounding_mb", T_SPLIT_MB, OFF(max_non_split_rounding), 0, 0, NULL, false,
      "a cached oversize block is reused for a request at most this much (MiB, >= 20) smaller"},
     {"expandable_segments", T_BOOL, OFF(expandable_segments), 0, 0, NULL, false,
@@ -141,6 +143,7 @@ void tally__options_default(tally_options_t *o)
     o->max_non_split_rounding = (uint64_t)20 << 20;
     o->gc_threshold = 0;
     o->expandable_grow_chunk_mb = 20;
+    o->large_segment_size_mb = 20;
     o->expandable_handle_mb = 0; /* off: least memory (docs/benchmarks.md, run G) */
     o->expandable_move_budget = 0; /* no page moves: no driver call in a steady step (issue 21) */
     for (int i = 0; i < TALLY_ROUNDUP_INTERVALS; i++)

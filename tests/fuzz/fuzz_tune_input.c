@@ -46,6 +46,11 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     uint64_t live = 0;
     for (size_t i = 0; i < t->nev; i++) {
         const trace_event_t *e = &t->ev[i];
+        if (e->op == 'e') { /* a release (segment_free): carries nothing */
+            if (e->size != 0)
+                abort();
+            continue;
+        }
         if (e->slot >= t->nalloc || e->stream >= t->nstreams)
             abort();
         if (e->op == 'a') {
@@ -63,6 +68,12 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     if (allocs != t->nalloc || frees != t->nfree || in.prelive > t->nalloc ||
         (in.has_recorded && in.recorded_peak < in.recorded_start))
         abort();
+    /* The recorded state: one block per allocation placed first, each its own slot. */
+    if (in.start.known && in.start.nlive != in.prelive)
+        abort();
+    for (size_t i = 0; in.start.known && i < in.start.nlive; i++)
+        if (in.start.live[i].slot != i || in.start.live[i].size == 0)
+            abort();
     free(sizes);
     tune_input_free(&in);
     return 0;
