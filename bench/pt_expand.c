@@ -10,8 +10,14 @@
  * ExpandableSegment makes them: cuMemAddressReserve once per segment; a map
  * of n pages n cuMemCreate + n cuMemMap + one cuMemSetAccess, 2n + 1 (the
  * "map calls" column counts those runs). Pages are 2 MiB in the small pool
- * and 20 MiB in the large one, so "pages mapped" mixes the two. */
+ * and 20 MiB in the large one, so "pages mapped" mixes the two. The last
+ * two columns charge those calls from the stand-in's cost table
+ * (tests/standin/cost.c), as tally's are charged (bench/driver_cost.c):
+ * per page cuMemCreate + cuMemMap, per map call one cuMemSetAccess touching
+ * its pages, per range cuMemAddressReserve; and per page unmapped (none in
+ * these replays) one cuMemUnmap mapping and one cuMemRelease. */
 #include "../tools/pt_expand.h"
+#include "../tests/standin/cost.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,10 +51,19 @@ static int run(const char *path)
         trace_free(&t);
         return 1;
     }
-    printf("| %s | %.1f | %.1f | %.3f | %lld | %lld | %lld | %lld |\n", t.name, (double)peak_live / MiB,
+    double ms[SI_COST_COLUMNS];
+    for (int c = 0; c < SI_COST_COLUMNS; c++) {
+        uint64_t pages = (uint64_t)r.pages_mapped, gone = (uint64_t)r.pages_unmapped;
+        ms[c] = (si_cost_us("cuMemCreate", pages, 0, c) + si_cost_us("cuMemMap", pages, 0, c) +
+                 si_cost_us("cuMemSetAccess", (uint64_t)r.map_calls, pages, c) +
+                 si_cost_us("cuMemAddressReserve", (uint64_t)r.segments, 0, c) +
+                 si_cost_us("cuMemUnmap", (uint64_t)r.unmap_calls, gone, c) + si_cost_us("cuMemRelease", gone, 0, c)) /
+                1000;
+    }
+    printf("| %s | %.1f | %.1f | %.3f | %lld | %lld | %lld | %lld | %.1f | %.1f |\n", t.name, (double)peak_live / MiB,
            (double)r.peak_reserved / MiB, peak_live ? (double)r.peak_reserved / (double)peak_live : 0.0,
            (long long)r.map_calls, (long long)r.pages_mapped, (long long)r.segments,
-           (long long)(r.segments + 2 * r.pages_mapped + r.map_calls));
+           (long long)(r.segments + 2 * r.pages_mapped + r.map_calls), ms[SI_COST_A100], ms[SI_COST_BLACKWELL]);
     trace_free(&t);
     return 0;
 }
@@ -60,8 +75,8 @@ int main(int argc, char **argv)
         return 2;
     }
     printf("| trace | peak live MiB | PyTorch expandable reserved MiB | res/live | map calls | pages mapped "
-           "| ranges reserved | CUDA driver calls |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+           "| ranges reserved | CUDA driver calls | ms A100 | ms Blackwell |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     int failures = 0;
     for (int i = 1; i < argc; i++) {
         if (is_dir(argv[i])) {
