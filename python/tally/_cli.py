@@ -228,9 +228,11 @@ def _cmd_run(args) -> int:
     leak_exitcode = int(options().get("leak_exitcode", "0") or 0)
     if code == 0 and live and leak_exitcode:
         code = leak_exitcode
-    # This report replaces the one the library would print at exit; the exit
-    # status rule (leak_exitcode) stays in force there.
-    configure({"leak_report": "off"})
+    # This report replaces the one the library would print at exit. The
+    # library's exit status rule (leak_exitcode) stays in force there for a
+    # program that succeeded; for one that failed it is turned off, or the
+    # library's exit would replace the failure's status with the leak code.
+    configure({"leak_report": "off", **({"leak_exitcode": "0"} if code else {})})
     return code
 
 
