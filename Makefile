@@ -153,7 +153,7 @@ test-py: lib $(STANDIN_LIB)
 # a non-root user, tests/run.sh's own output, and the demo's.
 test-sh: lib $(CLI) $(BUILD)/bin/demo
 	@MAKE="$(MAKE)" BUILD=$(BUILD) TEST_RESULTS=$(TEST_RESULTS)/sh bash tests/run.sh \
-		tests/check_install.sh tests/check_setup.sh tests/check_run.sh tests/check_demo.sh
+		tests/check_install.sh tests/check_setup.sh tests/check_run.sh tests/check_demo.sh tests/check_fuzz_replay.sh
 
 # ---- install ----
 PREFIX       ?= /usr/local
