@@ -111,6 +111,44 @@ static void test_plot_svg(void **state)
     assert_int_equal(xml_check(out), 0);
 }
 
+/* The top of the reserved line (its smallest y) in a plot of device 0. */
+static double reserved_top(const char *x_mode)
+{
+    char out[PATH_MAX + 16];
+    snprintf(out, sizeof out, "%s/top-%s.svg", dir, x_mode);
+    run_t r = tally_run("plot '%s/train.json' --x %s -o '%s'", dir, x_mode, out);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    char *svg = slurp(out);
+    assert_non_null(svg);
+    const char *d = strstr(svg, "<path class=\"reserved\"");
+    assert_non_null(d);
+    d = strstr(d, " d=\"");
+    assert_non_null(d);
+    d += 4;
+    double top = 1e9, x, y;
+    int used = 0;
+    while (sscanf(d, " %*[ML]%lf,%lf%n", &x, &y, &used) == 2) {
+        if (y < top)
+            top = y;
+        d += used;
+    }
+    free(svg);
+    assert_true(top < 1e9);
+    return top;
+}
+
+/* Plotted by time (one point per pixel column) the reserved line reaches
+ * the same peak as plotted by event number (one point per event): the
+ * columns cover every event. */
+static void test_plot_by_time_covers_every_event(void **state)
+{
+    (void)state;
+    double by_events = reserved_top("events"), by_time = reserved_top("time");
+    if (by_time != by_events)
+        fail_msg("the reserved line tops out at y %.1f by time, %.1f by events", by_time, by_events);
+}
+
 static void test_plot_html(void **state)
 {
     (void)state;
@@ -199,6 +237,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plot_svg),
         cmocka_unit_test(test_plot_html),
+        cmocka_unit_test(test_plot_by_time_covers_every_event),
         cmocka_unit_test(test_plot_says_how_many_events_were_dropped),
         cmocka_unit_test(test_plot_without_timeline),
     };

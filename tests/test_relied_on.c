@@ -13,7 +13,8 @@
  *   the ledger table's peak column                 test_ledger_table_peak_column_shows_the_peak
  *
  * Survivors of blind samples (make mutate, docs/testing.md):
- *   host_alloc's unlock after a refused mmap       test_host_device_usable_after_the_kernel_refuses_a_mapping */
+ *   host_alloc's unlock after a refused mmap       test_host_device_usable_after_the_kernel_refuses_a_mapping
+ *   a size option of 0 accepted                    test_size_option_of_zero_is_refused */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -310,6 +311,20 @@ static void test_host_device_usable_after_the_kernel_refuses_a_mapping(void **st
     in_child("backend:host,host_devices:1,host_capacity:250TiB,leak_report:off", body_host_refused_mapping);
 }
 
+/* A size option of 0 is refused (every size key wants a size > 0,
+ * docs/configuration.md), naming the key and the value. */
+static void body_zero_size_refused(void)
+{
+    EXPECT(tally_init() == -TALLY_ECONF);
+    EXPECT(strstr(tally_last_error(), "host_capacity: '0' is not a size") != NULL);
+}
+
+static void test_size_option_of_zero_is_refused(void **state)
+{
+    (void)state;
+    in_child("backend:host,host_capacity:0", body_zero_size_refused);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -319,6 +334,7 @@ int main(void)
         cmocka_unit_test(test_leak_groups_keep_ignored_apart_from_leaked_at_one_site),
         cmocka_unit_test(test_ledger_table_peak_column_shows_the_peak),
         cmocka_unit_test(test_host_device_usable_after_the_kernel_refuses_a_mapping),
+        cmocka_unit_test(test_size_option_of_zero_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
