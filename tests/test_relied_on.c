@@ -14,7 +14,8 @@
  *
  * Survivors of blind samples (make mutate, docs/testing.md):
  *   host_alloc's unlock after a refused mmap       test_host_device_usable_after_the_kernel_refuses_a_mapping
- *   a size option of 0 accepted                    test_size_option_of_zero_is_refused */
+ *   a size option of 0 accepted                    test_size_option_of_zero_is_refused
+ *   a symbol name cut at '@' with a stray byte     test_leak_report_frames_are_plain_text */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -325,6 +326,32 @@ static void test_size_option_of_zero_is_refused(void **state)
     in_child("backend:host,host_capacity:0", body_zero_size_refused);
 }
 
+/* Every frame of a leak report is plain text, those named from the symbol
+ * table alone (no line information: "name+0xOFF (module+0xOFF)") included. */
+static void body_frames_plain_text(void)
+{
+    kept[0] = alloc_at_one_site();
+    EXPECT(kept[0] != NULL);
+    buf_t b = {{0}, 0};
+    EXPECT(tally_write_leaks(TALLY_LEAKS_FULL, buf_write, &b) == 0);
+    tally_free(kept[0]);
+    for (const char *c = b.text; *c; c++)
+        if ((unsigned char)*c < 0x20 && *c != '\n') {
+            fprintf(stderr, "leak report:\n%s", b.text);
+            EXPECT(!"a control character in the leak report");
+        }
+    if (!strstr(b.text, "+0x")) {
+        fprintf(stderr, "leak report:\n%s", b.text);
+        EXPECT(!"no frame named from the symbol table alone (name+0xOFF)");
+    }
+}
+
+static void test_leak_report_frames_are_plain_text(void **state)
+{
+    (void)state;
+    in_child("backend:host,host_devices:1,backtrace_depth:16,leak_report:off", body_frames_plain_text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -335,6 +362,7 @@ int main(void)
         cmocka_unit_test(test_ledger_table_peak_column_shows_the_peak),
         cmocka_unit_test(test_host_device_usable_after_the_kernel_refuses_a_mapping),
         cmocka_unit_test(test_size_option_of_zero_is_refused),
+        cmocka_unit_test(test_leak_report_frames_are_plain_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
