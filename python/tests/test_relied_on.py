@@ -74,6 +74,23 @@ class ReliedOnTest(unittest.TestCase):
                 # ... but its exit code only replaces a success.
                 self.assertEqual(r.returncode, want, r.stderr)
 
+    def test_leak_report_keeps_a_frame_line_longer_than_1024_bytes(self):
+        # A script deep in folders: its frame line in the leak report is over
+        # 1100 bytes, past the report writer's first buffer.
+        deep = os.path.join(self.dir, *(["d" * 220] * 5))
+        os.makedirs(deep)
+        path = os.path.join(deep, "deep.py")
+        with open(path, "w") as f:
+            f.write("import tally\nlib = tally.library()\n\n\ndef alloc_deep():\n"
+                    "    return lib.tally_malloc(1 << 20, 0, None)\n\n\nkept = alloc_deep()\n")
+        r = support.run_python([path], conf="backend:host,host_devices:1,host_capacity:1GiB,leak_report:full,"
+                               "python_stack:4", cwd=self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        want = "in alloc_deep %s:6 (python)\n" % path
+        self.assertGreater(len(want), 1100)
+        self.assertIn(want, r.stderr)
+        self.assertIn("tally: SUMMARY: 1048576 bytes leaked in 1 block", r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
