@@ -16,7 +16,8 @@
  *   host_alloc's unlock after a refused mmap       test_host_device_usable_after_the_kernel_refuses_a_mapping
  *   a size option of 0 accepted                    test_size_option_of_zero_is_refused
  *   a symbol name cut at '@' with a stray byte     test_leak_report_frames_are_plain_text
- *   a frame's module written as its file           the same test */
+ *   a frame's module written as its file           the same test
+ *   U+10FFFF refused in a name                     test_names_accept_utf8_up_to_the_last_code_point */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -361,6 +362,22 @@ static void test_leak_report_frames_are_plain_text(void **state)
     in_child("backend:host,host_devices:1,backtrace_depth:16,leak_report:off", body_frames_plain_text);
 }
 
+/* Names are valid UTF-8 up to U+10FFFF, the last code point, included; one
+ * past it is refused. */
+static void body_names_up_to_the_last_code_point(void)
+{
+    EXPECT(tally_tag_push("plane16-\xf4\x8f\xbf\xbf") == 0); /* U+10FFFF */
+    tally_tag_pop();
+    EXPECT(tally_tag_push("past-\xf4\x90\x80\x80") == -TALLY_EINVAL); /* U+110000 */
+    EXPECT(strstr(tally_last_error(), "UTF-8") != NULL);
+}
+
+static void test_names_accept_utf8_up_to_the_last_code_point(void **state)
+{
+    (void)state;
+    in_child("backend:host,host_devices:1,leak_report:off", body_names_up_to_the_last_code_point);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -372,6 +389,7 @@ int main(void)
         cmocka_unit_test(test_host_device_usable_after_the_kernel_refuses_a_mapping),
         cmocka_unit_test(test_size_option_of_zero_is_refused),
         cmocka_unit_test(test_leak_report_frames_are_plain_text),
+        cmocka_unit_test(test_names_accept_utf8_up_to_the_last_code_point),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
