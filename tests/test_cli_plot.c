@@ -149,6 +149,31 @@ static void test_plot_by_time_covers_every_event(void **state)
         fail_msg("the reserved line tops out at y %.1f by time, %.1f by events", by_time, by_events);
 }
 
+/* The y axis's unit stops at TiB: a device that reached petabytes is
+ * drawn in TiB (train.json's timeline scaled by 2^25: peaks of PiB). */
+static void test_plot_axis_unit_stops_at_tib(void **state)
+{
+    (void)state;
+    char big[PATH_MAX + 16], out[PATH_MAX + 16], cmd[3 * PATH_MAX + 400];
+    snprintf(big, sizeof big, "%s/huge.json", dir);
+    snprintf(out, sizeof out, "%s/huge.svg", dir);
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))\n"
+             "for e in d[\"timeline\"]:\n"
+             "    e.update({k: e[k] << 25 for k in (\"allocated\", \"reserved\", \"size\") if k in e})\n"
+             "json.dump(d, open(sys.argv[2], \"w\"))' '%s/train.json' '%s' 2>/dev/null",
+             dir, big);
+    if (system(cmd) != 0)
+        SKIP("python3 is needed to scale the report");
+    run_t r = tally_run("plot '%s' -o '%s'", big, out);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    char *svg = slurp(out);
+    assert_non_null(svg);
+    HAS(svg, "memory (TiB)</text>");
+    free(svg);
+}
+
 static void test_plot_html(void **state)
 {
     (void)state;
@@ -238,6 +263,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_svg),
         cmocka_unit_test(test_plot_html),
         cmocka_unit_test(test_plot_by_time_covers_every_event),
+        cmocka_unit_test(test_plot_axis_unit_stops_at_tib),
         cmocka_unit_test(test_plot_says_how_many_events_were_dropped),
         cmocka_unit_test(test_plot_without_timeline),
     };
