@@ -17,7 +17,8 @@
  *   a size option of 0 accepted                    test_size_option_of_zero_is_refused
  *   a symbol name cut at '@' with a stray byte     test_leak_report_frames_are_plain_text
  *   a frame's module written as its file           the same test
- *   U+10FFFF refused in a name                     test_names_accept_utf8_up_to_the_last_code_point */
+ *   U+10FFFF refused in a name                     test_names_accept_utf8_up_to_the_last_code_point
+ *   cached_free_bytes from allocated, not reserved test_cached_free_bytes_is_reserved_less_active */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -378,6 +379,28 @@ static void test_names_accept_utf8_up_to_the_last_code_point(void **state)
     in_child("backend:host,host_devices:1,leak_report:off", body_names_up_to_the_last_code_point);
 }
 
+/* cached_free_bytes is what the cache holds unallocated: reserved less
+ * active (a freed block's segment stays reserved). */
+static void body_cached_free_bytes(void)
+{
+    void *keep = tally_malloc(MiB, 0, NULL);
+    void *p = tally_malloc(3 * MiB, 0, NULL);
+    EXPECT(keep != NULL && p != NULL);
+    tally_free(p);
+    tally_stats_t st;
+    EXPECT(tally_get_stats(0, &st) == 0);
+    EXPECT(st.reserved_bytes[0].current > st.active_bytes[0].current);
+    EXPECT(st.cached_free_bytes == st.reserved_bytes[0].current - st.active_bytes[0].current);
+    EXPECT(st.cached_free_bytes >= (int64_t)(3 * MiB));
+    tally_free(keep);
+}
+
+static void test_cached_free_bytes_is_reserved_less_active(void **state)
+{
+    (void)state;
+    in_child("backend:host,host_devices:1,leak_report:off", body_cached_free_bytes);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -390,6 +413,7 @@ int main(void)
         cmocka_unit_test(test_size_option_of_zero_is_refused),
         cmocka_unit_test(test_leak_report_frames_are_plain_text),
         cmocka_unit_test(test_names_accept_utf8_up_to_the_last_code_point),
+        cmocka_unit_test(test_cached_free_bytes_is_reserved_less_active),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
