@@ -184,7 +184,7 @@ test-py: lib $(STANDIN_LIB)
 test-sh: lib $(CLI) $(BUILD)/bin/demo $(BUILD)/bin/demo-sleep
 	@MAKE="$(MAKE)" BUILD=$(BUILD) TEST_RESULTS=$(TEST_RESULTS)/sh bash tests/run.sh \
 		tests/check_install.sh tests/check_setup.sh tests/check_run.sh tests/check_demo.sh tests/check_demo_sleep.sh \
-		tests/check_layers.sh tests/check_docs.sh
+		tests/check_layers.sh tests/check_docs.sh tests/check_fuzz_replay.sh
 
 # ---- install ----
 PREFIX       ?= /usr/local
@@ -360,11 +360,14 @@ clean-fuzz:
 clean: clean-fuzz
 
 # ---- mutation testing ----
-# make mutate   applies each one-line mutation of tests/mutate/mutations.txt
-#               to a scratch copy of the tree, runs the C tests, prints the
-#               survivors and the score (minutes; not part of .ci/run).
-#               MUTATE_ONLY=REGEX runs the matching entries only.
+# make mutate   applies each one-line mutation of tests/mutate/mutations.txt,
+#               then MUTATE_BLIND (60) drawn by tests/mutate/blind.py with
+#               MUTATE_SEED, to a scratch copy of the tree, runs what make
+#               test runs, prints the survivors and both scores (minutes;
+#               not part of .ci/run). MUTATE_ONLY=REGEX: matching entries only.
 .PHONY: mutate
 mutate: export MUTATE_ONLY := $(MUTATE_ONLY)
+mutate: export MUTATE_BLIND := $(MUTATE_BLIND)
+mutate: export MUTATE_SEED := $(MUTATE_SEED)
 mutate:
 	@nice -n 10 bash tests/mutate/mutate.sh

@@ -14,12 +14,33 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "skip.h"
+
 #define CLIUTIL_REPORTS /* the children, setup, tally_run, HAS, EXPECT_RC */
 #include "cliutil.h"
 #include "report/json.h"
 #include "report/report.h"
 
 /* ---- ledger ----------------------------------------------------------------- */
+
+/* One live block is "1 block" (train.json cut down to its one-block group). */
+static void test_ledger_one_live_block_is_singular(void **state)
+{
+    (void)state;
+    char one[PATH_MAX + 16], cmd[3 * PATH_MAX + 300];
+    snprintf(one, sizeof one, "%s/one_leak.json", dir);
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))\n"
+             "d[\"leaks\"] = [g for g in d[\"leaks\"] if g[\"blocks\"] == 1]\n"
+             "json.dump(d, open(sys.argv[2], \"w\"))' '%s/train.json' '%s' 2>/dev/null",
+             dir, one);
+    if (system(cmd) != 0)
+        SKIP("python3 is needed to cut the report down");
+    run_t r = tally_run("ledger '%s'", one);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "(at exit: leaks): 1 block, 1.0 MiB, in 1 group\n");
+    run_free(&r);
+}
 
 static void test_ledger_report(void **state)
 {
@@ -283,6 +304,7 @@ int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ledger_report),
+        cmocka_unit_test(test_ledger_one_live_block_is_singular),
         cmocka_unit_test(test_ledger_rejects_stats),
         cmocka_unit_test(test_merge_four_ranks),
         cmocka_unit_test(test_merge_json),

@@ -111,6 +111,69 @@ static void test_plot_svg(void **state)
     assert_int_equal(xml_check(out), 0);
 }
 
+/* The top of the reserved line (its smallest y) in a plot of device 0. */
+static double reserved_top(const char *x_mode)
+{
+    char out[PATH_MAX + 16];
+    snprintf(out, sizeof out, "%s/top-%s.svg", dir, x_mode);
+    run_t r = tally_run("plot '%s/train.json' --x %s -o '%s'", dir, x_mode, out);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    char *svg = slurp(out);
+    assert_non_null(svg);
+    const char *d = strstr(svg, "<path class=\"reserved\"");
+    assert_non_null(d);
+    d = strstr(d, " d=\"");
+    assert_non_null(d);
+    d += 4;
+    double top = 1e9, x, y;
+    int used = 0;
+    while (sscanf(d, " %*[ML]%lf,%lf%n", &x, &y, &used) == 2) {
+        if (y < top)
+            top = y;
+        d += used;
+    }
+    free(svg);
+    assert_true(top < 1e9);
+    return top;
+}
+
+/* Plotted by time (one point per pixel column) the reserved line reaches
+ * the same peak as plotted by event number (one point per event): the
+ * columns cover every event. */
+static void test_plot_by_time_covers_every_event(void **state)
+{
+    (void)state;
+    double by_events = reserved_top("events"), by_time = reserved_top("time");
+    if (by_time != by_events)
+        fail_msg("the reserved line tops out at y %.1f by time, %.1f by events", by_time, by_events);
+}
+
+/* The y axis's unit stops at TiB: a device that reached petabytes is
+ * drawn in TiB (train.json's timeline scaled by 2^25: peaks of PiB). */
+static void test_plot_axis_unit_stops_at_tib(void **state)
+{
+    (void)state;
+    char big[PATH_MAX + 16], out[PATH_MAX + 16], cmd[3 * PATH_MAX + 400];
+    snprintf(big, sizeof big, "%s/huge.json", dir);
+    snprintf(out, sizeof out, "%s/huge.svg", dir);
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))\n"
+             "for e in d[\"timeline\"]:\n"
+             "    e.update({k: e[k] << 25 for k in (\"allocated\", \"reserved\", \"size\") if k in e})\n"
+             "json.dump(d, open(sys.argv[2], \"w\"))' '%s/train.json' '%s' 2>/dev/null",
+             dir, big);
+    if (system(cmd) != 0)
+        SKIP("python3 is needed to scale the report");
+    run_t r = tally_run("plot '%s' -o '%s'", big, out);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    char *svg = slurp(out);
+    assert_non_null(svg);
+    HAS(svg, "memory (TiB)</text>");
+    free(svg);
+}
+
 static void test_plot_html(void **state)
 {
     (void)state;
@@ -199,6 +262,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plot_svg),
         cmocka_unit_test(test_plot_html),
+        cmocka_unit_test(test_plot_by_time_covers_every_event),
+        cmocka_unit_test(test_plot_axis_unit_stops_at_tib),
         cmocka_unit_test(test_plot_says_how_many_events_were_dropped),
         cmocka_unit_test(test_plot_without_timeline),
     };

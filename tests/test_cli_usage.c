@@ -79,6 +79,17 @@ static void test_error_malformed_json(void **state)
     EXPECT_RC(r, 1);
     HAS(r.err, "malformed.json: malformed JSON: byte 49: unexpected '}' (expected a value) (line 2, column 14)\n");
     run_free(&r);
+    /* On the first line too, columns count from 1. */
+    char one[PATH_MAX + 16];
+    snprintf(one, sizeof one, "%s/line1.json", dir);
+    FILE *f = fopen(one, "w");
+    assert_non_null(f);
+    fputs("{\"a\" 1}", f);
+    fclose(f);
+    r = tally_run("summary '%s'", one);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "(line 1, column 6)\n");
+    run_free(&r);
     /* A report cut short. */
     char cut[PATH_MAX + 16];
     snprintf(cut, sizeof cut, "%s/cut.json", dir);

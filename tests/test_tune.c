@@ -115,6 +115,16 @@ static tally_json_t *tune_json(const char *path, const char *extra)
 
 /* ---- the pickle reader -------------------------------------------------------- */
 
+/* Parse a pickle held in a constant (pk_parse takes over a copy; pk_free frees it). */
+static void parse_inline(const unsigned char *src, size_t len, pk_doc_t *doc)
+{
+    unsigned char *data = malloc(len);
+    memcpy(data, src, len);
+    char err[256];
+    if (pk_parse(data, len, doc, "inline", err, sizeof err))
+        fail_msg("%s", err);
+}
+
 static void test_pickle_plain_data(void **state)
 {
     (void)state;
@@ -124,12 +134,8 @@ static void test_pickle_plain_data(void **state)
         0x80, 0x02, '}', '(', 0x8c, 1, 'a', ']', 'q', 0, '(', 'K', 1, 'J', 0xfe, 0xff, 0xff, 0xff, 'M', 0x2c, 0x01,
         0x8a, 6, 0, 0, 0, 0, 0, 1, 'e', 0x8c, 1, 'b', 0x8c, 1, 'x', 'N', 0x88, 0x87, 0x8c, 1, 'c', 'G', 0x3f, 0xe0,
         0, 0, 0, 0, 0, 0, 0x8c, 1, 'd', 'h', 0, 'u', '.'};
-    unsigned char *data = malloc(sizeof src);
-    memcpy(data, src, sizeof src);
     pk_doc_t doc;
-    char err[256];
-    if (pk_parse(data, sizeof src, &doc, "inline", err, sizeof err))
-        fail_msg("%s", err);
+    parse_inline(src, sizeof src, &doc);
     const pk_value_t *a = pk_get(doc.root, "a");
     assert_non_null(a);
     assert_int_equal(a->type, PK_LIST);
@@ -160,6 +166,27 @@ static void expect_pickle_error(const unsigned char *src, size_t len, const char
         fail_msg("parsed; expected an error with '%s'", want);
     if (!strstr(err, want) || !strstr(err, "bad.pickle") || strchr(err, '\n'))
         fail_msg("error '%s' lacks '%s'", err, want);
+}
+
+/* DICT ('d'): a dict from the items above the mark, in key, value pairs
+ * (older protocols and hand-written pickles use it); an odd number of items
+ * is refused. */
+static void test_pickle_dict_from_marked_items(void **state)
+{
+    (void)state;
+    static const unsigned char src[] = {0x80, 0x02, '(', 0x8c, 1, 'a', 'K', 1, 0x8c, 1, 'b', 'K', 2, 'd', '.'};
+    pk_doc_t doc;
+    parse_inline(src, sizeof src, &doc);
+    assert_int_equal(doc.root->type, PK_DICT);
+    assert_int_equal(pk_get(doc.root, "a")->i, 1);
+    assert_int_equal(pk_get(doc.root, "b")->i, 2);
+    pk_free(&doc);
+    static const unsigned char empty[] = {0x80, 0x02, '(', 'd', '.'}; /* {} */
+    parse_inline(empty, sizeof empty, &doc);
+    assert_int_equal(doc.root->type, PK_DICT);
+    pk_free(&doc);
+    static const unsigned char odd[] = {0x80, 0x02, '(', 0x8c, 1, 'a', 'd', '.'};
+    expect_pickle_error(odd, sizeof odd, "odd number of items");
 }
 
 static void test_pickle_refuses_bad_input(void **state)
@@ -1242,6 +1269,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pickle_plain_data),
         cmocka_unit_test(test_pickle_refuses_bad_input),
+        cmocka_unit_test(test_pickle_dict_from_marked_items),
         cmocka_unit_test(test_snapshot_rules),
         cmocka_unit_test(test_snapshot_command),
         cmocka_unit_test(test_rows_give_peak_reserved),

@@ -281,9 +281,11 @@ def _cmd_run(args) -> int:
     except CliError as e:
         _err(str(e))
         code = code or e.status
-    # This report replaces the one the library would print at exit; the exit
-    # status rule (leak_exitcode) stays in force there.
-    configure({"leak_report": "off"})
+    # This report replaces the one the library would print at exit. The
+    # library's exit status rule (leak_exitcode) stays in force there for a
+    # program that succeeded; for one that failed it is turned off, or the
+    # library's exit would replace the failure's status with the leak code.
+    configure({"leak_report": "off", **({"leak_exitcode": "0"} if code else {})})
     return code
 
 

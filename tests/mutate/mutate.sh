@@ -1,28 +1,42 @@
 #!/usr/bin/env bash
 # make mutate: one-line mutation testing.
 #
-# Each entry of tests/mutate/mutations.txt (tab-separated: file, a fragment
-# of one original line, its replacement, the behaviour the change breaks,
-# and optionally "equivalent: why" for a mutation shown to behave the same) is
-# applied alone to a scratch copy of the tree, built into its own build
-# directory (a copy of a pristine build, so only the mutated file and what
-# links it are rebuilt), and the C test binaries are run: first those that
-# cover the file (tests/mutate/coverage.txt), then the rest, stopping at the
-# first failure. A mutation that fails a test is killed; one that passes
-# every binary survives. A binary that runs past MUTATE_TIMEOUT seconds
-# (default 120) is killed and counts as "killed (timeout)". An entry whose
-# fragment is not found, or is found more than once, is reported as a stale
-# mutation and left out of the score (never counted as killed). An entry
-# marked equivalent that survives is left out of the score too and listed
-# with its reason; one that is killed is counted, and flagged so the mark
-# can go.
+# Two sets of mutations, each applied alone to a scratch copy of the tree:
+#   - the list, tests/mutate/mutations.txt (tab-separated: file, a fragment
+#     of one original line, its replacement, the behaviour the change breaks,
+#     and optionally "equivalent: why" for a mutation shown to behave the
+#     same), written by hand;
+#   - the blind sample: MUTATE_BLIND (default 60) mutations generated
+#     mechanically from lib/, tools/ and python/ by tests/mutate/blind.py
+#     with seed MUTATE_SEED (default: drawn from the clock, and printed),
+#     never chosen by looking at the tests.
+# Each mutant is built into its own build directory (a copy of a pristine
+# build, so only the mutated file and what links it are rebuilt), and the
+# suites make test runs are run: every C and C++ test binary, the fuzz
+# corpus replay, each Python test module and each check script; first those
+# that cover the file (tests/mutate/coverage.txt; for a Python file the
+# Python suites), then the rest, stopping at the first failure. A mutation
+# that fails a suite is killed; one that passes every suite survives. A
+# suite that runs past MUTATE_TIMEOUT seconds (default 120) is stopped and
+# counts as "killed (timeout)". A mutation that does not build (or, in
+# Python, compile) is "stillborn": left out of the score, never counted as
+# killed. A listed entry whose fragment is not found, or is found more than
+# once, is reported as a stale mutation and left out of the score. A listed
+# entry marked equivalent that survives is left out of the score too and
+# listed with its reason; one that is killed is counted, and flagged so the
+# mark can go. The run ends with both scores and the survivors, one line
+# each.
 #
-#   bash tests/mutate/mutate.sh [REGEX]   only entries whose file and
+#   bash tests/mutate/mutate.sh [REGEX]   only list entries whose file and
 #                                         description match REGEX (bash =~;
 #                                         also MUTATE_ONLY=REGEX, as make passes it)
-# Environment: MUTATE_LIST (the list), MUTATE_TIMEOUT, MUTATE_KEEP=1 keeps
-# the scratch directory, MUTATE_JOBS (make -j, default 2), MUTATE_CHECK=1
-# only checks that every entry applies (no build, no tests).
+# Environment: MUTATE_LIST (the list), MUTATE_LISTED=0 skips the list,
+# MUTATE_BLIND (0: no blind sample), MUTATE_SEED, MUTATE_BLIND_GOAL (percent,
+# default 90), MUTATE_TIMEOUT, MUTATE_KEEP=1 keeps the scratch directory,
+# MUTATE_JOBS (make -j, default 2), MUTATE_CHECK=1 only checks that every
+# entry applies and prints the blind draw (no build, no tests). Exit status
+# 0 when every scored listed mutation was killed, none is stale and the blind
+# score reached MUTATE_BLIND_GOAL.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 list=${MUTATE_LIST:-$root/tests/mutate/mutations.txt}
@@ -30,6 +44,10 @@ coverage=$root/tests/mutate/coverage.txt
 limit=${MUTATE_TIMEOUT:-120}
 jobs=${MUTATE_JOBS:-2}
 pattern=${1:-${MUTATE_ONLY:-}}
+listed=${MUTATE_LISTED:-1}
+blind=${MUTATE_BLIND:-60}
+seed=${MUTATE_SEED:-$(( $(date +%s) % 100000 ))}
+goal=${MUTATE_BLIND_GOAL:-90}
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/tally-mutate.XXXXXX")
 cleanup() { [ "${MUTATE_KEEP:-0}" = 1 ] || rm -rf "$scratch"; }
@@ -42,8 +60,18 @@ mkdir -p "$src"
 (cd "$root" && git ls-files -z --cached --others --exclude-standard) |
     (cd "$root" && xargs -0 cp -p --parents -t "$src" 2>/dev/null)
 
-all_tests=$(cd "$src" && ls tests/test_*.c | sed 's|tests/\(.*\)\.c|\1|')
-libs() { printf '%s/lib/libtally.so %s/lib/libtally.a %s/bin/tally %s/standin/libcuda.so.1' "$1" "$1" "$1" "$1"; }
+# The suites, as `make test` runs them: every C and C++ test binary
+# (tests/test_*.c, tests/test_*.cc), the fuzz corpus replay (fuzz-replay),
+# each Python test module (python/test_NAME for python/tests/test_NAME.py)
+# and each check script (check_NAME for tests/check_NAME.sh).
+c_tests=$(cd "$src" && ls tests/test_*.c tests/test_*.cc 2>/dev/null | sed 's|tests/\(.*\)\.cc*$|\1|')
+py_tests=$(cd "$src" && ls python/tests/test_*.py 2>/dev/null | sed 's|python/tests/\(.*\)\.py$|python/\1|')
+sh_tests=$(cd "$src" && grep -o 'tests/check_[A-Za-z0-9_]*\.sh' Makefile | sed 's|tests/\(.*\)\.sh|\1|' | awk '!seen[$0]++')
+fuzz_names=$(cd "$src" && ls tests/fuzz/fuzz_*.c 2>/dev/null | sed 's|tests/fuzz/\(.*\)\.c$|\1|')
+all_tests="$c_tests${fuzz_names:+ fuzz-replay} $py_tests $sh_tests"
+soversion=$(sed -n 's/^#define TALLY_VERSION "\([0-9]*\)\..*/\1/p' "$src/include/tally.h")
+# What every suite needs: the libraries, the tools, the CUDA stand-in.
+libs() { printf '%s/lib/libtally.so %s/lib/libtally.so.%s %s/lib/libtally.a %s/bin/tally %s/bin/demo %s/standin/libcuda.so.1' "$1" "$1" "$soversion" "$1" "$1" "$1" "$1"; }
 # The tests run the cuda and async backends against the CUDA stand-in
 # (tests/standin/, a libcuda.so.1 on host memory), first on the library
 # search path as the Makefile's STANDIN_ENV puts it, unless TALLY_REAL_CUDA=1
@@ -58,28 +86,66 @@ with_standin() {
     fi
 }
 
+# build_suite DIR NAME: builds what suite NAME needs beyond libs (in $src).
+build_suite() {
+    local dir=$1 t=$2
+    case $t in
+        test_*) make -s BUILD="$dir" "$dir/tests/$t" ;;
+        fuzz-replay) make -s BUILD="$dir" $(for f in $fuzz_names; do printf '%s/fuzz-replay/%s ' "$dir" "$f"; done) ;;
+        *) true ;;
+    esac
+}
+# run_suite DIR NAME: runs suite NAME against build DIR (in $src), under the
+# timeout; its exit status is the suite's (124 or 137: timed out).
+run_suite() {
+    local dir=$1 t=$2
+    case $t in
+        test_*) BUILD=$dir with_standin "$dir" timeout -k 5 "$limit" "$dir/tests/$t" ;;
+        fuzz-replay) REPLAY_TIMEOUT=$limit timeout -k 5 "$((limit * 2))" bash tests/fuzz/replay.sh "$dir/fuzz-replay" $fuzz_names ;;
+        python/*) with_standin "$dir" env TALLY_LIB="$src/$dir/lib/libtally.so" TALLY_CLI="$src/$dir/bin/tally" \
+            PYTHONPATH=python timeout -k 5 "$limit" python3 -m unittest discover -v -s python/tests -t python \
+            -p "${t#python/}.py" ;;
+        # A check script that takes an argument (check_exports) gets the
+        # library, as make test-c passes it.
+        check_*) local arg=""
+            grep -q '\${1' "tests/$t.sh" && arg=$dir/lib/libtally.so
+            env -u TEST_RESULTS -u TEST_TOTAL -u TEST_FILTER MAKE=make BUILD="$dir" \
+            timeout -k 5 "$limit" bash "tests/$t.sh" $arg ;;
+    esac
+}
+# failing_names LOG: up to three failing tests a suite's output names.
+failing_names() {
+    sed -n -e 's/^\[  FAILED  \] \(test_[A-Za-z0-9_]*\)$/\1/p' \
+        -e 's/^\(FAIL\|ERROR\): \(test_[A-Za-z0-9_]*\) .*/\2/p' \
+        -e 's/^FAIL \([^:]*\):.*/\1/p' \
+        -e 's/^fuzz-replay: \(fuzz_[A-Za-z0-9_]*\) \(FAILED\|TIMED OUT\).*/\1/p' "$1" |
+        awk '!seen[$0]++' | head -3 | tr '\n' ',' | sed 's/,$//; s/,/, /g'
+}
+
 check=${MUTATE_CHECK:-0}
 [ "$check" = 1 ] || echo "mutate: building the unmodified tree in $scratch"
 [ "$check" = 1 ] ||
-if ! (cd "$src" && make -s -j"$jobs" BUILD=build-base $(libs build-base) \
-    $(for t in $all_tests; do printf 'build-base/tests/%s ' "$t"; done) >"$scratch/base.log" 2>&1); then
+if ! (cd "$src" && make -s -j"$jobs" BUILD=build-base $(libs build-base) >"$scratch/base.log" 2>&1 &&
+      for t in $all_tests; do build_suite build-base "$t" || exit 1; done >>"$scratch/base.log" 2>&1); then
     echo "mutate: the unmodified tree does not build:" >&2
     tail -20 "$scratch/base.log" >&2
     exit 2
 fi
 # The unmodified tree must pass, or every mutation would look killed.
 [ "$check" = 1 ] || for t in $all_tests; do
-    if ! (cd "$src" && BUILD=build-base with_standin build-base timeout "$limit" build-base/tests/"$t" >"$scratch/base-$t.log" 2>&1); then
+    if ! (cd "$src" && run_suite build-base "$t" >"$scratch/base-suite.log" 2>&1); then
         echo "mutate: $t fails on the unmodified tree; fix that first:" >&2
-        tail -20 "$scratch/base-$t.log" >&2
+        tail -20 "$scratch/base-suite.log" >&2
         exit 2
     fi
 done
 
-# Test binaries for a file: those coverage.txt names first, then the rest.
+# Suites for a file: those coverage.txt names first; for a Python file the
+# Python suites next; then the rest.
 order_for() {
     local file=$1 first="" t
     first=$(awk -v f="$file" '$1 == f ":" { $1 = ""; print }' "$coverage" 2>/dev/null)
+    case $file in python/*) first="$first $py_tests" ;; esac
     local seen=" "
     for t in $first $all_tests; do
         case "$seen" in *" $t "*) continue ;; esac
@@ -88,8 +154,50 @@ order_for() {
     done
 }
 
-total=0 killed=0 stale=0 n=0 equiv=0
+# try_mutant FILE: the tree in $src holds one mutation, in FILE. Builds it
+# into build-m (a copy of build-base) and runs the suites in order_for's
+# order, stopping at the first failure. Sets verdict: "" (survived),
+# "stillborn (...)" (it does not build), or "killed ... by SUITE (tests)".
+try_mutant() {
+    local file=$1 t rc which
+    verdict=""
+    case $file in
+        *.py)
+            if ! python3 -m py_compile "$src/$file" >"$scratch/m.log" 2>&1; then
+                verdict="stillborn (does not compile)"
+                return
+            fi ;;
+    esac
+    rm -rf "$src/build-m"
+    cp -a "$src/build-base" "$src/build-m"
+    touch "$src/$file"
+    # Suites are built one at a time, just before they run: most mutations
+    # are killed by the first, and the rest are never linked.
+    if ! (cd "$src" && make -s -j"$jobs" BUILD=build-m $(libs build-m) >"$scratch/m.log" 2>&1); then
+        verdict="stillborn (does not build)"
+        return
+    fi
+    for t in $(order_for "$file"); do
+        if ! (cd "$src" && build_suite build-m "$t" >"$scratch/m.log" 2>&1); then
+            verdict="stillborn (does not build $t)"
+            return
+        fi
+        (cd "$src" && run_suite build-m "$t" >"$scratch/m-test.log" 2>&1)
+        rc=$?
+        which=$(failing_names "$scratch/m-test.log")
+        if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+            verdict="killed (timeout) by $t"
+            return
+        elif [ $rc -ne 0 ]; then
+            verdict="killed by $t${which:+ ($which)}"
+            return
+        fi
+    done
+}
+
+total=0 killed=0 stale=0 n=0 equiv=0 stillborn=0
 survivors="" equivalents=""
+[ "$listed" = 1 ] || list=/dev/null
 while IFS=$'\t' read -r file orig repl what note || [ -n "$file" ]; do
     case "$file" in '' | '#'*) continue ;; esac
     n=$((n + 1))
@@ -125,50 +233,81 @@ p, a, b = sys.argv[1:]
 s = open(p, encoding="utf-8").read()
 open(p, "w", encoding="utf-8").write(s.replace(a, b, 1))
 PY
-    rm -rf "$src/build-m"
-    cp -a "$src/build-base" "$src/build-m"
-    touch "$src/$file"
-    verdict=""
-    # Test binaries are linked one at a time, just before they run: most
-    # mutations are killed by the first, and the rest are never linked.
-    if ! (cd "$src" && make -s -j"$jobs" BUILD=build-m $(libs build-m) >"$scratch/m.log" 2>&1); then
-        verdict="killed (does not build)"
-    else
-        for t in $(order_for "$file"); do
-            if ! (cd "$src" && make -s BUILD=build-m build-m/tests/"$t" >"$scratch/m.log" 2>&1); then
-                verdict="killed (does not build)"
-                break
-            fi
-            (cd "$src" && BUILD=build-m with_standin build-m timeout -k 5 "$limit" build-m/tests/"$t" >"$scratch/m-test.log" 2>&1)
-            rc=$?
-            # The failing cmocka tests, by name, when the binary lists them.
-            which=$(sed -n 's/^\[  FAILED  \] \(test_[A-Za-z0-9_]*\)$/\1/p' "$scratch/m-test.log" |
-                sort -u | head -3 | tr '\n' ' ')
-            if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-                verdict="killed (timeout) by $t"
-                break
-            elif [ $rc -ne 0 ]; then
-                verdict="killed by $t${which:+ (${which% })}"
-                break
-            fi
-        done
-    fi
+    try_mutant "$file"
     cp -p "$scratch/pristine" "$src/$file"
-    if [ -n "$verdict" ]; then
-        killed=$((killed + 1))
-        echo "$label: $verdict"
-        case "${note:-}" in equivalent*) echo "    (listed as equivalent, yet killed: drop the mark)" ;; esac
-    elif [[ "${note:-}" == equivalent* ]]; then
-        equiv=$((equiv + 1))
-        echo "$label: survived (listed as ${note})"
-        equivalents="$equivalents#$n $file: $what"$'\n'"    ${note}"$'\n'
-    else
-        echo "$label: SURVIVED"
-        survivors="$survivors#$n $file: $what"$'\n'"    '$orig' -> '$repl'"$'\n'
-    fi
+    case $verdict in
+        stillborn*)
+            # A mutation that does not build proves nothing about the tests.
+            stillborn=$((stillborn + 1))
+            total=$((total - 1))
+            echo "$label: $verdict: not counted" ;;
+        ?*)
+            killed=$((killed + 1))
+            echo "$label: $verdict"
+            case "${note:-}" in equivalent*) echo "    (listed as equivalent, yet killed: drop the mark)" ;; esac ;;
+        *)
+            if [[ "${note:-}" == equivalent* ]]; then
+                equiv=$((equiv + 1))
+                echo "$label: survived (listed as ${note})"
+                equivalents="$equivalents#$n $file: $what"$'\n'"    ${note}"$'\n'
+            else
+                echo "$label: SURVIVED"
+                survivors="$survivors#$n $file: $what"$'\n'"    '$orig' -> '$repl'"$'\n'
+            fi ;;
+    esac
 done <"$list"
+
+# ---- the blind sample ---------------------------------------------------------
+# MUTATE_BLIND mutations generated from the source by tests/mutate/blind.py
+# (comparisons, conditions, constants, dropped unlock / wait / synchronise
+# calls, swapped fields and arguments) with MUTATE_SEED, over lib/, tools/
+# and python/; never chosen by looking at the tests.
+b_total=0 b_killed=0 b_stillborn=0 b_survivors=""
+if [ "$blind" -gt 0 ]; then
+    python3 "$src/tests/mutate/blind.py" "$src" "$blind" "$seed" >"$scratch/blind.tsv" || exit 2
+    echo
+    echo "mutate: blind sample of $(wc -l <"$scratch/blind.tsv") (seed $seed) over lib/, tools/, python/"
+    bn=0
+    while IFS=$'\t' read -r file line orig repl kind what; do
+        bn=$((bn + 1))
+        label="blind #$bn $file:$line [$kind] $what"
+        if [ "$check" = 1 ]; then
+            echo "$label"
+            continue
+        fi
+        cp -p "$src/$file" "$scratch/pristine"
+        if ! python3 - "$src/$file" "$line" "$orig" "$repl" <<'PY'
+import sys
+p, n, a, b = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+lines = open(p, encoding="utf-8").read().split("\n")
+if lines[n - 1] != a:
+    sys.exit(1)
+lines[n - 1] = b
+open(p, "w", encoding="utf-8").write("\n".join(lines))
+PY
+        then
+            echo "$label: the line is not what blind.py read (not counted)"
+            continue
+        fi
+        try_mutant "$file"
+        cp -p "$scratch/pristine" "$src/$file"
+        case $verdict in
+            stillborn*)
+                b_stillborn=$((b_stillborn + 1))
+                echo "$label: $verdict: not counted" ;;
+            ?*)
+                b_total=$((b_total + 1)) b_killed=$((b_killed + 1))
+                echo "$label: $verdict" ;;
+            *)
+                b_total=$((b_total + 1))
+                echo "$label: SURVIVED"
+                b_survivors="$b_survivors$file:$line [$kind] $what"$'\n'"    '$(printf '%s' "$orig" | sed 's/^ *//')' -> '$(printf '%s' "$repl" | sed 's/^ *//')'"$'\n' ;;
+        esac
+    done <"$scratch/blind.tsv"
+fi
 rm -rf "$src/build-m"
 
+pct() { echo "$(($1 * 1000 / $2 / 10)).$(($1 * 1000 / $2 % 10))%"; }
 echo
 if [ -n "$equivalents" ]; then
     echo "equivalent (survived as listed, left out of the score):"
@@ -178,14 +317,33 @@ if [ -n "$survivors" ]; then
     echo "survivors:"
     printf '%s' "$survivors"
 fi
+if [ -n "$b_survivors" ]; then
+    echo "blind survivors (seed $seed):"
+    printf '%s' "$b_survivors"
+fi
 [ "$stale" -gt 0 ] && echo "stale or malformed entries (not counted): $stale"
 scored=$((total - equiv))
+ok=1
 if [ "$check" = 1 ]; then
     echo "mutate: $total entries apply"
+elif [ "$listed" != 1 ]; then
+    :
 elif [ "$scored" -gt 0 ]; then
-    echo "mutate: $killed of $scored killed ($((killed * 1000 / scored / 10)).$((killed * 1000 / scored % 10))%);" \
-        "$equiv equivalent left out, $((scored - killed)) survived, $stale stale"
+    echo "mutate: listed: $killed of $scored killed ($(pct "$killed" "$scored"));" \
+        "$equiv equivalent left out, $((scored - killed)) survived, $stale stale, $stillborn stillborn"
+    [ "$killed" -eq "$scored" ] && [ "$stale" -eq 0 ] || ok=0
 else
-    echo "mutate: no mutation scored"
+    echo "mutate: listed: no mutation scored"
+    ok=0
 fi
-[ "$scored" -gt 0 ] && [ "$killed" -eq "$scored" ] && [ "$stale" -eq 0 ]
+if [ "$check" != 1 ] && [ "$blind" -gt 0 ]; then
+    if [ "$b_total" -gt 0 ]; then
+        echo "mutate: blind:  $b_killed of $b_total killed ($(pct "$b_killed" "$b_total")); $((b_total - b_killed))" \
+            "survived, $b_stillborn stillborn; $((b_total + b_stillborn)) drawn, seed $seed (MUTATE_SEED=$seed MUTATE_BLIND=$blind)"
+        [ $((b_killed * 100)) -ge $((goal * b_total)) ] || ok=0
+    else
+        echo "mutate: blind: no mutation scored (seed $seed)"
+        ok=0
+    fi
+fi
+[ "$ok" = 1 ]
