@@ -120,13 +120,13 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a $(BUIL
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -o $@ $< $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
-# test_cuda_vmm_replay replays the shared traces with bench/trace.c's reader.
-$(BUILD)/tests/test_cuda_vmm_replay: tests/test_cuda_vmm_replay.c bench/trace.c bench/trace.h $(wildcard tests/*.h) $(BUILD)/lib/libtally.a | $(SETUP)
+# test_backend_cuda_vmm_replay replays the shared traces with bench/trace.c's reader.
+$(BUILD)/tests/test_backend_cuda_vmm_replay: tests/test_backend_cuda_vmm_replay.c bench/trace.c bench/trace.h $(wildcard tests/*.h) $(BUILD)/lib/libtally.a | $(SETUP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -Ibench -o $@ $< bench/trace.c $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
-# test_expand_steady replays the shared ddp trace with bench/trace.c's reader.
-$(BUILD)/tests/test_expand_steady: tests/test_expand_steady.c bench/trace.c bench/trace.h $(wildcard tests/*.h) $(BUILD)/lib/libtally.a | $(SETUP)
+# test_cache_expand_steady replays the shared ddp trace with bench/trace.c's reader.
+$(BUILD)/tests/test_cache_expand_steady: tests/test_cache_expand_steady.c bench/trace.c bench/trace.h $(wildcard tests/*.h) $(BUILD)/lib/libtally.a | $(SETUP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -Ibench -o $@ $< bench/trace.c $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
@@ -143,7 +143,7 @@ $(BUILD)/tests/test_standin_cost: tests/test_standin_cost.c tests/standin/cost.c
 # test looks at CUDA_HOME; the library never does).
 CUDA_HOME ?= /usr/local/cuda
 CUDA_H_DIR := $(if $(wildcard $(CUDA_HOME)/include/cuda.h),$(CUDA_HOME)/include)
-$(BUILD)/tests/test_driver_h: tests/test_driver_h.c tests/driver_h_names.sh lib/backend/cuda/driver.h | $(SETUP)
+$(BUILD)/tests/test_backend_driver_h: tests/test_backend_driver_h.c tests/driver_h_names.sh lib/backend/cuda/driver.h | $(SETUP)
 	@mkdir -p $(dir $@)
 	CC="$(CC)" bash tests/driver_h_names.sh --cuda-side lib/backend/cuda/driver.h > $(BUILD)/tests/driver_h_cuda.h
 	CC="$(CC)" bash tests/driver_h_names.sh lib/backend/cuda/driver.h > $(BUILD)/tests/driver_h_names.h

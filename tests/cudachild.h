@@ -3,7 +3,7 @@
  * TALLY_REAL_CUDA=1): each body gets its own TALLY_CONF and a fresh CUDA
  * (which must not be initialised before a fork), and fails by exiting
  * non-zero. The stand-in gets three devices (CUDA_STANDIN_DEVICES, ignored by
- * a real driver). For tests/test_cuda.c and tests/test_relied_on.c.
+ * a real driver). For tests/test_backend_cuda.c and tests/test_api_relied_on.c.
  *
  *   EXPECT(cond), CU_EXPECT(call)  in a body: on failure, say where and exit 1
  *   in_child(conf, body)           run body in a child under TALLY_CONF=conf

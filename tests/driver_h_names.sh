@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For tests/test_driver_h.c: from lib/backend/cuda/driver.h, write
+# For tests/test_backend_driver_h.c: from lib/backend/cuda/driver.h, write
 #   with --cuda-side: cuda.h's value of each constant and each type driver.h
 #     declares, kept as tally_cu_X (included right after cuda.h);
 #   otherwise: #define X tally_dh_X for every CUDA type, struct tag and

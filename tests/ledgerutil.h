@@ -1,6 +1,6 @@
-/* Helpers for the ownership-ledger tests (test_tags_stages, test_ledger_counters,
- * test_stage_reports, test_free_misuse, test_oom_and_leak_reports,
- * test_json_report, test_scenarios, test_exit). Self-contained: assertions, a growing capture sink, text
+/* Helpers for the ownership-ledger tests (test_ledger_tags_stages, test_ledger_counters,
+ * test_report_stages, test_api_free_misuse, test_report_oom_and_leaks,
+ * test_report_json, test_api_scenarios, test_api_exit). Self-contained: assertions, a growing capture sink, text
  * buffers, files, the library's JSON reader, and child processes that
  * re-execute the test binary (/proc/self/exe --child ROLE) with their own
  * TALLY_CONF and environment, so each child starts tally from scratch.

@@ -1,4 +1,4 @@
-/* Helpers for the sleep and wake tests (test_sleep.c, test_sleep_cuda.c,
+/* Helpers for the sleep and wake tests (test_api_sleep.c, test_api_sleep_cuda.c,
  * test_standin_copy.c): whether touching an address faults (in a forked
  * child, with the default signal actions: cmocka's handler would carry on
  * with the tests there), and a seeded byte pattern to fill and compare. */

@@ -133,7 +133,7 @@ static void test_pytorch_backend_names_are_accepted(void **state)
 
 /* TALLY_CONF names device 5 of 2: initialisation fails with one line
  * naming the key, the number and the devices there are, and nothing is
- * handed out (at run time: test_config_errors.c). */
+ * handed out (at run time: test_core_config_errors.c). */
 static void test_home_device_beyond_the_devices_fails_init(void **state)
 {
     (void)state;

@@ -2,7 +2,7 @@
  * rounding and pool choice, segment sizes, splitting and merging, best fit
  * per stream, empty_cache, the OOM retry sequence, the memory fraction and
  * garbage collection. (Statistics resets and JSON: test_api.c; options
- * that change the rules: test_options.c; stream events: test_events.c.)
+ * that change the rules: test_core_options.c; stream events: test_cache_events.c.)
  *
  * Two simulated 80 GiB devices in virtual mode (memory is never touched).
  * Every test starts from an empty cache (setup) and frees what it takes. */
@@ -93,7 +93,7 @@ static void test_rounding_pools_and_segment_sizes(void **state)
 }
 
 /* The independent rounding helper agrees with the table (it drives the
- * model in test_random). */
+ * model in test_cache_random). */
 static void test_model_rounding_matches_table(void **state)
 {
     (void)state;

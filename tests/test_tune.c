@@ -938,7 +938,7 @@ static void test_max_driver_time(void **state)
 
 /* ---- bad input --------------------------------------------------------------------- */
 
-static void test_bad_input(void **state)
+static void test_api_bad_input(void **state)
 {
     (void)state;
     expect_one_line_error(tune("'%s/empty.csv'", fixtures), 1, "empty.csv: empty trace: no allocations to replay");
@@ -1289,7 +1289,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_max_calls),
         cmocka_unit_test(test_max_driver_time),
-        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_api_bad_input),
         cmocka_unit_test(test_report_input),
         cmocka_unit_test(test_report_trace_started_late),
         cmocka_unit_test(test_report_without_trace),

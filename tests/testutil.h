@@ -1,5 +1,5 @@
 /* Shared helpers for the caching-core tests (test_cache, test_api,
- * test_options, test_random, test_threads, test_events).
+ * test_core_options, test_cache_random, test_api_threads, test_cache_events).
  *
  * - tu_conf(): set TALLY_CONF before the first tally call of the process.
  * - A capture sink that collects diagnostics lines into a buffer.

@@ -1,5 +1,5 @@
 /* Helpers for the tests of expandable segments on the cuda backend
- * (test_cuda_vmm.c, test_cuda_vmm_replay.c): each test body runs in a
+ * (test_backend_cuda_vmm.c, test_backend_cuda_vmm_replay.c): each test body runs in a
  * forked child with its own environment (the backend is chosen once per
  * process, and CUDA must not start before a fork).
  *

@@ -5,7 +5,7 @@
  * entry point is taken through cuGetProcAddress with the CUDA version whose
  * signature is declared here (lib/backend/cuda/loader.c).
  *
- * Values and layouts are those of CUDA 13.0's cuda.h; tests/test_driver_h.c
+ * Values and layouts are those of CUDA 13.0's cuda.h; tests/test_backend_driver_h.c
  * checks each one against cuda.h wherever the toolkit is installed. The
  * project's CUDA stand-in (tests/standin/) is built from this header too.
  *

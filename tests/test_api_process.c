@@ -1,5 +1,5 @@
 /* A process's life around tally: racing into lazy initialisation and the
- * time after the exit report (fork: tests/test_fork.c).
+ * time after the exit report (fork: tests/test_api_fork.c).
  *
  * Every case runs in a child: this binary re-executed (/proc/self/exe
  * --child ROLE, tests/ledgerutil.h) with its own TALLY_CONF, so tally starts

@@ -137,15 +137,15 @@ static void expect_frame(const char *text, const char *func, int line)
     char want[128];
     snprintf(want, sizeof want, " in %s ", func);
     LU_HAS(text, want);
-    snprintf(want, sizeof want, "test_sites.c:%d\n", line);
+    snprintf(want, sizeof want, "test_ledger_sites.c:%d\n", line);
     LU_HAS(text, want);
-    /* On one line: "#0 0x... in make_model /path/tests/test_sites.c:LINE". */
+    /* On one line: "#0 0x... in make_model /path/tests/test_ledger_sites.c:LINE". */
     const char *at = strstr(text, " in ");
     while (at && strncmp(at + 4, func, strlen(func)) != 0)
         at = strstr(at + 1, " in ");
     assert_non_null(at);
     const char *eol = strchr(at, '\n');
-    snprintf(want, sizeof want, "test_sites.c:%d", line);
+    snprintf(want, sizeof want, "test_ledger_sites.c:%d", line);
     const char *file = strstr(at, want);
     assert_true(file && file < eol);
 }
@@ -300,7 +300,7 @@ static void test_json_report_has_whole_sites(void **state)
     const tally_json_t *frames = lu_jarr(&sites->items[0], "frames");
     assert_true(frames->len >= 2);
     LU_STREQ(lu_jstr(&frames->items[0], "name"), "make_model");
-    LU_HAS(lu_jstr(&frames->items[0], "filename"), "test_sites.c");
+    LU_HAS(lu_jstr(&frames->items[0], "filename"), "test_ledger_sites.c");
     LU_EQ(lu_jint(&frames->items[0], "line"), model_line);
     LU_STREQ(lu_jstr(&frames->items[1], "name"), "child_one_leak");
     tally__json_free(root);
@@ -464,7 +464,7 @@ static void test_suppressed_leaks_never_set_the_exit_code(void **state)
     LU_HAS(c.err, "(3 blocks suppressed)\n");
     lu_child_free(&c);
     /* A pattern matches a frame's source file as well as its function. */
-    p = write_supp("file.supp", "leak:/test_sites.c$\n");
+    p = write_supp("file.supp", "leak:/test_ledger_sites.c$\n");
     run_suppressed(&c, SITES, p);
     LU_CHILD_EXIT(&c, 0);
     LU_LACKS(c.err, "matched nothing");

@@ -137,7 +137,7 @@ static void body_replay(int fd)
     char **paths = NULL, err[512];
     int n = trace_dir_list(traces_dir(), &paths, err, sizeof err);
     if (n < 0) {
-        fprintf(stderr, "test_cuda_vmm_replay: %s\n", err);
+        fprintf(stderr, "test_backend_cuda_vmm_replay: %s\n", err);
         _exit(1);
     }
     bool cuda = strstr(getenv("TALLY_CONF"), "backend:cuda") != NULL;
@@ -148,7 +148,7 @@ static void body_replay(int fd)
     for (int i = 0; i < n && i < MAX_TRACES; i++) {
         trace_t t;
         if (trace_load(paths[i], &t, err, sizeof err)) {
-            fprintf(stderr, "test_cuda_vmm_replay: %s\n", err);
+            fprintf(stderr, "test_backend_cuda_vmm_replay: %s\n", err);
             _exit(1);
         }
         void **live = calloc(t.nalloc ? t.nalloc : 1, sizeof *live);
@@ -297,7 +297,7 @@ static void replay_both(const char *mode)
     int64_t pages = 0, driver = 0;
     for (int i = 0; i < n; i++) {
         const char *name = strrchr(paths[i], '/') ? strrchr(paths[i], '/') + 1 : paths[i];
-        fprintf(stderr, "test_cuda_vmm_replay: %-36s%s peak reserved host %lld cuda %lld; backend allocs %lld / %lld, "
+        fprintf(stderr, "test_backend_cuda_vmm_replay: %-36s%s peak reserved host %lld cuda %lld; backend allocs %lld / %lld, "
                         "frees %lld / %lld\n",
                 name, mode, (long long)host[i].peak_reserved, (long long)dev[i].peak_reserved,
                 (long long)host[i].backend_allocs, (long long)dev[i].backend_allocs, (long long)host[i].backend_frees,
@@ -315,7 +315,7 @@ static void replay_both(const char *mode)
                     (*mode || host[i].placement == dev[i].placement);
         const int64_t *c = dev[i].calls;
         fprintf(stderr,
-                "test_cuda_vmm_replay: %-36s%s driver calls: %lld handles (cuMemCreate, cuMemMap, cuMemRelease), "
+                "test_backend_cuda_vmm_replay: %-36s%s driver calls: %lld handles (cuMemCreate, cuMemMap, cuMemRelease), "
                 "%lld cuMemSetAccess, %lld cuMemUnmap, %lld cuStreamSynchronize, %lld cuMemAlloc, %lld cuMemFree\n",
                 name, mode, (long long)c[C_CREATE], (long long)c[C_ACCESS], (long long)c[C_UNMAP],
                 (long long)c[C_SYNC], (long long)c[C_ALLOC], (long long)c[C_FREE]);
@@ -328,7 +328,7 @@ static void replay_both(const char *mode)
                        c[C_ALLOC] == (int64_t)h->alloc && c[C_FREE] == (int64_t)h->free;
         if (!derived) {
             fprintf(stderr,
-                    "test_cuda_vmm_replay: %s%s: host counts (%llu pages mapped in %llu calls, %llu unmap calls, %llu "
+                    "test_backend_cuda_vmm_replay: %s%s: host counts (%llu pages mapped in %llu calls, %llu unmap calls, %llu "
                     "runs, %llu allocs, %llu frees) do not give the cuda backend's driver calls\n",
                     name, mode, (unsigned long long)h->map_pages, (unsigned long long)h->map,
                     (unsigned long long)h->unmap, (unsigned long long)h->unmap_runs, (unsigned long long)h->alloc,
@@ -340,7 +340,7 @@ static void replay_both(const char *mode)
             driver += c[k];
         if (host[i].peak_reserved <= 0 || host[i].failed || dev[i].failed || !same) {
             fprintf(stderr,
-                    "test_cuda_vmm_replay: %s: host and cuda differ (peak allocated %lld / %lld, placement %s, failed "
+                    "test_backend_cuda_vmm_replay: %s: host and cuda differ (peak allocated %lld / %lld, placement %s, failed "
                     "allocations %lld / %lld)\n",
                     name, (long long)host[i].peak_allocated, (long long)dev[i].peak_allocated,
                     host[i].placement == dev[i].placement ? "same" : "differs",
@@ -348,7 +348,7 @@ static void replay_both(const char *mode)
             bad++;
         }
     }
-    fprintf(stderr, "test_cuda_vmm_replay: all traces%s: %lld handles, %lld driver calls\n", mode, (long long)pages,
+    fprintf(stderr, "test_backend_cuda_vmm_replay: all traces%s: %lld handles, %lld driver calls\n", mode, (long long)pages,
             (long long)driver);
     for (int i = 0; i < n; i++)
         free(paths[i]);

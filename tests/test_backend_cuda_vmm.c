@@ -14,7 +14,7 @@
  *   no unmap while a graph is captured (deferred)         test_vmm_no_unmap_during_capture
  *   the device full during a capture: OOM, capture kept   test_vmm_capture_oom_keeps_capture
  *
- * The replay of the shared traces is test_cuda_vmm_replay.c; helpers are in
+ * The replay of the shared traces is test_backend_cuda_vmm_replay.c; helpers are in
  * vmmutil.h (each body runs in a forked child). */
 #include "vmmutil.h"
 
@@ -310,7 +310,7 @@ static void body_idle_pages_and_release(int fd)
     (void)fd;
     start_driver();
     /* Pages moving between holes: only within a move budget (none by
-     * default, test_expand_steady.c); this test is of the moves. */
+     * default, test_cache_expand_steady.c); this test is of the moves. */
     NEED(tally_configure("expandable_move_budget:-1") == 0);
     size_t base = driver_free();
     void *a = tally_malloc(40 * MiB, 0, NULL), *b = tally_malloc(40 * MiB, 0, NULL);

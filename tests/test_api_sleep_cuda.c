@@ -34,7 +34,7 @@ static const char *W[] = {"weights"}, *KV[] = {"kv"};
 static void standin_only(void)
 {
     if (!cu_is_standin()) {
-        fprintf(stderr, "test_sleep_cuda: touches device memory from the host: stand-in only\n");
+        fprintf(stderr, "test_api_sleep_cuda: touches device memory from the host: stand-in only\n");
         _exit(0);
     }
 }

@@ -774,7 +774,7 @@ int main(void)
     /* Chunk of one page, so that most tests see a block's own pages only;
      * the chunk test sets it at run time. Pages move without limit
      * (expandable_move_budget:-1): these tests are of the moving policy;
-     * test_expand_steady.c tests the default, which moves none. */
+     * test_cache_expand_steady.c tests the default, which moves none. */
     tu_conf("backend:host,host_devices:2,host_mode:virtual,host_capacity:256MiB,expandable_segments:true,"
             "expandable_grow_chunk_mb:2,leak_report:off");
     const struct CMUnitTest tests[] = {
