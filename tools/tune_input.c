@@ -384,7 +384,8 @@ static int snap_start(const snap_ctx_t *c, const pk_value_t *segs, int device, c
                 goto nomem;
         }
     }
-    qsort(l.r, l.n, sizeof *l.r, cmp_range);
+    if (l.n) /* l.r is NULL when no range was recorded */
+        qsort(l.r, l.n, sizeof *l.r, cmp_range);
     st->ranges = l.r;
     st->nranges = l.n;
     st->live = calloc(s->npre ? s->npre : 1, sizeof *st->live);
