@@ -353,14 +353,16 @@ static int snap_start(const snap_ctx_t *c, const pk_value_t *segs, int device, c
     for (size_t i = 0; i < segs->n; i++) {
         const pk_value_t *seg = segs->items[i];
         int64_t dev = 0, addr, size, stream = 0;
-        if (pk_get(seg, "device") && snap_int(c, seg, "device", "segments", i, &dev))
+        /* The ranges gathered so far are freed on a bad field (fuzz_tune_input). */
+        if ((pk_get(seg, "device") && snap_int(c, seg, "device", "segments", i, &dev)) ||
+            (dev == device && (snap_int(c, seg, "address", "segments", i, &addr) ||
+                               snap_int(c, seg, "total_size", "segments", i, &size) ||
+                               (pk_get(seg, "stream") && snap_int(c, seg, "stream", "segments", i, &stream))))) {
+            free(l.r);
             return -1;
+        }
         if (dev != device)
             continue;
-        if (snap_int(c, seg, "address", "segments", i, &addr) || snap_int(c, seg, "total_size", "segments", i, &size))
-            return -1;
-        if (pk_get(seg, "stream") && snap_int(c, seg, "stream", "segments", i, &stream))
-            return -1;
         ptx_range_t r = {(uint64_t)addr, (uint64_t)size, (uint64_t)stream,
                          pk_str_is(pk_get(seg, "segment_type"), "small")};
         if (range_add(&l, r))

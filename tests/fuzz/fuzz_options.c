@@ -15,6 +15,7 @@
  *    ','), to the same options, and print the same text again.
  * A violation aborts with a message naming the input and the field. */
 #include "core/internal.h"
+#include "ledger/suppress.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     tally_set_sink(quiet, NULL);
+    /* As the library does before it parses anything (lib/api/api.c,
+     * load_options): leak_suppressions must name a file that parses. */
+    tally__options_set_checker(tally__sup_check_option);
     const char *s = getenv("FUZZ_STRICT");
     strict = s && *s == '1';
     return 0;
