@@ -101,11 +101,16 @@ class _WheelWriter:
         self.zip = zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED)
         self.records: List[str] = []
 
-    def add(self, name: str, data: bytes, mode: int = 0o644) -> None:
+    @staticmethod
+    def _entry(name: str, mode: int) -> zipfile.ZipInfo:
+        """A regular file with a fixed date, so two builds give the same bytes."""
         info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
         info.external_attr = (0o100000 | mode) << 16
         info.compress_type = zipfile.ZIP_DEFLATED
-        self.zip.writestr(info, data)
+        return info
+
+    def add(self, name: str, data: bytes, mode: int = 0o644) -> None:
+        self.zip.writestr(self._entry(name, mode), data)
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         self.records.append(f"{name},sha256={digest},{len(data)}")
 
@@ -117,7 +122,7 @@ class _WheelWriter:
         for name, text in (extra_metadata or {}).items():
             self.add(f"{info}/{name}", text.encode())
         record = "\n".join(self.records + [f"{info}/RECORD,,"]) + "\n"
-        self.zip.writestr(zipfile.ZipInfo(f"{info}/RECORD", date_time=(2020, 1, 1, 0, 0, 0)), record)
+        self.zip.writestr(self._entry(f"{info}/RECORD", 0o644), record)
         self.zip.close()
 
 

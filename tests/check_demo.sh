@@ -18,8 +18,8 @@ has "names the planted leak" "$tmp/out" 'second copy \(tag model-init\) that is 
 has "says which tags are persistent" "$tmp/out" '^weights and optimizer are persistent tags'
 has "says which keys it sets" "$tmp/out" '^Settings: persistent_tags:weights\|optimizer,release_at_stage_end:true,leak_report:full \(TALLY_CONF overrides any of them\)'
 has "explains home device none" "$tmp/out" '"home device none": no device is this'
-has "suggests next steps" "$tmp/out" 'TALLY_CONF=report_path:build/demo/demo.json,timeline:true build/bin/demo'
-has "suggests tally plot" "$tmp/out" 'build/bin/tally plot build/demo/demo.json -o build/demo/demo.html'
+has "suggests next steps" "$tmp/out" "TALLY_CONF=report_path:${BUILD:-build}/demo/demo.json,timeline:true ${BUILD:-build}/bin/demo"
+has "suggests tally plot" "$tmp/out" "${BUILD:-build}/bin/tally plot ${BUILD:-build}/demo/demo.json -o ${BUILD:-build}/demo/demo.html"
 has "stages take real time" "$tmp/err" '^tally: stage train ended after (0\.(1[5-9]|[2-9][0-9])[0-9]|[1-9][0-9]*\.[0-9]{3}) s'
 lacks "no stage of 0 s" "$tmp/out" '^[0-9]+ +(load|train|eval) +0\.000 '
 has "leak report at exit" "$tmp/err" '^tally: 71644160 bytes \(68\.3 MiB\) in 24 blocks: tag model-init, stage load, device 0$'

@@ -211,6 +211,37 @@ static void test_printed_configuration_is_what_was_configured(void **state)
     free(text);
 }
 
+/* Sizes print in the largest binary unit that divides them, up to TiB: a
+ * PiB prints as 1024TiB (there is no larger unit to write), and a size no
+ * unit divides prints in bytes. */
+static void test_printed_sizes_stop_at_tib(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *conf, *printed;
+    } cases[] = {
+        {"async_release_threshold:1125899906842624", "async_release_threshold:1024TiB "},
+        {"async_release_threshold:3377699720527872", "async_release_threshold:3072TiB "},
+        {"async_release_threshold:1099511627776", "async_release_threshold:1TiB "},
+        {"async_release_threshold:1025", "async_release_threshold:1025 "},
+        {"async_release_threshold:3072", "async_release_threshold:3KiB "},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tally_options_t o;
+        tally__options_default(&o);
+        EQ(tally__options_parse(&o, cases[i].conf, false, NULL), 0);
+        tu_buf_t text = {0};
+        tally_out_t *out = calloc(1, sizeof *out);
+        assert_non_null(out);
+        tally__out_init(out, tu_buf_write, &text);
+        EQ(tally__options_write(&o, out), 0);
+        free(out);
+        if (!strstr(text.p, cases[i].printed))
+            fail_msg("%s printed\n%s\nwithout '%s'", cases[i].conf, text.p, cases[i].printed);
+        tu_buf_free(&text);
+    }
+}
+
 int main(void)
 {
     tu_conf("backend:host,host_devices:2,leak_report:off,stage_report:false");
@@ -223,6 +254,7 @@ int main(void)
         cmocka_unit_test(test_blanks_after_a_colon_count_the_same_for_every_key),
         cmocka_unit_test(test_report_path_refuses_unknown_escapes),
         cmocka_unit_test(test_printed_configuration_is_what_was_configured),
+        cmocka_unit_test(test_printed_sizes_stop_at_tib),
     };
     return cmocka_run_group_tests_name("config errors", tests, NULL, NULL);
 }

@@ -136,6 +136,50 @@ static void test_json_report_has_the_documented_keys(void **state)
     tally_free(b);
 }
 
+/* leaks[].suppressed: the JSON report reads leak_suppressions as the exit
+ * report does, so a group a rule matches (here by its tag) says true and
+ * the group beside it, at the same stage and device, false. */
+static void test_json_report_marks_suppressed_leaks(void **state)
+{
+    (void)state;
+    char supp[512];
+    snprintf(supp, sizeof supp, "%s/json.supp", lu_tmpdir());
+    FILE *f = fopen(supp, "w");
+    assert_non_null(f);
+    fputs("leak:^js-kept$\n", f);
+    fclose(f);
+    char conf[600];
+    snprintf(conf, sizeof conf, "leak_suppressions:%s", supp);
+    LU_OK(tally_configure(conf));
+    LU_OK(tally_tag_push("js-kept"));
+    void *kept = lu_malloc(2 * MB, 0);
+    LU_OK(tally_tag_pop());
+    LU_OK(tally_tag_push("js-lost"));
+    void *lost = lu_malloc(4 * MB, 0);
+    LU_OK(tally_tag_pop());
+    tally_json_t *root = lu_report_json("suppressed.json");
+    LU_OK(tally_configure("leak_suppressions:"));
+    const tally_json_t *leaks = lu_jarr(root, "leaks");
+    int seen_kept = 0, seen_lost = 0;
+    for (size_t i = 0; i < leaks->len; i++) {
+        const tally_json_t *g = &leaks->items[i];
+        if (strcmp(lu_jstr(g, "tag"), "js-kept") == 0) {
+            LU_EQ(lu_jbool(g, "suppressed"), 1);
+            LU_EQ(lu_jint(g, "bytes"), 2 * MB);
+            seen_kept++;
+        } else if (strcmp(lu_jstr(g, "tag"), "js-lost") == 0) {
+            LU_EQ(lu_jbool(g, "suppressed"), 0);
+            LU_EQ(lu_jint(g, "bytes"), 4 * MB);
+            seen_lost++;
+        }
+    }
+    LU_EQ(seen_kept, 1);
+    LU_EQ(seen_lost, 1);
+    tally__json_free(root);
+    tally_free(kept);
+    tally_free(lost);
+}
+
 static void test_json_report_unwritable_path_fails_cleanly(void **state)
 {
     (void)state;
@@ -286,6 +330,7 @@ int main(int argc, char **argv)
     (void)argv;
     const struct CMUnitTest tests[] = {
         LU_T(test_json_report_has_the_documented_keys),
+        LU_T(test_json_report_marks_suppressed_leaks),
         LU_T(test_json_report_unwritable_path_fails_cleanly),
         LU_T(test_json_report_path_expands_pid_and_rank),
         LU_T(test_timeline_records_events),

@@ -415,6 +415,20 @@ class BuildTest(unittest.TestCase):
                     self.assertEqual(digest, f"sha256={expect}")
             self.assertTrue(name.startswith("tally-0.1.0-py3-none-"))
 
+    def test_wheel_is_reproducible(self):
+        """Two builds of the same tree give the same bytes: every entry is a
+        regular file dated 2020-01-01 00:00 (a valid DOS date, not the build
+        time), so a wheel's hash says what it holds."""
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            name_a, name_b = self.build_wheel(a), self.build_wheel(b)
+            self.assertEqual(name_a, name_b)
+            with open(os.path.join(a, name_a), "rb") as fa, open(os.path.join(b, name_b), "rb") as fb:
+                self.assertEqual(fa.read(), fb.read())
+            with zipfile.ZipFile(os.path.join(a, name_a)) as whl:
+                for info in whl.infolist():
+                    self.assertEqual(info.date_time, (2020, 1, 1, 0, 0, 0), info.filename)
+                    self.assertEqual(info.external_attr >> 28, 0o10, info.filename)  # S_IFREG
+
     def test_wheel_ships_the_command_line_tool(self):
         """Unpacked as pip would, with no TALLY_CLI, TALLY_LIB or build tree
         on PATH, `python -m tally merge` runs the tool inside the package."""
