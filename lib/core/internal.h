@@ -64,6 +64,11 @@ void *tally__meta_alloc(size_t size);
 void *tally__meta_calloc(size_t size);
 void tally__meta_free(void *p);
 char *tally__meta_strdup(const char *s);
+/* Tests: make the nth metadata allocation from now fail (1 = the next), and
+ * every `every`-th one after it when every != 0; nth 0 disarms.
+ * tally__meta_fail_hits() counts the failures made since arming. */
+void tally__meta_fail(uint64_t nth, uint64_t every);
+uint64_t tally__meta_fail_hits(void);
 /* Bytes of metadata currently held (for docs / tests). */
 size_t tally__meta_bytes(void);
 /* "jemalloc" when a private jemalloc arena is in use, else "tally-heap". */

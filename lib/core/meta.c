@@ -138,9 +138,44 @@ static void heap_free_obj(void *p)
     tally__mutex_unlock(&heap_lock);
 }
 
+/* Fault injection for the tests, as sqlite's test builds fail the Nth
+ * malloc: with fail_nth set, the allocation of that rank from the arming
+ * fails, and then every fail_every-th one after it when fail_every != 0.
+ * One relaxed load when off; metadata allocation is never on a hot path. */
+static _Atomic uint64_t fail_nth, fail_every, fail_seen, fail_hits;
+
+void tally__meta_fail(uint64_t nth, uint64_t every)
+{
+    atomic_store(&fail_nth, 0);
+    atomic_store(&fail_seen, 0);
+    atomic_store(&fail_hits, 0);
+    atomic_store(&fail_every, every);
+    atomic_store(&fail_nth, nth);
+}
+
+uint64_t tally__meta_fail_hits(void)
+{
+    return atomic_load(&fail_hits);
+}
+
+static bool injected_failure(void)
+{
+    uint64_t nth = atomic_load_explicit(&fail_nth, memory_order_relaxed);
+    if (!nth)
+        return false;
+    uint64_t c = atomic_fetch_add(&fail_seen, 1) + 1;
+    uint64_t every = atomic_load(&fail_every);
+    if (c < nth || (c > nth && (!every || (c - nth) % every != 0)))
+        return false;
+    atomic_fetch_add(&fail_hits, 1);
+    return true;
+}
+
 void *tally__meta_alloc(size_t size)
 {
     pthread_once(&meta_once, meta_setup);
+    if (injected_failure())
+        return NULL;
     if (size == 0)
         size = 1;
     if (je_alloc) {

@@ -1,0 +1,287 @@
+/* Out of host memory for metadata, at every allocation in turn, as sqlite's
+ * tests fail each malloc of a statement: a workload that touches every layer
+ * (tags, stages, both pools, a split, stream uses, the ledger, every report,
+ * empty_cache) runs once for each metadata allocation it makes, with that
+ * allocation failing (tally__meta_fail, lib/core/meta.c), then once more with
+ * every allocation failing from that point on. Whatever fails, the library
+ * must
+ *   - fail the call that needed the memory, with a negative code or NULL and
+ *     a one-line message in the sink (never a crash, never a print of its own);
+ *   - lose nothing: once memory is back, every block it handed out frees,
+ *     tally_check passes, and no device counts an allocated byte;
+ *   - keep working: the same workload then runs clean.
+ * Each configuration (default, expandable segments, the timeline with sites
+ * and the size limits, the allocation trace) runs in its own child, since the
+ * configuration is read once. */
+#include "testutil.h"
+
+#include "core/internal.h"
+#include "ledger/stage.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define NPTR 12
+
+typedef struct {
+    void *p[NPTR];
+    int failed_calls; /* calls that reported a failure */
+} work_t;
+
+static char sink_text[1 << 16];
+static size_t sink_len;
+static int sink_bad_lines;
+
+/* Every diagnostic is one line starting "tally: ". */
+static void sink(void *arg, const char *text, size_t len)
+{
+    (void)arg;
+    /* Whole lines, each its own "tally: " prefix. */
+    if (!len || text[len - 1] != '\n')
+        sink_bad_lines++;
+    for (const char *l = text; l < text + len; l = (const char *)memchr(l, '\n', (size_t)(text + len - l)) + 1)
+        if ((size_t)(text + len - l) < 7 || strncmp(l, "tally: ", 7) != 0 || !memchr(l, '\n', (size_t)(text + len - l))) {
+            sink_bad_lines++;
+            break;
+        }
+    if (sink_len + len < sizeof sink_text) {
+        memcpy(sink_text + sink_len, text, len);
+        sink_len += len;
+    }
+}
+
+static void discard(void *arg, const char *text, size_t len)
+{
+    (void)arg;
+    (void)text;
+    (void)len;
+}
+
+#define NOTE(ok)                                                                                                   \
+    do {                                                                                                           \
+        if (!(ok)) {                                                                                               \
+            w->failed_calls++;                                                                                     \
+            if (!tally_last_error() || !*tally_last_error()) {                                                     \
+                fprintf(stderr, "%s:%d: a call failed with no error message\n", __FILE__, __LINE__);               \
+                _exit(3);                                                                                          \
+            }                                                                                                      \
+        }                                                                                                          \
+    } while (0)
+
+/* One round: every layer once, under one of two tag and stage names (so a
+ * round after the first two needs no new name or ledger row, and the
+ * metadata held after it can be compared). */
+static void workload(work_t *w, int round, const char *dir)
+{
+    char tag[64], stage[64], path[600];
+    snprintf(tag, sizeof tag, "faults-tag-%d", round % 2);
+    snprintf(stage, sizeof stage, "faults-stage-%d", round % 2);
+    static const size_t sizes[NPTR] = {512,       4096,        1 << 20,        (1 << 20) + 1,      3 << 20,  25 << 20,
+                                       600,       (2 << 20) + 4096, 11 << 20, 700 << 10, 64,      (40 << 20) + 512};
+    int st_ok = tally_stage_begin(stage) == 0;
+    NOTE(st_ok);
+    int tag_ok = tally_tag_push(tag) == 0;
+    NOTE(tag_ok);
+    for (int i = 0; i < NPTR; i++) {
+        w->p[i] = tally_malloc(sizes[i], i % 2, i % 3 ? STREAM(i % 3) : NULL);
+        NOTE(w->p[i] != NULL);
+    }
+    for (int i = 0; i < NPTR; i += 4)
+        if (w->p[i])
+            NOTE(tally_record_stream(w->p[i], STREAM(7)) == 0);
+    /* Free some so that blocks merge and splits are counted again. */
+    for (int i = 1; i < NPTR; i += 3) {
+        tally_free(w->p[i]);
+        w->p[i] = NULL;
+    }
+    w->p[1] = tally_malloc(300 << 10, 0, NULL); /* a split of a freed block */
+    NOTE(w->p[1] != NULL);
+    if (tag_ok)
+        NOTE(tally_tag_pop() == 0);
+    if (st_ok)
+        NOTE(tally_stage_end(stage) == 0);
+    NOTE(tally_write_summary(0, 0, discard, NULL) == 0);
+    NOTE(tally_write_summary(1, 1, discard, NULL) == 0);
+    NOTE(tally_write_ledger(discard, NULL) == 0);
+    NOTE(tally_write_leaks(0, discard, NULL) == 0);
+    NOTE(tally_write_stats_json(0, discard, NULL) == 0);
+    snprintf(path, sizeof path, "%s/report-%d.json", dir, round);
+    NOTE(tally_write_report(path) == 0);
+    unlink(path);
+    tally_empty_cache(-1);
+}
+
+/* Memory back: everything the round holds frees, and nothing is counted. */
+static void settle(work_t *w, int round, const char *what)
+{
+    tally__meta_fail(0, 0);
+    for (int i = 0; i < NPTR; i++) {
+        tally_free(w->p[i]);
+        w->p[i] = NULL;
+    }
+    tally_empty_cache(-1);
+    if (tally_check() != 0) {
+        fprintf(stderr, "round %d (%s): tally_check failed: %s\n", round, what, tally_last_error());
+        _exit(4);
+    }
+    for (int d = 0; d < 2; d++) {
+        tally_stats_t s;
+        if (tally_get_stats(d, &s) != 0 || s.allocated_bytes[0].current != 0 || s.active_bytes[0].current != 0 ||
+            s.reserved_bytes[0].current != 0) {
+            fprintf(stderr, "round %d (%s): device %d still counts %lld allocated, %lld active, %lld reserved\n",
+                    round, what, d, (long long)s.allocated_bytes[0].current, (long long)s.active_bytes[0].current,
+                    (long long)s.reserved_bytes[0].current);
+            _exit(5);
+        }
+    }
+    if (sink_bad_lines) {
+        fprintf(stderr, "round %d (%s): the sink got a diagnostic that is not one 'tally: ' line:\n%.*s\n", round,
+                what, (int)sink_len, sink_text);
+        _exit(6);
+    }
+    sink_len = 0;
+}
+
+/* The child: the workload with the nth allocation failing, for every n the
+ * clean run makes, then failing from n on. Exits 0 when all held. */
+/* One pass: the workload with the nth allocation failing, for every n the
+ * clean run makes, and again failing from n on. Returns the rounds run;
+ * *most is the most metadata held after any of them. With limit set, more
+ * than limit bytes held after a round is a leak. */
+static uint64_t pass(work_t *w, int *round, const char *dir, size_t limit, size_t *most, uint64_t *injected)
+{
+    uint64_t tried = 0;
+    for (uint64_t n = 1; n < 4000; n++) {
+        for (int persist = 0; persist < 2; persist++) {
+            w->failed_calls = 0;
+            tally__meta_fail(n, persist ? 1 : 0);
+            workload(w, *round, dir);
+            uint64_t hits = tally__meta_fail_hits();
+            /* A failure may be absorbed (a cache that is only an
+             * optimisation), but the round's results must still be whole:
+             * settle checks that. */
+            settle(w, (*round)++, persist ? "failing from n on" : "nth failing");
+            size_t held = tally__meta_bytes();
+            if (limit && held > limit) {
+                fprintf(stderr,
+                        "round %d (n %llu%s): %zu bytes of metadata held, at most %zu in the first pass: a leak\n",
+                        *round - 1, (unsigned long long)n, persist ? ", failing from n on" : "", held, limit);
+                _exit(11);
+            }
+            if (held > *most)
+                *most = held;
+            *injected += hits;
+            tried++;
+            if (!hits && !persist) {
+                /* The round made fewer than n allocations: every one has
+                 * failed in turn. */
+                if (n <= 20) {
+                    fprintf(stderr, "a round made only %llu metadata allocations\n", (unsigned long long)n - 1);
+                    _exit(9);
+                }
+                return tried;
+            }
+        }
+    }
+    fprintf(stderr, "the workload never ran out of allocations to fail\n");
+    _exit(10);
+}
+
+static void clean_round(work_t *w, int *round, const char *dir, const char *what)
+{
+    w->failed_calls = 0;
+    workload(w, *round, dir);
+    if (w->failed_calls) {
+        fprintf(stderr, "%s: %d calls failed: %s\n", what, w->failed_calls, tally_last_error());
+        _exit(7);
+    }
+    settle(w, (*round)++, what);
+}
+
+/* The child: clean rounds (the stage history full), a pass of faults, then a
+ * second pass that must hold no more metadata than the first ever did (a
+ * leak on a failure path grows it round by round; the first pass may
+ * legitimately add ledger rows, for blocks taken when a push or a stage
+ * failed), then a clean round. Exits 0 when all held. */
+static void child(const char *conf, const char *dir, bool leak_check)
+{
+    tu_conf(conf);
+    tally_set_sink(sink, NULL);
+    if (tally_init() != 0) {
+        fprintf(stderr, "tally_init: %s\n", tally_last_error());
+        _exit(2);
+    }
+    work_t w = {0};
+    int round = 0;
+    /* Clean rounds until the stage history (a ring of TALLY_STAGE_HISTORY
+     * records, each holding its survivors) is full and both names known. */
+    for (int i = 0; i < TALLY_STAGE_HISTORY + 2; i++)
+        clean_round(&w, &round, dir, "a clean round");
+    size_t most = tally__meta_bytes(), again = 0;
+    uint64_t injected = 0;
+    uint64_t tried = pass(&w, &round, dir, 0, &most, &injected);
+    tried += pass(&w, &round, dir, leak_check ? most : 0, &again, &injected);
+    clean_round(&w, &round, dir, "a clean round after the faults");
+    fprintf(stderr, "faults: %llu rounds, %llu injected failures\n", (unsigned long long)tried,
+            (unsigned long long)injected);
+    _exit(0);
+}
+
+static void run(const char *conf, bool leak_check)
+{
+    char dir[] = "/tmp/tally-faults-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        child(conf, dir, leak_check);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    rmdir(dir);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("TALLY_CONF=%s: the child %s %d (its message is above)", conf,
+                 WIFEXITED(status) ? "exited with status" : "was killed by signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+}
+
+#define BASE "backend:host,host_devices:2,host_capacity:8GiB,host_mode:virtual,leak_report:off"
+
+static void test_out_of_metadata_default(void **state)
+{
+    (void)state;
+    run(BASE, true);
+}
+
+static void test_out_of_metadata_expandable(void **state)
+{
+    (void)state;
+    run(BASE ",expandable_segments:true", true);
+}
+
+static void test_out_of_metadata_timeline_sites_and_limits(void **state)
+{
+    (void)state;
+    run(BASE ",timeline:true,backtrace_depth:4,max_split_size_mb:20,garbage_collection_threshold:0.5,"
+             "memory_fraction:0.9",
+        true);
+}
+
+/* The allocation trace keeps every event (it is not a ring), so the
+ * metadata it holds grows by design: no leak check here. */
+static void test_out_of_metadata_with_the_allocation_trace(void **state)
+{
+    (void)state;
+    run(BASE ",trace:true,expandable_segments:true", false);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_out_of_metadata_default),
+        cmocka_unit_test(test_out_of_metadata_expandable),
+        cmocka_unit_test(test_out_of_metadata_timeline_sites_and_limits),
+        cmocka_unit_test(test_out_of_metadata_with_the_allocation_trace),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
