@@ -259,8 +259,8 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
 int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more, char *why, size_t whylen);
 void tally__expand_unref_locked(tally_block_t *b);
 bool tally__expand_mapped_locked(const tally_block_t *b, size_t size);
-/* The allocation stream, for the steady-state detector and the move
- * budget (size rounded; live: requested bytes before it). */
+/* expand_move.c: the allocation stream, for the steady-state detector and
+ * the move budget (size rounded; live: requested bytes before it). */
 void tally__expand_note_alloc_locked(tally_device_t *d, size_t size, uint64_t live);
 /* Whether the device's job repeats its step, and the step's length in
  * allocations (0 when not steady). */
@@ -272,6 +272,37 @@ size_t tally__expand_trim_locked(tally_device_t *d);
 size_t tally__expand_release_locked(tally_device_t *d, tally_segment_t *s);
 size_t tally__expand_mapped_bytes(const tally_segment_t *s);
 int tally__expand_check_locked(const tally_segment_t *s, char *why, size_t whylen);
+/* expand.c and expand_move.c: a region's pages, and what the moves of
+ * expand_move.c take from expand.c and give it. */
+struct tally_expand {
+    size_t npages, nmapped, idle; /* idle: mapped pages no live block touches */
+    size_t spare;                 /* pages of handles whose every page is idle */
+    uint8_t *mapped;
+    uint32_t *live;       /* live (active) blocks touching each page */
+    uint64_t *idle_bits;  /* bit p: page p is mapped and no live block touches it */
+    uint64_t *spare_bits; /* bit p: page p is mapped and its whole handle is idle */
+    uint32_t *hstart;     /* mapped page: the first page of its handle */
+    uint32_t *hlen;       /* first page of a handle: its pages */
+    uint32_t *hidle;      /* first page of a handle: its idle pages */
+};
+
+static inline bool tally__expand_is_spare(const tally_expand_t *ex, size_t p)
+{
+    return ex->spare_bits[p >> 6] >> (p & 63) & 1;
+}
+/* Unmap pages [p, p + n) of s in one backend call (whole spare handles);
+ * false, nothing changed, when the backend refused (expand.c). */
+bool tally__expand_unmap_run_locked(tally_device_t *d, tally_segment_t *s, size_t p, size_t n);
+/* expand_move.c: pages that could move; whether they may move now (the
+ * move budget); unmap at least want idle pages in address order, or steal
+ * them in whole runs, the longest first, leaving the handles with a page
+ * in [keep_lo, keep_hi] of keep. */
+size_t tally__expand_movable_locked(const tally_device_t *d);
+bool tally__expand_move_allowed_locked(tally_device_t *d, size_t want, size_t avail);
+size_t tally__expand_unmap_idle_locked(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo,
+                                       size_t keep_hi);
+size_t tally__expand_steal_runs_locked(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo,
+                                       size_t keep_hi);
 
 /* graph_pool.c: capture tracking and graph pools */
 /* Note stream when it captures; re-check the streams seen capturing.
