@@ -248,8 +248,6 @@ tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t size, voi
                                              tally_gpool_t *priv);
 void tally__cache_free_locked(tally_device_t *d, tally_block_t *b);
 int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void *stream);
-size_t tally__cache_release_all_locked(tally_device_t *d);
-size_t tally__cache_release_small_locked(tally_device_t *d, size_t want);
 int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen);
 void tally__cache_fill_derived_locked(tally_device_t *d, tally_stats_t *out);
 /* expand.c: expandable segments (large pool, 2 MiB pages mapped on demand) */
@@ -331,9 +329,14 @@ int tally__graph_pool_release(int device, uint64_t id_hi, uint64_t id_lo);
 size_t tally__gpool_release_freeable_locked(tally_device_t *d);
 /* The pool of kind for allocations to gp (NULL: the device's own). */
 tally_pool_t *tally__pool_for(tally_device_t *d, tally_gpool_t *gp, int kind);
+/* The pool a free block of b's segment belongs in. */
+static inline tally_pool_t *tally__pool_of(tally_device_t *d, const tally_block_t *b)
+{
+    return tally__pool_for(d, b->seg->gp, b->pool);
+}
 /* A segment of gp goes back to the backend. */
 void tally__gpool_segment_gone_locked(tally_device_t *d, tally_gpool_t *gp);
-/* cache.c, for graph_pool.c and events.c */
+/* segment.c, for graph_pool.c and events.c */
 size_t tally__cache_release_pool_locked(tally_device_t *d, tally_pool_t *p);
 /* Put a block whose user is done (and whose events completed) in its pool. */
 void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b);
@@ -397,9 +400,24 @@ void tally__cache_passthrough_free_locked(tally_device_t *d, tally_block_t *b);
 /* Make stream (of d) wait for the work queued so far on u's stream. */
 void tally__events_wait_for_use_locked(tally_device_t *d, void *stream, const tally_use_t *u);
 
+/* segment.c: the device's segments and their release */
 /* Put a new segment on the device's list. */
 void tally__segment_link_locked(tally_device_t *d, tally_segment_t *s);
 /* The device's segment containing addr, or NULL. */
 tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t addr);
+/* Release every whole free segment and the idle pages of expandable ones
+ * (empty_cache; the retry before an OOM): the bytes given back. */
+size_t tally__cache_release_all_locked(tally_device_t *d);
+size_t tally__cache_release_small_locked(tally_device_t *d, size_t want);
+/* Return a whole segment (its one block b) to the backend; in_pool: b sits
+ * in its pool. release_block: one that does. */
+void tally__cache_release_segment_locked(tally_device_t *d, tally_block_t *b, bool in_pool);
+void tally__cache_release_block_locked(tally_device_t *d, tally_block_t *b);
+/* Garbage collection under a memory fraction: release whole free large-pool
+ * segments at least as old as the mean until reserved memory is down to
+ * gc_threshold of the cap. */
+void tally__cache_garbage_collect_locked(tally_device_t *d);
+/* cache.c, for segment.c: a block record goes back to the free list. */
+void tally__cache_block_delete_locked(tally_device_t *d, tally_block_t *b);
 
 #endif
