@@ -5,7 +5,8 @@
  *                   tally JSON report with trace:true) as one trace_t
  *   tune_run.c      the candidate settings, chosen from the trace, and
  *                   their replays in forked worker processes
- *   tune.c          the command: options, table, JSON, recommendation, plot
+ *   tune.c          the command: options, the replays, the recommendation
+ *   tune_output.c   what it writes: table, JSON, recommendation lines, plot
  *   pickle.c        the plain-data pickle reader */
 #ifndef TALLY_TOOLS_TUNE_H
 #define TALLY_TOOLS_TUNE_H
@@ -117,11 +118,45 @@ int tune_report_load(const char *path, int device, tune_input_t *in, char *err, 
 int tune_report_parse(const char *text, size_t len, const char *name, int device, tune_input_t *in, char *err,
                       size_t errlen);
 
-/* --plot (tune.c): the n series as step lines in one SVG at path. */
+/* tune_output.c: what the command writes. A torch version (--torch-version,
+ * or the installed torch's; text "" when unknown), which says the variable
+ * name to use. */
+typedef struct tune_torch_version {
+    int major, minor;
+    char text[64]; /* "" when unknown */
+    const char *from; /* "--torch-version", "the installed torch" */
+} tune_torch_version_t;
+/* "2.9.1", "2.11", "2.10.0+cu128": 0, or -1 when s is not a version. */
+int tune_parse_version(const char *s, tune_torch_version_t *v);
+/* The installed torch's version ($TALLY_PYTHON, default python3), if any. */
+void tune_installed_torch(tune_torch_version_t *v);
+/* What the table and the JSON show: the rows, the two recommendations
+ * (-1: none), and the figures they are measured against. */
+typedef struct tune_outcome {
+    const tune_input_t *in;
+    const tune_row_t *rows;
+    size_t n;
+    long rec_pt, rec_tally;
+    uint64_t live, capacity;
+    int64_t budget;
+    const tune_row_t *replayed; /* the recorded setting from the recorded state, or NULL */
+    const tune_torch_version_t *torch;
+    double max_driver_us;       /* --max-driver-time, < 0: none */
+    int gpu;                    /* the cost table's column */
+} tune_outcome_t;
+void tune_print_json(const tune_outcome_t *o);
+void tune_print_table(const char *file, const tune_outcome_t *o);
+/* "512 B", "1.5 KiB", "80.0 MiB", "12.00 GiB", "1.0 TiB" into buf. */
+const char *tune_size_text(int64_t b, char *buf, size_t len);
+/* The allocator a row replays, as the table names it. */
+const char *tune_allocator_name(const tune_row_t *r);
+/* --plot: the n series as step lines in one SVG at path. */
 int tune_plot_svg(const char *path, const char *title, const tune_series_t *s, const char *const *names, size_t n,
                   char *err, size_t errlen);
 
-/* The command (tally tune ...). */
+/* tune.c: the command (tally tune ...); whether a row's replay ran and
+ * fit in --capacity. */
 int tune_main(int argc, char **argv);
+bool tune_fits(const tune_row_t *r);
 
 #endif

@@ -4,7 +4,8 @@
  * (20 MiB segments under 10 MiB, else 2 MiB-rounded), best fit per stream,
  * splitting and merging, max_split_size, garbage collection under a memory
  * fraction, the release-and-retry sequence before an OOM, and stream events
- * that hold a block back until other streams are done with it.
+ * that hold a block back until other streams are done with it. The
+ * segment list and the release of whole segments are in segment.c.
  * Every function here runs with the device's lock held. */
 #include "cache/cache.h"
 
@@ -98,12 +99,6 @@ tally_pool_t *tally__pool_for(tally_device_t *d, tally_gpool_t *gp, int kind)
     return kind == TALLY_POOL_SMALL ? &d->small : &d->large;
 }
 
-/* The pool a free block of b's segment belongs in. */
-static inline tally_pool_t *pool_of(tally_device_t *d, const tally_block_t *b)
-{
-    return tally__pool_for(d, b->seg->gp, b->pool);
-}
-
 /* ---- block records ------------------------------------------------------- */
 
 static tally_block_t *block_new(tally_device_t *d)
@@ -136,136 +131,12 @@ static tally_block_t *block_new(tally_device_t *d)
     return b;
 }
 
-static void block_delete(tally_device_t *d, tally_block_t *b)
+void tally__cache_block_delete_locked(tally_device_t *d, tally_block_t *b)
 {
     tally__meta_free(b->uses);
     b->uses = NULL;
     b->next = d->spare_blocks;
     d->spare_blocks = b;
-}
-
-/* ---- segments ------------------------------------------------------------ */
-
-void tally__segment_link_locked(tally_device_t *d, tally_segment_t *s)
-{
-    s->prev = NULL;
-    s->next = d->segments;
-    if (d->segments)
-        d->segments->prev = s;
-    d->segments = s;
-    d->nsegments++;
-}
-
-static void segment_unlink(tally_device_t *d, tally_segment_t *s)
-{
-    if (s->prev)
-        s->prev->next = s->next;
-    else
-        d->segments = s->next;
-    if (s->next)
-        s->next->prev = s->prev;
-    d->nsegments--;
-}
-
-tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t addr)
-{
-    for (tally_segment_t *s = d->segments; s; s = s->next)
-        if (addr >= s->base && addr - s->base < s->size)
-            return s;
-    return NULL;
-}
-
-/* Return a whole segment (one block) to the backend; in_pool says whether
- * the block sits in its pool (pass-through blocks never do). */
-static void release_segment(tally_device_t *d, tally_block_t *b, bool in_pool)
-{
-    tally_segment_t *s = b->seg;
-    if (in_pool)
-        tally__pool_erase(pool_of(d, b), b);
-    if (s->ex) {
-        /* Its pages are unmapped (and counted) one by one. */
-        tally__expand_release_locked(d, s);
-    } else {
-        d->stats.num_device_free++;
-        bool asleep = s->asleep; /* its bytes left reserved when it slept */
-        if (TALLY_UNLIKELY(s->vm))
-            tally__vm_segment_free_locked(d, s);
-        else
-            tally__g.backend->free(d->id, (void *)b->addr, b->size, b->stream);
-        if (!asleep) {
-            d->reserved -= b->size;
-            tally__stat_pool_dec(d->stats.reserved_bytes, b->pool, (int64_t)b->size);
-        }
-        if (b->size >= tally__opt.max_split_size)
-            tally__stat_dec(&d->stats.oversize_segments, 1);
-    }
-    tally__stat_pool_dec(d->stats.segment, b->pool, 1);
-    tally__cache_hooks.device_event(d, TALLY_EV_SEGMENT_FREE, b->addr, b->size, b->stream);
-    segment_unlink(d, s);
-    if (TALLY_UNLIKELY(s->gp != NULL))
-        tally__gpool_segment_gone_locked(d, s->gp);
-    tally__meta_free(s);
-    block_delete(d, b);
-}
-
-static void release_block(tally_device_t *d, tally_block_t *b)
-{
-    release_segment(d, b, true);
-}
-
-/* Blocks are collected first: releasing changes the pool being walked. */
-typedef struct collect {
-    tally_block_t **items;
-    size_t n, cap;
-    size_t min_size;
-} collect_t;
-
-static void collect_whole(tally_block_t *b, void *arg)
-{
-    collect_t *c = arg;
-    if (b->prev || b->next || b->size < c->min_size)
-        return;
-    if (c->n < c->cap)
-        c->items[c->n++] = b;
-}
-
-/* Release whole free segments of pool p until want bytes are given back
- * (SIZE_MAX: all of them). */
-static size_t release_pool(tally_device_t *d, tally_pool_t *p, size_t want)
-{
-    /* Nothing is released while a capture may be under way: cuMemFree may
-     * synchronise (PyTorch releases nothing then either). */
-    if (!p->count || tally__capture_on_locked(d))
-        return 0;
-    collect_t c = {tally__meta_alloc(p->count * sizeof(tally_block_t *)), 0, p->count, 0};
-    if (!c.items)
-        return 0;
-    tally__pool_walk(p, collect_whole, &c);
-    size_t released = 0;
-    for (size_t i = 0; i < c.n && released < want; i++) {
-        /* An expandable segment gives back its mapped pages, not its range. */
-        tally_block_t *b = c.items[i];
-        if (b->seg->ex && tally__expand_unmap_held_locked(d))
-            continue; /* no unmap during a capture: the next release */
-        released += b->seg->ex ? tally__expand_mapped_bytes(b->seg) : b->size;
-        release_block(d, b);
-    }
-    tally__meta_free(c.items);
-    return released;
-}
-
-/* Release every whole free segment of pool p (graph pools, release_all). */
-size_t tally__cache_release_pool_locked(tally_device_t *d, tally_pool_t *p)
-{
-    return release_pool(d, p, SIZE_MAX);
-}
-
-/* Release whole free small-pool segments until at least want bytes are
- * given back (expandable segments move this memory to where large blocks
- * need pages, as they move idle pages). Returns the bytes released. */
-size_t tally__cache_release_small_locked(tally_device_t *d, size_t want)
-{
-    return want ? release_pool(d, &d->small, want) : 0;
 }
 
 /* ---- free ---------------------------------------------------------------- */
@@ -288,8 +159,8 @@ static size_t try_merge(tally_device_t *d, tally_block_t *dst, tally_block_t *sr
     }
     size_t subsumed = src->size;
     dst->size += subsumed;
-    tally__pool_erase(pool_of(d, src), src);
-    block_delete(d, src);
+    tally__pool_erase(tally__pool_of(d, src), src);
+    tally__cache_block_delete_locked(d, src);
     return subsumed;
 }
 
@@ -312,7 +183,7 @@ void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b)
         }
     }
     b->state = BLOCK_FREE;
-    tally__pool_insert(pool_of(d, b), b);
+    tally__pool_insert(tally__pool_of(d, b), b);
     if (b->prev || b->next) {
         dblocks += 1;
         dbytes += (int64_t)b->size;
@@ -350,7 +221,7 @@ void tally__cache_passthrough_free_locked(tally_device_t *d, tally_block_t *b)
     tally__stat_pool_dec(d->stats.active_bytes, b->pool, (int64_t)b->size);
     tally__stat_pool_dec(d->stats.requested_bytes, b->pool, (int64_t)b->requested);
     b->state = BLOCK_FREE;
-    release_segment(d, b, false);
+    tally__cache_release_segment_locked(d, b, false);
 }
 
 void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
@@ -527,7 +398,7 @@ static bool release_available_cached_blocks(tally_device_t *d, alloc_params_t *p
     size_t want = p->size < msplit ? (size_t)msplit : p->size;
     tally_block_t *b = tally__pool_lower_bound(pool, p->stream, want);
     if (b) {
-        release_block(d, b);
+        tally__cache_release_block_locked(d, b);
         return true;
     }
     /* No single block is big enough: release the largest ones of this
@@ -541,47 +412,10 @@ static bool release_available_cached_blocks(tally_device_t *d, alloc_params_t *p
             continue;
         }
         released += cur->size;
-        release_block(d, cur);
+        tally__cache_release_block_locked(d, cur);
         cur = prev;
     }
     return released >= want;
-}
-
-static void garbage_collect(tally_device_t *d)
-{
-    uint64_t threshold = (uint64_t)(tally__opt_double(&tally__opt.gc_threshold) * (double)d->allowed_max);
-    if (d->reserved <= threshold || tally__capture_on_locked(d))
-        return; /* nothing is released during a capture (release_pool) */
-    uint64_t target = d->reserved - threshold, reclaimed = 0;
-    tally_pool_t *pool = &d->large;
-    collect_t c = {tally__meta_alloc((pool->count + 1) * sizeof(tally_block_t *)), 0, pool->count, 0};
-    if (!c.items)
-        return;
-    tally__pool_walk(pool, collect_whole, &c);
-    double total_age = 0;
-    size_t n = c.n;
-    for (size_t i = 0; i < c.n; i++)
-        total_age += (double)(pool->get_free_calls - c.items[i]->gc_base);
-    bool freed = true;
-    while (reclaimed < target && freed && n > 0) {
-        double age_threshold = total_age / (double)n;
-        freed = false;
-        for (size_t i = 0; i < c.n; i++) {
-            tally_block_t *b = c.items[i];
-            if (!b)
-                continue;
-            double age = (double)(pool->get_free_calls - b->gc_base);
-            if (age >= age_threshold) {
-                freed = true;
-                reclaimed += b->size;
-                total_age -= age;
-                n--;
-                c.items[i] = NULL;
-                release_block(d, b);
-            }
-        }
-    }
-    tally__meta_free(c.items);
 }
 
 /* Hand a block chosen by tally__cache_malloc_locked back to its pool. */
@@ -591,36 +425,6 @@ static void undo_handout(tally_device_t *d, tally_block_t *b)
     tally__stat_pool_inc(d->stats.active, b->pool, 1);
     tally__stat_pool_inc(d->stats.active_bytes, b->pool, (int64_t)b->size);
     tally__cache_free_block_locked(d, b);
-}
-
-size_t tally__cache_release_all_locked(tally_device_t *d)
-{
-    const tally_backend_t *be = tally__g.backend;
-    if (be->passthrough) {
-        /* The pool holds the cache: wait for the device, then trim it
-         * (not while a capture may be under way: that would end it). */
-        uint64_t before[4] = {0}, after[4] = {0};
-        if (tally__capture_on_locked(d))
-            return 0;
-        d->stats.num_sync_all_streams++;
-        be->synchronize(d->id);
-        be->pool_usage(d->id, before);
-        be->trim(d->id, 0);
-        be->pool_usage(d->id, after);
-        return before[0] > after[0] ? (size_t)(before[0] - after[0]) : 0;
-    }
-    if (tally__capture_on_locked(d))
-        return 0; /* no event synchronised, nothing released during a capture */
-    tally__events_wait_all_locked(d);
-    size_t released = tally__cache_release_pool_locked(d, &d->large);
-    released += tally__cache_release_pool_locked(d, &d->small);
-    if (TALLY_UNLIKELY(d->gpools != NULL))
-        released += tally__gpool_release_freeable_locked(d);
-    if (TALLY_UNLIKELY(d->ppools != NULL))
-        released += tally__ppool_release_locked(d);
-    if (tally__expand_on())
-        released += tally__expand_trim_locked(d);
-    return released;
 }
 
 /* A cached block, else a new segment, with PyTorch's retry sequence; for a
@@ -649,7 +453,7 @@ static bool find_block(tally_device_t *d, alloc_params_t *p)
         return false;
     }
     if (gc_enabled(d))
-        garbage_collect(d);
+        tally__cache_garbage_collect_locked(d);
     return alloc_block(d, p, false) ||
            (p->err == TALLY_ENOMEM && release_available_cached_blocks(d, p) && alloc_block(d, p, false)) ||
            (p->err == TALLY_ENOMEM && (tally__cache_release_all_locked(d), true) && alloc_block(d, p, true));
@@ -744,7 +548,7 @@ tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t orig, voi
                 rest->next->prev = rest;
             b->next = rest;
             b->size = p.size;
-            tally__pool_insert(pool_of(d, b), rest);
+            tally__pool_insert(tally__pool_of(d, b), rest);
             if (counted && already_split) {
                 tally__stat_pool_dec(d->stats.inactive_split_bytes, b->pool, (int64_t)b->size);
             } else if (counted) {

@@ -248,8 +248,6 @@ tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t size, voi
                                              tally_gpool_t *priv);
 void tally__cache_free_locked(tally_device_t *d, tally_block_t *b);
 int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void *stream);
-size_t tally__cache_release_all_locked(tally_device_t *d);
-size_t tally__cache_release_small_locked(tally_device_t *d, size_t want);
 int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen);
 void tally__cache_fill_derived_locked(tally_device_t *d, tally_stats_t *out);
 /* expand.c: expandable segments (large pool, 2 MiB pages mapped on demand) */
@@ -259,8 +257,8 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
 int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more, char *why, size_t whylen);
 void tally__expand_unref_locked(tally_block_t *b);
 bool tally__expand_mapped_locked(const tally_block_t *b, size_t size);
-/* The allocation stream, for the steady-state detector and the move
- * budget (size rounded; live: requested bytes before it). */
+/* expand_move.c: the allocation stream, for the steady-state detector and
+ * the move budget (size rounded; live: requested bytes before it). */
 void tally__expand_note_alloc_locked(tally_device_t *d, size_t size, uint64_t live);
 /* Whether the device's job repeats its step, and the step's length in
  * allocations (0 when not steady). */
@@ -272,6 +270,37 @@ size_t tally__expand_trim_locked(tally_device_t *d);
 size_t tally__expand_release_locked(tally_device_t *d, tally_segment_t *s);
 size_t tally__expand_mapped_bytes(const tally_segment_t *s);
 int tally__expand_check_locked(const tally_segment_t *s, char *why, size_t whylen);
+/* expand.c and expand_move.c: a region's pages, and what the moves of
+ * expand_move.c take from expand.c and give it. */
+struct tally_expand {
+    size_t npages, nmapped, idle; /* idle: mapped pages no live block touches */
+    size_t spare;                 /* pages of handles whose every page is idle */
+    uint8_t *mapped;
+    uint32_t *live;       /* live (active) blocks touching each page */
+    uint64_t *idle_bits;  /* bit p: page p is mapped and no live block touches it */
+    uint64_t *spare_bits; /* bit p: page p is mapped and its whole handle is idle */
+    uint32_t *hstart;     /* mapped page: the first page of its handle */
+    uint32_t *hlen;       /* first page of a handle: its pages */
+    uint32_t *hidle;      /* first page of a handle: its idle pages */
+};
+
+static inline bool tally__expand_is_spare(const tally_expand_t *ex, size_t p)
+{
+    return ex->spare_bits[p >> 6] >> (p & 63) & 1;
+}
+/* Unmap pages [p, p + n) of s in one backend call (whole spare handles);
+ * false, nothing changed, when the backend refused (expand.c). */
+bool tally__expand_unmap_run_locked(tally_device_t *d, tally_segment_t *s, size_t p, size_t n);
+/* expand_move.c: pages that could move; whether they may move now (the
+ * move budget); unmap at least want idle pages in address order, or steal
+ * them in whole runs, the longest first, leaving the handles with a page
+ * in [keep_lo, keep_hi] of keep. */
+size_t tally__expand_movable_locked(const tally_device_t *d);
+bool tally__expand_move_allowed_locked(tally_device_t *d, size_t want, size_t avail);
+size_t tally__expand_unmap_idle_locked(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo,
+                                       size_t keep_hi);
+size_t tally__expand_steal_runs_locked(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo,
+                                       size_t keep_hi);
 
 /* graph_pool.c: capture tracking and graph pools */
 /* Note stream when it captures; re-check the streams seen capturing.
@@ -300,9 +329,14 @@ int tally__graph_pool_release(int device, uint64_t id_hi, uint64_t id_lo);
 size_t tally__gpool_release_freeable_locked(tally_device_t *d);
 /* The pool of kind for allocations to gp (NULL: the device's own). */
 tally_pool_t *tally__pool_for(tally_device_t *d, tally_gpool_t *gp, int kind);
+/* The pool a free block of b's segment belongs in. */
+static inline tally_pool_t *tally__pool_of(tally_device_t *d, const tally_block_t *b)
+{
+    return tally__pool_for(d, b->seg->gp, b->pool);
+}
 /* A segment of gp goes back to the backend. */
 void tally__gpool_segment_gone_locked(tally_device_t *d, tally_gpool_t *gp);
-/* cache.c, for graph_pool.c and events.c */
+/* segment.c, for graph_pool.c and events.c */
 size_t tally__cache_release_pool_locked(tally_device_t *d, tally_pool_t *p);
 /* Put a block whose user is done (and whose events completed) in its pool. */
 void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b);
@@ -366,9 +400,24 @@ void tally__cache_passthrough_free_locked(tally_device_t *d, tally_block_t *b);
 /* Make stream (of d) wait for the work queued so far on u's stream. */
 void tally__events_wait_for_use_locked(tally_device_t *d, void *stream, const tally_use_t *u);
 
+/* segment.c: the device's segments and their release */
 /* Put a new segment on the device's list. */
 void tally__segment_link_locked(tally_device_t *d, tally_segment_t *s);
 /* The device's segment containing addr, or NULL. */
 tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t addr);
+/* Release every whole free segment and the idle pages of expandable ones
+ * (empty_cache; the retry before an OOM): the bytes given back. */
+size_t tally__cache_release_all_locked(tally_device_t *d);
+size_t tally__cache_release_small_locked(tally_device_t *d, size_t want);
+/* Return a whole segment (its one block b) to the backend; in_pool: b sits
+ * in its pool. release_block: one that does. */
+void tally__cache_release_segment_locked(tally_device_t *d, tally_block_t *b, bool in_pool);
+void tally__cache_release_block_locked(tally_device_t *d, tally_block_t *b);
+/* Garbage collection under a memory fraction: release whole free large-pool
+ * segments at least as old as the mean until reserved memory is down to
+ * gc_threshold of the cap. */
+void tally__cache_garbage_collect_locked(tally_device_t *d);
+/* cache.c, for segment.c: a block record goes back to the free list. */
+void tally__cache_block_delete_locked(tally_device_t *d, tally_block_t *b);
 
 #endif

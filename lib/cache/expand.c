@@ -23,7 +23,8 @@
  *
  * Moves cost driver calls (an unmap there, a map here), and a repeating job
  * made them every step (issue 21: about 1,000 per ddp step). So they are
- * made only within expandable_move_budget, the modelled driver time a step
+ * made only within expandable_move_budget (expand_move.c, with the steals
+ * and the steady-state detector), the modelled driver time a step
  * may spend on them; 0 (the default) makes none: reserved memory then grows
  * to what the step's placement touches, after which a step maps nothing.
  * Unless moves are unlimited (-1) each map call is one physical handle
@@ -64,18 +65,6 @@
 
 #define PAGE ((size_t)2 << 20)
 
-struct tally_expand {
-    size_t npages, nmapped, idle; /* idle: mapped pages no live block touches */
-    size_t spare;                 /* pages of handles whose every page is idle */
-    uint8_t *mapped;
-    uint32_t *live;       /* live (active) blocks touching each page */
-    uint64_t *idle_bits;  /* bit p: page p is mapped and no live block touches it */
-    uint64_t *spare_bits; /* bit p: page p is mapped and its whole handle is idle */
-    uint32_t *hstart;     /* mapped page: the first page of its handle */
-    uint32_t *hlen;       /* first page of a handle: its pages */
-    uint32_t *hidle;      /* first page of a handle: its idle pages */
-};
-
 static inline void idle_set(tally_expand_t *ex, size_t p)
 {
     ex->idle_bits[p >> 6] |= 1ull << (p & 63);
@@ -84,11 +73,6 @@ static inline void idle_set(tally_expand_t *ex, size_t p)
 static inline void idle_clear(tally_expand_t *ex, size_t p)
 {
     ex->idle_bits[p >> 6] &= ~(1ull << (p & 63));
-}
-
-static inline bool is_spare(const tally_expand_t *ex, size_t p)
-{
-    return ex->spare_bits[p >> 6] >> (p & 63) & 1;
 }
 
 /* Mark handle h (its first page) spare or not. */
@@ -124,170 +108,6 @@ static void page_live(tally_expand_t *ex, size_t p)
     size_t h = ex->hstart[p];
     if (ex->hidle[h]-- == ex->hlen[h])
         spare_handle(ex, h, false);
-}
-
-/* The first spare page at or after p, or npages. A scan of words. */
-static size_t next_spare(const tally_expand_t *ex, size_t p)
-{
-    size_t words = ex->npages / 64 + 1, w = p >> 6;
-    if (p >= ex->npages)
-        return ex->npages;
-    uint64_t m = ex->spare_bits[w] & (~0ull << (p & 63));
-    while (!m && ++w < words)
-        m = ex->spare_bits[w];
-    if (!m)
-        return ex->npages;
-    size_t q = w * 64 + (size_t)__builtin_ctzll(m);
-    return q < ex->npages ? q : ex->npages;
-}
-
-/* ---- steady state: is the job repeating its step? ------------------------
- * A training job allocates the same sizes in the same order every step, and
- * its live bytes come back to the same figure at the same point of each
- * step. The allocation stream is kept in a ring (rounded size, requested
- * bytes before the allocation); a candidate period P comes from the last
- * place the last KGRAM sizes were seen, and it holds while each new
- * allocation has the size and the live bytes of the one P before it (the
- * live-bytes test tells a step from a layer: layers repeat sizes, but each
- * keeps its activations, so live bytes grow from one to the next; earlier
- * places of the same sizes are tried, nearest first). After STEADY_RUN
- * allocations that hold (or a whole period, if shorter), the job is steady
- * and its step is P allocations; any mismatch ends it. The step is what
- * expandable_move_budget is per: the budget comes back every P allocations
- * (every MOVE_WINDOW until a period is known). Learned only with a budget
- * above 0; with 0 nothing moves and nothing needs learning. */
-#define LEARN ((size_t)1 << 15) /* allocations remembered: periods up to this */
-#define KGRAM 8
-#define KG_SLOTS ((size_t)1 << 14)
-#define MIN_PERIOD 16
-#define STEADY_RUN 256
-#define CHAIN_WALK 64
-#define MOVE_WINDOW 1000 /* allocations per budget until a period is known */
-
-typedef struct steady {
-    uint64_t n; /* allocations seen */
-    uint64_t *size, *live; /* rings of LEARN */
-    uint64_t *kg;          /* KGRAM hash -> index + 1 of its last end */
-    uint64_t *chain;       /* ring: index + 1 of the previous end of the same hash */
-    uint64_t period, run;
-    bool on;
-    double tokens;      /* move budget left in this step (microseconds) */
-    uint64_t refill_at; /* allocation count at which it comes back */
-} steady_t;
-
-static steady_t steady[TALLY_MAX_DEVICES];
-
-static uint64_t kgram_hash(const steady_t *st)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t k = 0; k < KGRAM; k++)
-        h = (h ^ st->size[(st->n - 1 - k) % LEARN]) * 1099511628211ull;
-    return h;
-}
-
-/* One allocation of rounded size, with live: the bytes requested by the
- * blocks live before it. Called only with a move budget (cache.c). */
-void tally__expand_note_alloc_locked(tally_device_t *d, size_t size, uint64_t live)
-{
-    steady_t *st = &steady[d->id];
-    if (!st->size) {
-        st->size = tally__meta_calloc(LEARN * sizeof *st->size);
-        st->live = tally__meta_calloc(LEARN * sizeof *st->live);
-        st->kg = tally__meta_calloc(KG_SLOTS * sizeof *st->kg);
-        st->chain = tally__meta_calloc(LEARN * sizeof *st->chain);
-        if (!st->size || !st->live || !st->kg || !st->chain) {
-            tally__meta_free(st->size);
-            tally__meta_free(st->live);
-            tally__meta_free(st->kg);
-            tally__meta_free(st->chain);
-            st->size = NULL;
-            return; /* no learning: moves stay on */
-        }
-    }
-    uint64_t i = st->n;
-    bool holds = st->period && i >= st->period && st->size[(i - st->period) % LEARN] == size &&
-                 st->live[(i - st->period) % LEARN] == live;
-    st->size[i % LEARN] = size;
-    st->live[i % LEARN] = live;
-    st->n++;
-    if (holds) {
-        st->run++;
-    } else {
-        st->period = st->run = 0;
-        if (st->n >= KGRAM) {
-            /* Earlier ends of the same KGRAM sizes, nearest first: the
-             * nearest whose sizes and live bytes agree gives the period. */
-            uint64_t j = st->kg[kgram_hash(st) % KG_SLOTS];
-            for (int walk = 0; j && walk < CHAIN_WALK && i + 1 - j < LEARN; walk++) {
-                uint64_t p = i + 1 - j;
-                bool same = p >= MIN_PERIOD;
-                for (size_t k = 0; k < KGRAM && same; k++)
-                    same = st->size[(i - k) % LEARN] == st->size[(i - k - p) % LEARN] &&
-                           st->live[(i - k) % LEARN] == st->live[(i - k - p) % LEARN];
-                if (same) {
-                    st->period = p, st->run = KGRAM;
-                    break;
-                }
-                j = st->chain[(j - 1) % LEARN];
-            }
-        }
-    }
-    if (st->n >= KGRAM) {
-        uint64_t *slot = &st->kg[kgram_hash(st) % KG_SLOTS];
-        st->chain[i % LEARN] = *slot;
-        *slot = st->n;
-    }
-    st->on = st->period && st->run >= (st->period < STEADY_RUN ? st->period : STEADY_RUN);
-    /* The move budget comes back at each step: every period once steady,
-     * every MOVE_WINDOW allocations until then. */
-    if (st->n >= st->refill_at) {
-        st->tokens = (double)TALLY_OPT(expandable_move_budget);
-        st->refill_at = st->n + (st->on ? st->period : MOVE_WINDOW);
-    }
-}
-
-bool tally__expand_steady(const tally_device_t *d)
-{
-    return steady[d->id].on;
-}
-
-uint64_t tally__expand_period(const tally_device_t *d)
-{
-    return steady[d->id].on ? steady[d->id].period : 0;
-}
-
-/* Modelled driver microseconds of moving n pages (A100 column of
- * tests/standin/cost.c, a handle per page as a move maps them): a
- * synchronise and cuMemUnmap of the pages taken, then cuMemCreate +
- * cuMemMap + cuMemRelease + cuMemSetAccess per page mapped. */
-static double move_us(size_t n)
-{
-    return 20.0 + (double)n * (25.6 + 193.0 + 1.45 + 25.6 + 36.0);
-}
-
-/* Pages that could move: spare pages of every region, and the pages of
- * the free small-pool segments. */
-static size_t movable(const tally_device_t *d)
-{
-    size_t n = 0;
-    for (const tally_segment_t *s = d->segments; s; s = s->next)
-        n += s->ex ? s->ex->spare : 0;
-    return n + d->small.count;
-}
-
-/* Whether pages may move now to spare want new ones (expandable_move_budget),
- * charging the move of what can move; nothing movable costs nothing. */
-static bool move_allowed(tally_device_t *d, size_t want, size_t avail)
-{
-    int budget = TALLY_OPT(expandable_move_budget);
-    if (budget < 0)
-        return true;
-    steady_t *st = &steady[d->id];
-    size_t n = want < avail ? want : avail;
-    if (budget == 0 || !n || !st->size || st->tokens < move_us(n))
-        return false;
-    st->tokens -= move_us(n);
-    return true;
 }
 
 /* Highest reserved bytes each device has reached (never reset). */
@@ -420,7 +240,7 @@ bool tally__expand_unmap_held_locked(tally_device_t *d)
  * events until done), never after the whole device: an unrelated stream
  * (NCCL's) is not waited for. Returns false (nothing changed) when the
  * backend refused. */
-static bool unmap_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n)
+bool tally__expand_unmap_run_locked(tally_device_t *d, tally_segment_t *s, size_t p, size_t n)
 {
     size_t bytes = n * PAGE;
     tally_expand_t *ex = s->ex;
@@ -432,7 +252,7 @@ static bool unmap_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n)
     d->stats.num_device_free++;
     for (size_t h = p; h < p + n;) {
         size_t k = ex->hlen[h] ? ex->hlen[h] : 1; /* h is a handle's first page */
-        if (is_spare(ex, h))
+        if (tally__expand_is_spare(ex, h))
             spare_handle(ex, h, false);
         ex->hlen[h] = ex->hidle[h] = 0;
         h += k;
@@ -445,102 +265,6 @@ static bool unmap_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n)
     d->reserved -= bytes;
     tally__stat_pool_dec(d->stats.reserved_bytes, TALLY_POOL_LARGE, (int64_t)bytes);
     return true;
-}
-
-/* Whether handle h (its first page) of segment s has a page in [lo, hi]
- * of segment keep: the pages of the block being placed stay. */
-static inline bool kept(const tally_expand_t *ex, const tally_segment_t *s, size_t h, const tally_segment_t *keep,
-                        size_t lo, size_t hi)
-{
-    return s == keep && h <= hi && h + ex->hlen[h] > lo;
-}
-
-/* Unmap at least want idle pages (fewer if there are not enough) of every
- * region, in address order, in runs of neighbouring spare handles; handles
- * with a page in [keep_lo, keep_hi] of segment keep stay. Returns the
- * pages unmapped. The spare bitmap makes this a scan of words, not pages. */
-static size_t unmap_idle(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo, size_t keep_hi)
-{
-    size_t done = 0;
-    for (tally_segment_t *s = d->segments; s && done < want; s = s->next) {
-        tally_expand_t *ex = s->ex;
-        if (!ex || !ex->spare)
-            continue;
-        size_t p = 0;
-        while (done < want && (p = next_spare(ex, p)) < ex->npages) {
-            p = ex->hstart[p];
-            size_t n = 0;
-            while (p + n < ex->npages && done + n < want && is_spare(ex, p + n) &&
-                   !kept(ex, s, p + n, keep, keep_lo, keep_hi))
-                n += ex->hlen[p + n];
-            if (!n) { /* a handle of the block being placed */
-                p += ex->hlen[p];
-                continue;
-            }
-            if (!unmap_run(d, s, p, n))
-                return done;
-            done += n;
-            p += n;
-        }
-    }
-    return done;
-}
-
-typedef struct idle_run {
-    tally_segment_t *s;
-    size_t p, n;
-} idle_run_t;
-
-static int run_longer(const void *a, const void *b)
-{
-    const idle_run_t *x = a, *y = b;
-    if (x->n != y->n)
-        return x->n < y->n ? 1 : -1;
-    return (x->p > y->p) - (x->p < y->p);
-}
-
-/* Take back at least want idle pages (fewer if there are not enough) in
- * whole runs of neighbouring spare handles, the longest runs first: one
- * unmap call each. Handles with a page in [keep_lo, keep_hi] of segment
- * keep are left alone. Returns the pages unmapped. */
-static size_t steal_runs(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo, size_t keep_hi)
-{
-    size_t cap = 0, nr = 0;
-    for (tally_segment_t *s = d->segments; s; s = s->next)
-        if (s->ex)
-            cap += s->ex->spare;
-    if (!cap || !want)
-        return 0;
-    idle_run_t *runs = tally__meta_alloc(cap * sizeof *runs);
-    if (!runs) /* no room to sort: take runs in address order */
-        return unmap_idle(d, want, keep, keep_lo, keep_hi);
-    for (tally_segment_t *s = d->segments; s; s = s->next) {
-        tally_expand_t *ex = s->ex;
-        if (!ex || !ex->spare)
-            continue;
-        size_t p = 0;
-        while ((p = next_spare(ex, p)) < ex->npages) {
-            p = ex->hstart[p];
-            size_t n = 0;
-            while (p + n < ex->npages && is_spare(ex, p + n) && !kept(ex, s, p + n, keep, keep_lo, keep_hi))
-                n += ex->hlen[p + n];
-            if (!n) {
-                p += ex->hlen[p];
-                continue;
-            }
-            runs[nr++] = (idle_run_t){s, p, n};
-            p += n;
-        }
-    }
-    qsort(runs, nr, sizeof *runs, run_longer);
-    size_t done = 0;
-    for (size_t i = 0; i < nr && done < want; i++) {
-        if (!unmap_run(d, runs[i].s, runs[i].p, runs[i].n))
-            break;
-        done += runs[i].n;
-    }
-    tally__meta_free(runs);
-    return done;
 }
 
 /* Requests under this size get a 20 MiB segment in PyTorch's default
@@ -611,8 +335,9 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more,
      * price of driver calls (unmap there, map here) that a repeating job
      * would make every step; within expandable_move_budget only. Otherwise
      * (and during a capture) new pages: past the mark, or OOM. */
-    if (need > room && !tally__expand_unmap_held_locked(d) && move_allowed(d, need - room, movable(d))) {
-        size_t got = steal_runs(d, need - room, s, first, last);
+    if (need > room && !tally__expand_unmap_held_locked(d) &&
+        tally__expand_move_allowed_locked(d, need - room, tally__expand_movable_locked(d))) {
+        size_t got = tally__expand_steal_runs_locked(d, need - room, s, first, last);
         if (got < need - room)
             tally__cache_release_small_locked(d, (need - room - got) * PAGE);
     }
@@ -650,12 +375,12 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more,
             /* Undo this block's new pages: the spare handles on its pages
              * before p (no live block touches them). */
             for (size_t q = first; q < p && !tally__expand_unmap_held_locked(d);) {
-                if (!is_spare(ex, q)) {
+                if (!tally__expand_is_spare(ex, q)) {
                     q++;
                     continue;
                 }
                 size_t h = ex->hstart[q], k = ex->hlen[h];
-                unmap_run(d, s, h, k);
+                tally__expand_unmap_run_locked(d, s, h, k);
                 q = h + k;
             }
             return rc;
@@ -705,7 +430,7 @@ size_t tally__expand_trim_locked(tally_device_t *d)
                         d->id, held, held * (PAGE >> 20));
         return 0;
     }
-    size_t bytes = unmap_idle(d, SIZE_MAX, NULL, 0, 0) * PAGE;
+    size_t bytes = tally__expand_unmap_idle_locked(d, SIZE_MAX, NULL, 0, 0) * PAGE;
     /* An explicit release also resets the mark idle pages are kept under. */
     high_water[d->id] = d->reserved;
     return bytes;
@@ -725,7 +450,7 @@ size_t tally__expand_release_locked(tally_device_t *d, tally_segment_t *s)
         size_t n = 1;
         while (p + n < ex->npages && ex->mapped[p + n])
             n++;
-        unmap_run(d, s, p, n);
+        tally__expand_unmap_run_locked(d, s, p, n);
         p += n;
     }
     tally__g.backend->unreserve(d->id, (void *)s->base, s->size);
@@ -795,7 +520,7 @@ int tally__expand_check_locked(const tally_segment_t *s, char *why, size_t whyle
      * pages); a page is spare exactly when its whole handle is idle. */
     size_t spare = 0;
     for (size_t h = 0; h < ex->npages && !rc;) {
-        bool bit = is_spare(ex, h);
+        bool bit = tally__expand_is_spare(ex, h);
         if (!ex->mapped[h]) {
             if (bit || ex->hlen[h]) {
                 snprintf(why, whylen, "unmapped page %zu of segment %p is %s", h, (void *)s->base,
@@ -813,7 +538,8 @@ int tally__expand_check_locked(const tally_segment_t *s, char *why, size_t whyle
             break;
         }
         for (size_t q = h; q < h + n && !rc; q++) {
-            if (!ex->mapped[q] || ex->hstart[q] != h || (q > h && ex->hlen[q]) || is_spare(ex, q) != bit) {
+            if (!ex->mapped[q] || ex->hstart[q] != h || (q > h && ex->hlen[q]) ||
+                tally__expand_is_spare(ex, q) != bit) {
                 snprintf(why, whylen, "page %zu of segment %p is not part of its handle at page %zu (%zu pages)",
                          q, (void *)s->base, h, n);
                 rc = -1;

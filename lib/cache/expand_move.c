@@ -1,0 +1,274 @@
+/* Moves of expandable segments' memory (expand.c): idle pages unmapped where
+ * they lie so that a block elsewhere can map new ones under the high-water
+ * mark. Holds the steady-state detector (is the job repeating its step, and
+ * how long is the step), the move budget it refills each step
+ * (expandable_move_budget, in modelled driver microseconds), and the taking
+ * back of idle pages: in address order (empty_cache) or in whole runs of
+ * spare handles, the longest first (a steal). Runs with the device lock
+ * held. */
+#include "cache/cache.h"
+
+#include <stdlib.h>
+
+/* ---- steady state: is the job repeating its step? ------------------------
+ * A training job allocates the same sizes in the same order every step, and
+ * its live bytes come back to the same figure at the same point of each
+ * step. The allocation stream is kept in a ring (rounded size, requested
+ * bytes before the allocation); a candidate period P comes from the last
+ * place the last KGRAM sizes were seen, and it holds while each new
+ * allocation has the size and the live bytes of the one P before it (the
+ * live-bytes test tells a step from a layer: layers repeat sizes, but each
+ * keeps its activations, so live bytes grow from one to the next; earlier
+ * places of the same sizes are tried, nearest first). After STEADY_RUN
+ * allocations that hold (or a whole period, if shorter), the job is steady
+ * and its step is P allocations; any mismatch ends it. The step is what
+ * expandable_move_budget is per: the budget comes back every P allocations
+ * (every MOVE_WINDOW until a period is known). Learned only with a budget
+ * above 0; with 0 nothing moves and nothing needs learning. */
+#define LEARN ((size_t)1 << 15) /* allocations remembered: periods up to this */
+#define KGRAM 8
+#define KG_SLOTS ((size_t)1 << 14)
+#define MIN_PERIOD 16
+#define STEADY_RUN 256
+#define CHAIN_WALK 64
+#define MOVE_WINDOW 1000 /* allocations per budget until a period is known */
+
+typedef struct steady {
+    uint64_t n; /* allocations seen */
+    uint64_t *size, *live; /* rings of LEARN */
+    uint64_t *kg;          /* KGRAM hash -> index + 1 of its last end */
+    uint64_t *chain;       /* ring: index + 1 of the previous end of the same hash */
+    uint64_t period, run;
+    bool on;
+    double tokens;      /* move budget left in this step (microseconds) */
+    uint64_t refill_at; /* allocation count at which it comes back */
+} steady_t;
+
+static steady_t steady[TALLY_MAX_DEVICES];
+
+static uint64_t kgram_hash(const steady_t *st)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t k = 0; k < KGRAM; k++)
+        h = (h ^ st->size[(st->n - 1 - k) % LEARN]) * 1099511628211ull;
+    return h;
+}
+
+/* One allocation of rounded size, with live: the bytes requested by the
+ * blocks live before it. Called only with a move budget (cache.c). */
+void tally__expand_note_alloc_locked(tally_device_t *d, size_t size, uint64_t live)
+{
+    steady_t *st = &steady[d->id];
+    if (!st->size) {
+        st->size = tally__meta_calloc(LEARN * sizeof *st->size);
+        st->live = tally__meta_calloc(LEARN * sizeof *st->live);
+        st->kg = tally__meta_calloc(KG_SLOTS * sizeof *st->kg);
+        st->chain = tally__meta_calloc(LEARN * sizeof *st->chain);
+        if (!st->size || !st->live || !st->kg || !st->chain) {
+            tally__meta_free(st->size);
+            tally__meta_free(st->live);
+            tally__meta_free(st->kg);
+            tally__meta_free(st->chain);
+            st->size = NULL;
+            return; /* no learning: moves stay on */
+        }
+    }
+    uint64_t i = st->n;
+    bool holds = st->period && i >= st->period && st->size[(i - st->period) % LEARN] == size &&
+                 st->live[(i - st->period) % LEARN] == live;
+    st->size[i % LEARN] = size;
+    st->live[i % LEARN] = live;
+    st->n++;
+    if (holds) {
+        st->run++;
+    } else {
+        st->period = st->run = 0;
+        if (st->n >= KGRAM) {
+            /* Earlier ends of the same KGRAM sizes, nearest first: the
+             * nearest whose sizes and live bytes agree gives the period. */
+            uint64_t j = st->kg[kgram_hash(st) % KG_SLOTS];
+            for (int walk = 0; j && walk < CHAIN_WALK && i + 1 - j < LEARN; walk++) {
+                uint64_t p = i + 1 - j;
+                bool same = p >= MIN_PERIOD;
+                for (size_t k = 0; k < KGRAM && same; k++)
+                    same = st->size[(i - k) % LEARN] == st->size[(i - k - p) % LEARN] &&
+                           st->live[(i - k) % LEARN] == st->live[(i - k - p) % LEARN];
+                if (same) {
+                    st->period = p, st->run = KGRAM;
+                    break;
+                }
+                j = st->chain[(j - 1) % LEARN];
+            }
+        }
+    }
+    if (st->n >= KGRAM) {
+        uint64_t *slot = &st->kg[kgram_hash(st) % KG_SLOTS];
+        st->chain[i % LEARN] = *slot;
+        *slot = st->n;
+    }
+    st->on = st->period && st->run >= (st->period < STEADY_RUN ? st->period : STEADY_RUN);
+    /* The move budget comes back at each step: every period once steady,
+     * every MOVE_WINDOW allocations until then. */
+    if (st->n >= st->refill_at) {
+        st->tokens = (double)TALLY_OPT(expandable_move_budget);
+        st->refill_at = st->n + (st->on ? st->period : MOVE_WINDOW);
+    }
+}
+
+bool tally__expand_steady(const tally_device_t *d)
+{
+    return steady[d->id].on;
+}
+
+uint64_t tally__expand_period(const tally_device_t *d)
+{
+    return steady[d->id].on ? steady[d->id].period : 0;
+}
+
+/* Modelled driver microseconds of moving n pages (A100 column of
+ * tests/standin/cost.c, a handle per page as a move maps them): a
+ * synchronise and cuMemUnmap of the pages taken, then cuMemCreate +
+ * cuMemMap + cuMemRelease + cuMemSetAccess per page mapped. */
+static double move_us(size_t n)
+{
+    return 20.0 + (double)n * (25.6 + 193.0 + 1.45 + 25.6 + 36.0);
+}
+
+/* Pages that could move: spare pages of every region, and the pages of
+ * the free small-pool segments. */
+size_t tally__expand_movable_locked(const tally_device_t *d)
+{
+    size_t n = 0;
+    for (const tally_segment_t *s = d->segments; s; s = s->next)
+        n += s->ex ? s->ex->spare : 0;
+    return n + d->small.count;
+}
+
+/* Whether pages may move now to spare want new ones (expandable_move_budget),
+ * charging the move of what can move; nothing movable costs nothing. */
+bool tally__expand_move_allowed_locked(tally_device_t *d, size_t want, size_t avail)
+{
+    int budget = TALLY_OPT(expandable_move_budget);
+    if (budget < 0)
+        return true;
+    steady_t *st = &steady[d->id];
+    size_t n = want < avail ? want : avail;
+    if (budget == 0 || !n || !st->size || st->tokens < move_us(n))
+        return false;
+    st->tokens -= move_us(n);
+    return true;
+}
+
+/* The first spare page at or after p, or npages. A scan of words. */
+static size_t next_spare(const tally_expand_t *ex, size_t p)
+{
+    size_t words = ex->npages / 64 + 1, w = p >> 6;
+    if (p >= ex->npages)
+        return ex->npages;
+    uint64_t m = ex->spare_bits[w] & (~0ull << (p & 63));
+    while (!m && ++w < words)
+        m = ex->spare_bits[w];
+    if (!m)
+        return ex->npages;
+    size_t q = w * 64 + (size_t)__builtin_ctzll(m);
+    return q < ex->npages ? q : ex->npages;
+}
+
+/* Whether handle h (its first page) of segment s has a page in [lo, hi]
+ * of segment keep: the pages of the block being placed stay. */
+static inline bool kept(const tally_expand_t *ex, const tally_segment_t *s, size_t h, const tally_segment_t *keep,
+                        size_t lo, size_t hi)
+{
+    return s == keep && h <= hi && h + ex->hlen[h] > lo;
+}
+
+/* Unmap at least want idle pages (fewer if there are not enough) of every
+ * region, in address order, in runs of neighbouring spare handles; handles
+ * with a page in [keep_lo, keep_hi] of segment keep stay. Returns the
+ * pages unmapped. The spare bitmap makes this a scan of words, not pages. */
+size_t tally__expand_unmap_idle_locked(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo,
+                                       size_t keep_hi)
+{
+    size_t done = 0;
+    for (tally_segment_t *s = d->segments; s && done < want; s = s->next) {
+        tally_expand_t *ex = s->ex;
+        if (!ex || !ex->spare)
+            continue;
+        size_t p = 0;
+        while (done < want && (p = next_spare(ex, p)) < ex->npages) {
+            p = ex->hstart[p];
+            size_t n = 0;
+            while (p + n < ex->npages && done + n < want && tally__expand_is_spare(ex, p + n) &&
+                   !kept(ex, s, p + n, keep, keep_lo, keep_hi))
+                n += ex->hlen[p + n];
+            if (!n) { /* a handle of the block being placed */
+                p += ex->hlen[p];
+                continue;
+            }
+            if (!tally__expand_unmap_run_locked(d, s, p, n))
+                return done;
+            done += n;
+            p += n;
+        }
+    }
+    return done;
+}
+
+typedef struct idle_run {
+    tally_segment_t *s;
+    size_t p, n;
+} idle_run_t;
+
+static int run_longer(const void *a, const void *b)
+{
+    const idle_run_t *x = a, *y = b;
+    if (x->n != y->n)
+        return x->n < y->n ? 1 : -1;
+    return (x->p > y->p) - (x->p < y->p);
+}
+
+/* Take back at least want idle pages (fewer if there are not enough) in
+ * whole runs of neighbouring spare handles, the longest runs first: one
+ * unmap call each. Handles with a page in [keep_lo, keep_hi] of segment
+ * keep are left alone. Returns the pages unmapped. */
+size_t tally__expand_steal_runs_locked(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo,
+                                       size_t keep_hi)
+{
+    size_t cap = 0, nr = 0;
+    for (tally_segment_t *s = d->segments; s; s = s->next)
+        if (s->ex)
+            cap += s->ex->spare;
+    if (!cap || !want)
+        return 0;
+    idle_run_t *runs = tally__meta_alloc(cap * sizeof *runs);
+    if (!runs) /* no room to sort: take runs in address order */
+        return tally__expand_unmap_idle_locked(d, want, keep, keep_lo, keep_hi);
+    for (tally_segment_t *s = d->segments; s; s = s->next) {
+        tally_expand_t *ex = s->ex;
+        if (!ex || !ex->spare)
+            continue;
+        size_t p = 0;
+        while ((p = next_spare(ex, p)) < ex->npages) {
+            p = ex->hstart[p];
+            size_t n = 0;
+            while (p + n < ex->npages && tally__expand_is_spare(ex, p + n) &&
+                   !kept(ex, s, p + n, keep, keep_lo, keep_hi))
+                n += ex->hlen[p + n];
+            if (!n) {
+                p += ex->hlen[p];
+                continue;
+            }
+            runs[nr++] = (idle_run_t){s, p, n};
+            p += n;
+        }
+    }
+    qsort(runs, nr, sizeof *runs, run_longer);
+    size_t done = 0;
+    for (size_t i = 0; i < nr && done < want; i++) {
+        if (!tally__expand_unmap_run_locked(d, runs[i].s, runs[i].p, runs[i].n))
+            break;
+        done += runs[i].n;
+    }
+    tally__meta_free(runs);
+    return done;
+}
