@@ -138,6 +138,45 @@ static double reserved_top(const char *x_mode)
     return top;
 }
 
+/* Memory is a step function of time: every edge of every tag's area and of
+ * the reserved line is horizontal or vertical, by time and by event number,
+ * including the edge an area closes along (the top of the areas below). */
+static void test_plot_outlines_are_steps(void **state)
+{
+    (void)state;
+    static const char *const modes[] = {"time", "events"};
+    for (int m = 0; m < 2; m++) {
+        char out[PATH_MAX + 16];
+        snprintf(out, sizeof out, "%s/steps-%s.svg", dir, modes[m]);
+        run_t r = tally_run("plot '%s/train.json' --x %s -o '%s'", dir, modes[m], out);
+        EXPECT_RC(r, 0);
+        run_free(&r);
+        char *svg = slurp(out);
+        assert_non_null(svg);
+        int paths = 0;
+        for (const char *at = strstr(svg, "<path class=\""); at; at = strstr(at + 1, "<path class=\"")) {
+            const char *d = strstr(at, " d=\"");
+            assert_non_null(d);
+            d += 4;
+            double x, y, px = 0, py = 0;
+            int used = 0, pts = 0;
+            while (sscanf(d, " %*[ML]%lf,%lf%n", &x, &y, &used) == 2) {
+                if (pts && x != px && y != py)
+                    fail_msg("plot by %s: a diagonal edge from (%.1f, %.1f) to (%.1f, %.1f) in %.60s", modes[m], px,
+                             py, x, y, at);
+                px = x;
+                py = y;
+                pts++;
+                d += used;
+            }
+            assert_true(pts >= 2);
+            paths++;
+        }
+        assert_true(paths >= 6); /* five tags and the reserved line */
+        free(svg);
+    }
+}
+
 /* Plotted by time (one point per pixel column) the reserved line reaches
  * the same peak as plotted by event number (one point per event): the
  * columns cover every event. */
@@ -262,6 +301,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plot_svg),
         cmocka_unit_test(test_plot_html),
+        cmocka_unit_test(test_plot_outlines_are_steps),
         cmocka_unit_test(test_plot_by_time_covers_every_event),
         cmocka_unit_test(test_plot_axis_unit_stops_at_tib),
         cmocka_unit_test(test_plot_says_how_many_events_were_dropped),
