@@ -106,6 +106,21 @@ static void test_merge_four_ranks(void **state)
     run_free(&r);
 }
 
+/* The total row sums every rank given, when there are fewer ranks than
+ * devices (3 of the 4 ranks: three checkpoints on device 0, nothing on
+ * device 3, whose rank is missing). */
+static void test_merge_totals_every_rank_with_fewer_ranks_than_devices(void **state)
+{
+    (void)state;
+    run_t r = tally_run("merge '%s/rank2.json' '%s/rank0.json' '%s/rank1.json'", dir, dir, dir);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "tally merge: 3 reports, ranks 0, 1, 2 (world size 4)\nmissing: rank 3\n");
+    HAS(r.out, "\ntotal                     3.2 GiB   256.0 MiB   256.0 MiB         0 B\n"); /* allocated */
+    HAS(r.out, "\ntotal                     3.2 GiB  256.0 MiB  256.0 MiB        0 B\n");     /* reserved */
+    HAS(r.out, "checkpoint                3.0 GiB      3.0 GiB            3      3\n");
+    run_free(&r);
+}
+
 static int64_t jint(const tally_json_t *obj, const char *key)
 {
     int64_t v = -1;
@@ -145,12 +160,17 @@ static void test_merge_json(void **state)
         assert_int_equal(jint(d0, "device"), 0);
         assert_int_equal(jint(d0, "allocated_bytes"), (int64_t)(GiB + (i == 0 ? 256 * MiB : 0)));
         assert_int_equal(jint(d0, "foreign_bytes"), (int64_t)(i == 0 ? 0 : GiB));
+        /* Every block is a whole large segment here: reserved is allocated. */
+        assert_int_equal(jint(d0, "reserved_bytes"), (int64_t)(GiB + (i == 0 ? 256 * MiB : 0)));
     }
     const tally_json_t *devs = tally__json_get(root, "devices");
     assert_int_equal(devs->len, 4);
     assert_int_equal(jint(&devs->items[0], "allocated_bytes"), (int64_t)(4 * GiB + 256 * MiB));
     assert_int_equal(jint(&devs->items[0], "foreign_bytes"), (int64_t)(3 * GiB));
     assert_int_equal(jint(&devs->items[2], "allocated_bytes"), (int64_t)(256 * MiB));
+    assert_int_equal(jint(&devs->items[0], "reserved_bytes"), (int64_t)(4 * GiB + 256 * MiB));
+    assert_int_equal(jint(&devs->items[2], "reserved_bytes"), (int64_t)(256 * MiB));
+    assert_int_equal(jint(&devs->items[2], "foreign_bytes"), 0);
     const tally_json_t *foreign = tally__json_get(root, "foreign");
     assert_int_equal(foreign->len, 3);
     for (size_t i = 0; i < 3; i++) {
@@ -307,6 +327,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ledger_one_live_block_is_singular),
         cmocka_unit_test(test_ledger_rejects_stats),
         cmocka_unit_test(test_merge_four_ranks),
+        cmocka_unit_test(test_merge_totals_every_rank_with_fewer_ranks_than_devices),
         cmocka_unit_test(test_merge_json),
         cmocka_unit_test(test_merge_device_columns_in_order),
         cmocka_unit_test(test_merge_duplicate_rank),
