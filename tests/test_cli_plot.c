@@ -140,7 +140,8 @@ static double reserved_top(const char *x_mode)
 
 /* Memory is a step function of time: every edge of every tag's area and of
  * the reserved line is horizontal or vertical, by time and by event number,
- * including the edge an area closes along (the top of the areas below). */
+ * including the edge an area closes along (the top of the areas below);
+ * and no memory is below 0 (segment events move no tag's area). */
 static void test_plot_outlines_are_steps(void **state)
 {
     (void)state;
@@ -153,6 +154,11 @@ static void test_plot_outlines_are_steps(void **state)
         run_free(&r);
         char *svg = slurp(out);
         assert_non_null(svg);
+        /* The first grid line is memory 0: nothing is drawn below it. */
+        const char *grid = strstr(svg, "<g class=\"grid\"");
+        assert_non_null(grid);
+        double zero_y = 0;
+        assert_int_equal(sscanf(strstr(grid, " y1=\"") + 5, "%lf", &zero_y), 1);
         int paths = 0;
         for (const char *at = strstr(svg, "<path class=\""); at; at = strstr(at + 1, "<path class=\"")) {
             const char *d = strstr(at, " d=\"");
@@ -161,6 +167,9 @@ static void test_plot_outlines_are_steps(void **state)
             double x, y, px = 0, py = 0;
             int used = 0, pts = 0;
             while (sscanf(d, " %*[ML]%lf,%lf%n", &x, &y, &used) == 2) {
+                if (y > zero_y + 0.05)
+                    fail_msg("plot by %s: a point at y %.1f, below memory 0 (y %.1f), in %.60s", modes[m], y, zero_y,
+                             at);
                 if (pts && x != px && y != py)
                     fail_msg("plot by %s: a diagonal edge from (%.1f, %.1f) to (%.1f, %.1f) in %.60s", modes[m], px,
                              py, x, y, at);
