@@ -56,6 +56,16 @@ static inline int floor_log2(size_t x)
     return 63 - __builtin_clzll((unsigned long long)x);
 }
 
+/* The small pool's sizes without the interval table's divisions (the
+ * default): a multiple of 512 B, inline on the allocation path. Below 2 MiB
+ * the table's first interval applies. */
+static inline size_t round_size(size_t size)
+{
+    if (size <= SMALL_SIZE && tally__opt.roundup_divisions[0] <= 1)
+        return size < MIN_BLOCK ? MIN_BLOCK : (size + MIN_BLOCK - 1) & ~(size_t)(MIN_BLOCK - 1);
+    return tally__round_size(size);
+}
+
 size_t tally__round_size(size_t size)
 {
     if (size < MIN_BLOCK)
@@ -101,7 +111,7 @@ tally_pool_t *tally__pool_for(tally_device_t *d, tally_gpool_t *gp, int kind)
 
 /* ---- block records ------------------------------------------------------- */
 
-static tally_block_t *block_new(tally_device_t *d)
+static inline tally_block_t *block_new(tally_device_t *d)
 {
     if (!d->spare_blocks) {
         enum { BATCH = 64 };
@@ -515,7 +525,7 @@ tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t orig, voi
         return NULL;
     }
     p.stream = stream;
-    p.size = tally__round_size(orig);
+    p.size = round_size(orig);
     p.pool = p.size <= SMALL_SIZE ? TALLY_POOL_SMALL : TALLY_POOL_LARGE;
     p.alloc_size = tally__segment_size(p.size);
     if (TALLY_OPT(expandable_move_budget) > 0 && tally__expand_on())
