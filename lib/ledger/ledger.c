@@ -95,11 +95,9 @@ static int rows_grow(tally_ledger_dev_t *ld)
 }
 
 /* Row of (tag, stage), created on first use; UINT32_MAX without memory. */
-static uint32_t row_of(tally_ledger_dev_t *ld, uint32_t tag, uint32_t stage)
+static uint32_t row_find(tally_ledger_dev_t *ld, uint32_t tag, uint32_t stage)
 {
     uint64_t key = (uint64_t)tag << 32 | stage;
-    if (key == ld->last_key)
-        return ld->last_idx;
     if (ld->count == ld->cap && rows_grow(ld))
         return UINT32_MAX;
     uint32_t i = key_slot(key, ld->index_mask);
@@ -119,6 +117,15 @@ static uint32_t row_of(tally_ledger_dev_t *ld, uint32_t tag, uint32_t stage)
     ld->last_key = key;
     ld->last_idx = ld->index[i];
     return ld->last_idx;
+}
+
+/* The last row's key checked inline: the common case is the same owner as
+ * the allocation before. */
+static inline uint32_t row_of(tally_ledger_dev_t *ld, uint32_t tag, uint32_t stage)
+{
+    if (((uint64_t)tag << 32 | stage) == ld->last_key)
+        return ld->last_idx;
+    return row_find(ld, tag, stage);
 }
 
 /* The bodies of the owner counters' hooks, static so that the cache's hooks
