@@ -334,6 +334,8 @@ tally_device_t *tally__device(int device, const char *fn)
 {
     if (tally__ensure_init())
         return NULL;
+    if (TALLY_LIKELY(device >= 0 && device < tally__g.ndev))
+        return tally__g.dev[device]; /* no call on the hot path; the lookup reports a bad device */
     return tally__device_lookup(device, fn);
 }
 

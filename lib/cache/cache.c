@@ -56,6 +56,16 @@ static inline int floor_log2(size_t x)
     return 63 - __builtin_clzll((unsigned long long)x);
 }
 
+/* The small pool's sizes without the interval table's divisions (the
+ * default): a multiple of 512 B, inline on the allocation path. Below 2 MiB
+ * the table's first interval applies. */
+static inline size_t round_size(size_t size)
+{
+    if (size <= SMALL_SIZE && tally__opt.roundup_divisions[0] <= 1)
+        return size < MIN_BLOCK ? MIN_BLOCK : (size + MIN_BLOCK - 1) & ~(size_t)(MIN_BLOCK - 1);
+    return tally__round_size(size);
+}
+
 size_t tally__round_size(size_t size)
 {
     if (size < MIN_BLOCK)
@@ -101,7 +111,7 @@ tally_pool_t *tally__pool_for(tally_device_t *d, tally_gpool_t *gp, int kind)
 
 /* ---- block records ------------------------------------------------------- */
 
-static tally_block_t *block_new(tally_device_t *d)
+static inline tally_block_t *block_new(tally_device_t *d)
 {
     if (!d->spare_blocks) {
         enum { BATCH = 64 };
@@ -133,15 +143,17 @@ static tally_block_t *block_new(tally_device_t *d)
 
 void tally__cache_block_delete_locked(tally_device_t *d, tally_block_t *b)
 {
-    tally__meta_free(b->uses);
-    b->uses = NULL;
+    if (b->uses) {
+        tally__meta_free(b->uses);
+        b->uses = NULL;
+    }
     b->next = d->spare_blocks;
     d->spare_blocks = b;
 }
 
 /* ---- free ---------------------------------------------------------------- */
 
-static size_t try_merge(tally_device_t *d, tally_block_t *dst, tally_block_t *src)
+static inline size_t try_merge(tally_device_t *d, tally_pool_t *pool, tally_block_t *dst, tally_block_t *src)
 {
     if (!src || src->state != BLOCK_FREE)
         return 0;
@@ -159,7 +171,7 @@ static size_t try_merge(tally_device_t *d, tally_block_t *dst, tally_block_t *sr
     }
     size_t subsumed = src->size;
     dst->size += subsumed;
-    tally__pool_erase(tally__pool_of(d, src), src);
+    tally__pool_erase(pool, src); /* a neighbour: the same segment, the same pool */
     tally__cache_block_delete_locked(d, src);
     return subsumed;
 }
@@ -174,26 +186,29 @@ void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b)
         tally__expand_unref_locked(b);
         b->paged = 0;
     }
+    tally_pool_t *pool = tally__pool_of(d, b);
     tally_block_t *cands[2] = {b->prev, b->next};
     for (int i = 0; i < 2; i++) {
-        size_t s = try_merge(d, b, cands[i]);
+        size_t s = try_merge(d, pool, b, cands[i]);
         if (s) {
             dblocks -= 1;
             dbytes -= (int64_t)s;
         }
     }
     b->state = BLOCK_FREE;
-    tally__pool_insert(tally__pool_of(d, b), b);
+    tally__pool_insert(pool, b);
     if (b->prev || b->next) {
         dblocks += 1;
         dbytes += (int64_t)b->size;
     }
     /* Free pieces of an expandable segment can always be released (their
      * pages unmapped), so they are not "non-releasable" (PyTorch agrees). */
-    if (dblocks && !b->seg->ex)
-        tally__stat_pool(d->stats.inactive_split, b->pool, dblocks);
-    if (dbytes && !b->seg->ex)
-        tally__stat_pool(d->stats.inactive_split_bytes, b->pool, dbytes);
+    if (!b->seg->ex) {
+        if (dblocks)
+            tally__stat_pool(d->stats.inactive_split, b->pool, dblocks);
+        if (dbytes)
+            tally__stat_pool(d->stats.inactive_split_bytes, b->pool, dbytes);
+    }
     tally__stat_pool_dec(d->stats.active, b->pool, 1);
     tally__stat_pool_dec(d->stats.active_bytes, b->pool, (int64_t)original);
     tally__stat_pool_dec(d->stats.requested_bytes, b->pool, (int64_t)b->requested);
@@ -515,7 +530,7 @@ tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t orig, voi
         return NULL;
     }
     p.stream = stream;
-    p.size = tally__round_size(orig);
+    p.size = round_size(orig);
     p.pool = p.size <= SMALL_SIZE ? TALLY_POOL_SMALL : TALLY_POOL_LARGE;
     p.alloc_size = tally__segment_size(p.size);
     if (TALLY_OPT(expandable_move_budget) > 0 && tally__expand_on())

@@ -156,18 +156,28 @@ static inline uint32_t bin_of(size_t size)
     return (uint32_t)(size >> 9) - 1;
 }
 
-static void bin_insert(tally_binset_t *set, tally_block_t *b)
+static inline void bin_insert(tally_binset_t *set, tally_block_t *b)
 {
     uint32_t i = bin_of(b->size);
-    root_insert(&set->roots[i], b);
+    if (!set->roots[i]) {
+        /* An empty bin (the common case): no descent, no call. */
+        b->prio = prio_of(b->addr);
+        b->left = b->right = NULL;
+        set->roots[i] = b;
+    } else {
+        root_insert(&set->roots[i], b);
+    }
     set->bits[i >> 6] |= 1ull << (i & 63);
     set->summary |= 1ull << (i >> 6);
 }
 
-static void bin_erase(tally_binset_t *set, tally_block_t *b)
+static inline void bin_erase(tally_binset_t *set, tally_block_t *b)
 {
     uint32_t i = bin_of(b->size);
-    root_erase(&set->roots[i], b);
+    if (set->roots[i] == b && !b->left && !b->right)
+        set->roots[i] = NULL; /* the bin's only block */
+    else
+        root_erase(&set->roots[i], b);
     if (!set->roots[i]) {
         set->bits[i >> 6] &= ~(1ull << (i & 63));
         if (!set->bits[i >> 6])

@@ -95,11 +95,9 @@ static int rows_grow(tally_ledger_dev_t *ld)
 }
 
 /* Row of (tag, stage), created on first use; UINT32_MAX without memory. */
-static uint32_t row_of(tally_ledger_dev_t *ld, uint32_t tag, uint32_t stage)
+static uint32_t row_find(tally_ledger_dev_t *ld, uint32_t tag, uint32_t stage)
 {
     uint64_t key = (uint64_t)tag << 32 | stage;
-    if (key == ld->last_key)
-        return ld->last_idx;
     if (ld->count == ld->cap && rows_grow(ld))
         return UINT32_MAX;
     uint32_t i = key_slot(key, ld->index_mask);
@@ -121,7 +119,18 @@ static uint32_t row_of(tally_ledger_dev_t *ld, uint32_t tag, uint32_t stage)
     return ld->last_idx;
 }
 
-void tally__ledger_on_alloc_locked(tally_device_t *d, tally_block_t *b)
+/* The last row's key checked inline: the common case is the same owner as
+ * the allocation before. */
+static inline uint32_t row_of(tally_ledger_dev_t *ld, uint32_t tag, uint32_t stage)
+{
+    if (((uint64_t)tag << 32 | stage) == ld->last_key)
+        return ld->last_idx;
+    return row_find(ld, tag, stage);
+}
+
+/* The bodies of the owner counters' hooks, static so that the cache's hooks
+ * below take them inline (one call per allocate or free, not two). */
+static inline void on_alloc(tally_device_t *d, tally_block_t *b)
 {
     tally_ledger_dev_t *ld = d->ledger;
     int64_t alloc = d->stats.allocated_bytes[TALLY_POOL_ALL].current;
@@ -146,7 +155,7 @@ void tally__ledger_on_alloc_locked(tally_device_t *d, tally_block_t *b)
     b->lentry = r;
 }
 
-void tally__ledger_on_free_locked(tally_device_t *d, tally_block_t *b)
+static inline void on_free(tally_device_t *d, tally_block_t *b)
 {
     if (b->lentry == UINT32_MAX)
         return;
@@ -155,16 +164,26 @@ void tally__ledger_on_free_locked(tally_device_t *d, tally_block_t *b)
     tally__stat_dec(&ld->entries[b->lentry].blocks, 1);
 }
 
+void tally__ledger_on_alloc_locked(tally_device_t *d, tally_block_t *b)
+{
+    on_alloc(d, b);
+}
+
+void tally__ledger_on_free_locked(tally_device_t *d, tally_block_t *b)
+{
+    on_free(d, b);
+}
+
 void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b)
 {
-    tally__ledger_on_alloc_locked(d, b);
+    on_alloc(d, b);
     tally__timeline_block_locked(d, TALLY_EV_ALLOC, b);
     tally__trace_block_locked(d, 1, b);
 }
 
 void tally__ledger_block_free_locked(tally_device_t *d, tally_block_t *b)
 {
-    tally__ledger_on_free_locked(d, b);
+    on_free(d, b);
     tally__timeline_block_locked(d, TALLY_EV_FREE, b);
     tally__trace_block_locked(d, 0, b);
 }
