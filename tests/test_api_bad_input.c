@@ -423,6 +423,62 @@ static void test_printed_configuration_parses_back(void **state)
     free(text);
 }
 
+/* Names are UTF-8 by the standard's rules (RFC 3629): each malformed form
+ * is refused by tally_tag_push and tally_stage_begin alike, and the
+ * boundary code points of each length are accepted. */
+static void test_names_follow_utf8_rules(void **state)
+{
+    (void)state;
+    static const char *const refused[] = {
+        "\x80",             /* a continuation byte alone */
+        "a\xbf",            /* one at the end */
+        "\xc0\x80",         /* overlong NUL */
+        "\xc1\xbf",         /* overlong U+007F */
+        "\xe0\x80\x80",     /* overlong, three bytes */
+        "\xe0\x9f\xbf",     /* overlong U+07FF, the largest three-byte one */
+        "\xf0\x8f\xbf\xbf", /* overlong U+FFFF */
+        "\xf0\x80\x80\x80", /* overlong, four bytes */
+        "\xc2",             /* cut short */
+        "\xe2\x82",         /* cut short */
+        "x\xf0\x9f\x98",    /* cut short at the end */
+        "\xed\xa0\x80",     /* a surrogate, U+D800 */
+        "\xed\xbf\xbf",     /* a surrogate, U+DFFF */
+        "\xf4\x90\x80\x80", /* U+110000 */
+        "\xf8\x88\x80\x80\x80", /* five bytes */
+        "\xc3\x28",         /* a lead byte without its continuation */
+    };
+    static const char *const accepted[] = {
+        "\x7e",             /* the last printable one-byte character */
+        "\xc2\x80",         /* U+0080, the first two-byte one */
+        "\xdf\xbf",         /* U+07FF */
+        "\xe0\xa0\x80",     /* U+0800 */
+        "\xed\x9f\xbf",     /* U+D7FF, just below the surrogates */
+        "\xee\x80\x80",     /* U+E000, just above */
+        "\xef\xbf\xbd",     /* U+FFFD */
+        "\xf0\x90\x80\x80", /* U+10000 */
+        "\xf4\x8f\xbf\xbf", /* U+10FFFF */
+        "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80",
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        tu_ctx("refused name %zu", i);
+        cap_begin();
+        EQ(tally_tag_push(refused[i]), -TALLY_EINVAL);
+        EQ(tally_stage_begin(refused[i]), -TALLY_EINVAL);
+        cap_end();
+        HAS(tally_last_error(), "UTF-8");
+    }
+    for (size_t i = 0; i < sizeof accepted / sizeof *accepted; i++) {
+        tu_ctx("accepted name %zu", i);
+        cap_begin();
+        EQ(tally_tag_push(accepted[i]), 0);
+        EQ(tally_tag_pop(), 0);
+        EQ(tally_stage_begin(accepted[i]), 0);
+        EQ(tally_stage_end(accepted[i]), 0);
+        cap_end();
+    }
+    tu_ctx("%s", "");
+}
+
 int main(void)
 {
     tu_conf("backend:host,host_devices:2,host_capacity:80GiB,host_mode:virtual,leak_report:off");
@@ -437,6 +493,7 @@ int main(void)
         cmocka_unit_test(test_report_temp_file_ignores_planted_links),
         cmocka_unit_test(test_bad_input_configuration_strings),
         cmocka_unit_test(test_non_utf8_names_are_refused),
+        cmocka_unit_test(test_names_follow_utf8_rules),
         cmocka_unit_test(test_printed_configuration_parses_back),
     };
     return cmocka_run_group_tests_name("bad_input", tests, NULL, NULL);

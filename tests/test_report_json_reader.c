@@ -86,11 +86,148 @@ static void test_json_strings(void **state)
     assert_int_equal(v->items[4].len, 0);
     tally__json_free(v);
 
+    /* Every hex digit, in both cases. */
+    v = parse_ok("\"\\u0123\\u4567\\u89ab\\ucdef\\u89AB\\uCDEF\"");
+    assert_string_equal(v->s, "\xc4\xa3\xe4\x95\xa7\xe8\xa6\xab\xec\xb7\xaf\xe8\xa6\xab\xec\xb7\xaf");
+    tally__json_free(v);
+
     /* A key holding a NUL is found only through the length-taking lookup. */
     v = parse_ok("{\"k\\u0000z\": 1}");
     assert_null(tally__json_get(v, "k"));
     assert_non_null(tally__json_getn(v, "k\0z", 3));
     tally__json_free(v);
+}
+
+/* Numbers by RFC 8259's grammar: each valid form with its value (an exact
+ * integer when it is one and fits int64), and digits bounded on both sides
+ * ('/' sorts just below '0', ':' just above '9'). */
+static void test_json_number_grammar(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        int is_int;
+        int64_t i;
+        double d;
+    } ok[] = {
+        {"0", 1, 0, 0},
+        {"-0", 1, 0, 0},
+        {"7", 1, 7, 0},
+        {"-7", 1, -7, 0},
+        {"90", 1, 90, 0},
+        {"109", 1, 109, 0},
+        {"9223372036854775807", 1, INT64_MAX, 0},
+        {"-9223372036854775808", 1, INT64_MIN, 0},
+        {"9223372036854775808", 0, 0, 9223372036854775808.0},
+        {"-9223372036854775809", 0, 0, -9223372036854775809.0},
+        {"1000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000", 0, 0,
+         1e96},
+        {"0.5", 0, 0, 0.5},
+        {"-0.25", 0, 0, -0.25},
+        {"10.09", 0, 0, 10.09},
+        {"1e2", 0, 0, 100},
+        {"1E2", 0, 0, 100},
+        {"1e+2", 0, 0, 100},
+        {"25e-1", 0, 0, 2.5},
+        {"2.5E3", 0, 0, 2500},
+        {"0e0", 0, 0, 0},
+        {"9.9", 0, 0, 9.9},
+    };
+    for (size_t k = 0; k < sizeof ok / sizeof *ok; k++) {
+        char text[160];
+        snprintf(text, sizeof text, "[%s]", ok[k].text);
+        tally_json_t *v = parse_ok(text);
+        const tally_json_t *n = &v->items[0];
+        if (v->len != 1 || n->type != TALLY_JSON_NUMBER || n->is_int != (ok[k].is_int != 0))
+            fail_msg("%s: %zu items, type %d, is_int %d", text, v->len, n->type, n->is_int);
+        if (ok[k].is_int && n->i != ok[k].i)
+            fail_msg("%s read as %lld", text, (long long)n->i);
+        double want = ok[k].is_int ? (double)ok[k].i : ok[k].d;
+        if (n->d != want)
+            fail_msg("%s read as %.17g, not %.17g", text, n->d, want);
+        tally__json_free(v);
+    }
+    static const struct {
+        const char *text;
+        const char *error;
+    } bad[] = {
+        {"[/]", "byte 1: unexpected '/' (expected a value)"},
+        {"[-/]", "byte 1: invalid number (a digit must follow '-')"},
+        {"[-:]", "byte 1: invalid number (a digit must follow '-')"},
+        {"[0/]", "byte 2: expected ',' or ']' in an array, found '/'"},
+        {"[1:]", "byte 2: expected ',' or ']' in an array, found ':'"},
+        {"[00]", "byte 1: invalid number (leading zero)"},
+        {"[09]", "byte 1: invalid number (leading zero)"},
+        {"[-01]", "byte 1: invalid number (leading zero)"},
+        {"[1./]", "byte 1: invalid number (a digit must follow '.')"},
+        {"[1.:]", "byte 1: invalid number (a digit must follow '.')"},
+        {"[1.5/]", "byte 4: expected ',' or ']' in an array, found '/'"},
+        {"[1.5:]", "byte 4: expected ',' or ']' in an array, found ':'"},
+        {"[1e/]", "byte 1: invalid number (a digit must follow the exponent)"},
+        {"[1e:]", "byte 1: invalid number (a digit must follow the exponent)"},
+        {"[1e-/]", "byte 1: invalid number (a digit must follow the exponent)"},
+        {"[1e5/]", "byte 4: expected ',' or ']' in an array, found '/'"},
+        {"[1e5:]", "byte 4: expected ',' or ']' in an array, found ':'"},
+        {"[+1]", "byte 1: unexpected '+' (expected a value)"},
+        {"[.5]", "byte 1: unexpected '.' (expected a value)"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        char err[256] = "";
+        tally_json_t *v = tally__json_parse(bad[k].text, strlen(bad[k].text), err, sizeof err, NULL);
+        if (v)
+            fail_msg("%s parsed", bad[k].text);
+        if (strcmp(err, bad[k].error) != 0)
+            fail_msg("%s: \"%s\", expected \"%s\"", bad[k].text, err, bad[k].error);
+    }
+}
+
+/* The parser reads only the len bytes it is given: a buffer that goes on
+ * (a file read into a larger buffer, an mmap) never lends it a digit, a '.',
+ * an exponent or a sign past the end. */
+static void test_json_numbers_end_at_the_given_length(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        size_t len;
+        int64_t value; /* an integer, when error is NULL */
+        const char *error;
+    } cases[] = {
+        {"12", 1, 1, NULL},
+        {"05", 1, 0, NULL},
+        {"-05", 2, 0, NULL},
+        {"7.5", 1, 7, NULL},
+        {"7e3", 1, 7, NULL},
+        {"-5", 1, 0, "byte 0: invalid number (a digit must follow '-')"},
+        {"1.5", 2, 0, "byte 0: invalid number (a digit must follow '.')"},
+        {"1e5", 2, 0, "byte 0: invalid number (a digit must follow the exponent)"},
+        {"1e+5", 3, 0, "byte 0: invalid number (a digit must follow the exponent)"},
+        {"1.25", 3, 0, NULL}, /* 1.2 */
+        {"2e15", 3, 0, NULL}, /* 2e1 */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char err[256] = "";
+        tally_json_t *v = tally__json_parse(cases[k].text, cases[k].len, err, sizeof err, NULL);
+        if (cases[k].error) {
+            if (v || strcmp(err, cases[k].error) != 0)
+                fail_msg("<%.*s>: \"%s\", expected \"%s\"", (int)cases[k].len, cases[k].text, err, cases[k].error);
+            continue;
+        }
+        if (!v)
+            fail_msg("<%.*s> failed: %s", (int)cases[k].len, cases[k].text, err);
+        if (k == 9 || k == 10) {
+            double want = k == 9 ? 1.2 : 20;
+            if (v->is_int || v->d != want)
+                fail_msg("<%.*s> read as %.17g", (int)cases[k].len, cases[k].text, v->d);
+        } else if (!v->is_int || v->i != cases[k].value) {
+            fail_msg("<%.*s> read as %lld", (int)cases[k].len, cases[k].text, (long long)v->i);
+        }
+        tally__json_free(v);
+    }
+    /* Strings too: an escape cut by the end of the buffer is an error. */
+    char err[256] = "";
+    assert_null(tally__json_parse("\"\\u00e9\"", 6, err, sizeof err, NULL));
+    assert_null(tally__json_parse("\"ab\"", 3, err, sizeof err, NULL));
 }
 
 static void expect_json_error(const char *text, size_t len, size_t offset, const char *message)
@@ -124,6 +261,12 @@ static void test_json_errors(void **state)
     JSON_ERR("\"a\\xb\"", 2, "byte 2: invalid escape \\'x' in a string");
     JSON_ERR("\"\\u12\"", 1, "byte 1: invalid \\u escape (four hex digits expected)");
     JSON_ERR("\"\\u12g4\"", 1, "byte 1: invalid \\u escape (four hex digits expected)");
+    /* The characters just outside each range of hex digits. */
+    JSON_ERR("\"\\u00/0\"", 1, "byte 1: invalid \\u escape (four hex digits expected)");
+    JSON_ERR("\"\\u00:0\"", 1, "byte 1: invalid \\u escape (four hex digits expected)");
+    JSON_ERR("\"\\u00@0\"", 1, "byte 1: invalid \\u escape (four hex digits expected)");
+    JSON_ERR("\"\\u00G0\"", 1, "byte 1: invalid \\u escape (four hex digits expected)");
+    JSON_ERR("\"\\u00`0\"", 1, "byte 1: invalid \\u escape (four hex digits expected)");
     JSON_ERR("\"\\ud800\"", 1, "byte 1: unpaired high surrogate \\ud800");
     JSON_ERR("\"\\ud800\\u0041\"", 1, "byte 1: unpaired high surrogate \\ud800");
     JSON_ERR("\"\\udc00\"", 1, "byte 1: unpaired low surrogate \\udc00");
@@ -231,6 +374,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_values),
         cmocka_unit_test(test_json_strings),
+        cmocka_unit_test(test_json_number_grammar),
+        cmocka_unit_test(test_json_numbers_end_at_the_given_length),
         cmocka_unit_test(test_json_errors),
         cmocka_unit_test(test_json_depth_limit),
         cmocka_unit_test(test_json_mangled_input),
