@@ -120,6 +120,46 @@ static void test_double_free_after_address_reuse_names_the_latest_owner(void **s
     LU_CHECK_OK();
 }
 
+/* Once the block's segment has gone back to the backend (empty_cache), a
+ * second free is still named a double free, with the block's tag, stage,
+ * device and size, and any other use of the pointer a use after free. */
+static void test_double_free_after_its_segment_was_released(void **state)
+{
+    (void)state;
+    lu_cap_begin();
+    LU_OK(tally_stage_begin("gone-stage"));
+    LU_OK(tally_tag_push("gone-tag"));
+    void *p = lu_malloc(26 * MB, 1);
+    LU_OK(tally_tag_pop());
+    LU_OK(tally_stage_end("gone-stage"));
+    tally_free(p);
+    LU_EQ(tally_empty_cache(1), 26 * MB);
+    lu_cap_end();
+    snapshot_t x, y;
+    snap(&x);
+    lu_cap_begin();
+    tally_free(p);
+    lu_cap_end();
+    snap(&y);
+    expect_same(&x, &y);
+    char ptr[64];
+    snprintf(ptr, sizeof ptr, "%p", p);
+    const char *t = lu_cap_text();
+    LU_EQ(lu_cap_lines(), 1);
+    LU_HAS(t, "tally_free: ");
+    LU_HAS(t, "double free");
+    LU_HAS(t, ptr);
+    LU_HAS(t, "tag gone-tag");
+    LU_HAS(t, "stage gone-stage");
+    LU_HAS(t, "device 1");
+    lu_cap_begin();
+    LU_EQ(tally_record_stream(p, (void *)0x1234), -TALLY_EINVAL);
+    lu_cap_end();
+    LU_HAS(tally_last_error(), "use after free");
+    LU_HAS(tally_last_error(), "gone-tag");
+    LU_CHECK_OK();
+}
+
 static void test_free_of_unknown_pointer_changes_nothing(void **state)
 {
     (void)state;
@@ -205,6 +245,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         LU_T(test_double_free_names_pointer_tag_and_stage),
         LU_T(test_double_free_after_address_reuse_names_the_latest_owner),
+        LU_T(test_double_free_after_its_segment_was_released),
         LU_T(test_free_of_unknown_pointer_changes_nothing),
         LU_T(test_free_checked_wrong_size_or_device),
     };
