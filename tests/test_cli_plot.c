@@ -11,6 +11,7 @@
 #include "skip.h"
 
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,6 +187,86 @@ static void test_plot_outlines_are_steps(void **state)
     }
 }
 
+/* The points of an SVG path "M x,y L x,y ...". */
+typedef struct {
+    double x[8192], y[8192];
+    int n;
+} pts_t;
+
+static void read_pts(const char *d, pts_t *p)
+{
+    int used = 0;
+    p->n = 0;
+    while (p->n < 8192 && sscanf(d, " %*[ML]%lf,%lf%n", &p->x[p->n], &p->y[p->n], &used) == 2) {
+        p->n++;
+        d += used;
+    }
+}
+
+/* The areas stack: each tag's area closes along exactly the top edge of the
+ * area below it (the areas neither overlap nor leave a gap), and the lowest
+ * along memory 0. */
+static void test_plot_areas_close_along_the_area_below(void **state)
+{
+    (void)state;
+    static const char *const modes[] = {"time", "events"};
+    static pts_t cur, top_below;
+    for (int m = 0; m < 2; m++) {
+        char out[PATH_MAX + 16];
+        snprintf(out, sizeof out, "%s/stack-%s.svg", dir, modes[m]);
+        run_t r = tally_run("plot '%s/train.json' --x %s -o '%s'", dir, modes[m], out);
+        EXPECT_RC(r, 0);
+        run_free(&r);
+        char *svg = slurp(out);
+        assert_non_null(svg);
+        const char *grid = strstr(svg, "<g class=\"grid\"");
+        assert_non_null(grid);
+        double zero_y = 0;
+        assert_int_equal(sscanf(strstr(grid, " y1=\"") + 5, "%lf", &zero_y), 1);
+        int areas = 0;
+        for (const char *at = strstr(svg, "<path class=\"tag\""); at; at = strstr(at + 1, "<path class=\"tag\"")) {
+            read_pts(strstr(at, " d=\"") + 4, &cur);
+            double xmax = cur.x[0];
+            for (int i = 1; i < cur.n; i++)
+                if (cur.x[i] > xmax)
+                    xmax = cur.x[i];
+            int j = 0;
+            while (cur.x[j] != xmax)
+                j++;
+            /* cur[0..j] is the top edge; the rest, reversed, the bottom. */
+            pts_t bottom = {.n = 0};
+            if (j + 1 >= cur.n || cur.x[j + 1] != xmax) { /* the bottom's first point merged into the top's last */
+                bottom.x[0] = xmax;
+                bottom.y[0] = cur.y[j];
+                bottom.n = 1;
+            }
+            for (int i = j + 1; i < cur.n; i++) {
+                bottom.x[bottom.n] = cur.x[i];
+                bottom.y[bottom.n++] = cur.y[i];
+            }
+            if (areas == 0) {
+                for (int i = 0; i < bottom.n; i++)
+                    if (bottom.y[i] != zero_y)
+                        fail_msg("plot by %s: the lowest area's bottom edge leaves memory 0 at (%.1f, %.1f)",
+                                 modes[m], bottom.x[i], bottom.y[i]);
+            } else {
+                bool same = bottom.n == top_below.n;
+                for (int i = 0; same && i < bottom.n; i++)
+                    same = bottom.x[bottom.n - 1 - i] == top_below.x[i] && bottom.y[bottom.n - 1 - i] == top_below.y[i];
+                if (!same)
+                    fail_msg("plot by %s: area %d does not close along the top of area %d (%d points against %d)",
+                             modes[m], areas, areas - 1, bottom.n, top_below.n);
+            }
+            top_below.n = j + 1;
+            memcpy(top_below.x, cur.x, sizeof(double) * (size_t)(j + 1));
+            memcpy(top_below.y, cur.y, sizeof(double) * (size_t)(j + 1));
+            areas++;
+        }
+        assert_true(areas >= 5);
+        free(svg);
+    }
+}
+
 /* Plotted by time (one point per pixel column) the reserved line reaches
  * the same peak as plotted by event number (one point per event): the
  * columns cover every event. */
@@ -311,6 +392,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_svg),
         cmocka_unit_test(test_plot_html),
         cmocka_unit_test(test_plot_outlines_are_steps),
+        cmocka_unit_test(test_plot_areas_close_along_the_area_below),
         cmocka_unit_test(test_plot_by_time_covers_every_event),
         cmocka_unit_test(test_plot_axis_unit_stops_at_tib),
         cmocka_unit_test(test_plot_says_how_many_events_were_dropped),
