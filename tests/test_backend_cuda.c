@@ -196,6 +196,47 @@ static void body_caller_context(void)
     EXPECT(cu_ctx_active(2) == 0);
 }
 
+/* A driver call is not free: when the caller already has the device's
+ * primary context current, tally pushes nothing; with another device's
+ * context current it pushes the one it needs and pops it again, once per
+ * call that reaches the driver. */
+static void body_no_push_when_current(void)
+{
+    driver_up();
+    CUdevice d0, d1;
+    CUcontext c0, c1, popped;
+    CU_EXPECT(cu.cuDeviceGet(&d0, 0));
+    CU_EXPECT(cu.cuDeviceGet(&d1, 1));
+    CU_EXPECT(cu.cuDevicePrimaryCtxRetain(&c0, d0));
+    CU_EXPECT(cu.cuDevicePrimaryCtxRetain(&c1, d1));
+    void *warm = tally_malloc(1 << 20, 0, NULL); /* device 0's context is tally's from here */
+    EXPECT(warm != NULL);
+    tally_free(warm);
+    tally_empty_cache(0);
+    CU_EXPECT(cu.cuCtxPushCurrent(c0));
+    cu_calls_reset();
+    void *p = tally_malloc(3 << 20, 0, NULL); /* a new segment: cuMemAlloc */
+    EXPECT(p != NULL);
+    tally_free(p);
+    EXPECT(tally_empty_cache(0) > 0); /* cuMemFree */
+    EXPECT(cu_calls("cuMemAlloc") >= 1);
+    EXPECT(cu_calls("cuCtxPushCurrent") == 0);
+    EXPECT(cu_calls("cuCtxPopCurrent") == 0);
+    CU_EXPECT(cu.cuCtxPopCurrent(&popped));
+    CU_EXPECT(cu.cuCtxPushCurrent(c1));
+    cu_calls_reset();
+    p = tally_malloc(3 << 20, 0, NULL);
+    EXPECT(p != NULL);
+    tally_free(p);
+    EXPECT(tally_empty_cache(0) > 0);
+    EXPECT(cu_calls("cuCtxPushCurrent") >= 2); /* the allocation and the release */
+    EXPECT(cu_calls("cuCtxPushCurrent") == cu_calls("cuCtxPopCurrent"));
+    CUcontext cur = NULL;
+    CU_EXPECT(cu.cuCtxGetCurrent(&cur));
+    EXPECT(cur == c1);
+    CU_EXPECT(cu.cuCtxPopCurrent(&popped));
+}
+
 /* ---- streams of other devices ------------------------------------------------ */
 
 /* A block of device 0 used on a stream of device 1: its event is recorded on
@@ -682,6 +723,7 @@ CUDA_TEST(test_async_contexts_only_on_used_devices,
           "backend:async,leak_report:off,memory_fraction:0.5,release_at_stage_end:true,stage_report:false",
           body_contexts, 2)
 CUDA_TEST(test_cuda_caller_context_kept, "backend:cuda,leak_report:off", body_caller_context, 3)
+CUDA_TEST(test_cuda_no_context_push_when_already_current, "backend:cuda,leak_report:off", body_no_push_when_current, 2)
 CUDA_TEST(test_cuda_cross_device_record_stream, "backend:cuda,leak_report:off", body_cross_device, 3)
 CUDA_TEST(test_async_cross_device_record_stream, "backend:async,leak_report:off", body_cross_device, 3)
 CUDA_TEST(test_async_free_waits_on_uses, "backend:async,leak_report:off", body_async_free_waits, 2)
@@ -716,6 +758,7 @@ int main(void)
         cmocka_unit_test(test_cuda_contexts_only_on_used_devices),
         cmocka_unit_test(test_async_contexts_only_on_used_devices),
         cmocka_unit_test(test_cuda_caller_context_kept),
+        cmocka_unit_test(test_cuda_no_context_push_when_already_current),
         cmocka_unit_test(test_cuda_cross_device_record_stream),
         cmocka_unit_test(test_async_cross_device_record_stream),
         cmocka_unit_test(test_async_free_waits_on_uses),
