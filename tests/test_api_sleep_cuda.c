@@ -223,6 +223,41 @@ static void body_sleep_waits_for_the_streams(int fd)
     cu.cuCtxPopCurrent(&ctx);
 }
 
+/* Sleep waits for exactly the tag's streams: each once without the lock and
+ * once more under it (docs/sleep.md), and no other stream: not the default
+ * stream, where the tag's blocks were never used. */
+static void body_sleep_waits_only_for_its_streams(int fd)
+{
+    (void)fd;
+    start_driver();
+    load_counts();
+    CUcontext ctx;
+    NEED(cu.cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS);
+    NEED(cu.cuCtxPushCurrent(ctx) == CUDA_SUCCESS);
+    CUstream s1, s2;
+    NEED(cu.cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    NEED(cu.cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    void *a = tagged("kv", 2 * MiB, s1);
+    unsigned long long before = ncalls("cuStreamSynchronize");
+    NEED(tally_sleep(KV, 1, TALLY_SLEEP_DISCARD) == 0);
+    NEED(ncalls("cuStreamSynchronize") - before == 2); /* s1, twice */
+    NEED(tally_wake(KV, 1) == 0);
+    NEED(tally_record_stream(a, s2) == 0);
+    before = ncalls("cuStreamSynchronize");
+    NEED(tally_sleep(KV, 1, TALLY_SLEEP_DISCARD) == 0);
+    NEED(ncalls("cuStreamSynchronize") - before == 4); /* s1 and s2, twice each */
+    NEED(tally_wake(KV, 1) == 0);
+    tally_free(a);
+    tally_empty_cache(0);
+    cu.cuCtxPopCurrent(&ctx);
+}
+
+static void test_sleep_waits_only_for_its_streams(void **state)
+{
+    (void)state;
+    expect_child_ok(env_sleep, body_sleep_waits_only_for_its_streams);
+}
+
 static void test_sleep_waits_for_the_streams(void **state)
 {
     (void)state;
@@ -236,6 +271,7 @@ int main(void)
         cmocka_unit_test(test_discard_comes_back_empty),
         cmocka_unit_test(test_wake_oom_rolls_back),
         cmocka_unit_test(test_sleep_waits_for_the_streams),
+        cmocka_unit_test(test_sleep_waits_only_for_its_streams),
     };
     return cmocka_run_group_tests_name("sleep_cuda", tests, NULL, NULL);
 }
