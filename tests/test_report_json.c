@@ -300,6 +300,13 @@ static void test_timeline_records_events(void **state)
         lu_jint(e, "allocated");
         lu_jint(e, "reserved");
         lu_jstr(e, "stage");
+        /* Stage marks move no memory: address, size and stream are 0. */
+        const char *act = lu_jstr(e, "action");
+        if (strcmp(act, "stage_begin") == 0 || strcmp(act, "stage_end") == 0) {
+            LU_EQ(lu_jint(e, "addr"), 0);
+            LU_EQ(lu_jint(e, "size"), 0);
+            LU_EQ(lu_jint(e, "stream"), 0);
+        }
         if (strcmp(lu_jstr(e, "action"), "alloc") == 0 && lu_jint(e, "device") == 1) {
             allocs++;
             LU_EQ(lu_jint(e, "addr"), (uintptr_t)a);

@@ -189,6 +189,90 @@ static void test_pickle_dict_from_marked_items(void **state)
     expect_pickle_error(odd, sizeof odd, "odd number of items");
 }
 
+/* The stack opcodes, as pickle's own machine runs them (Lib/pickle.py):
+ * POP, POP_MARK, DUP, TUPLE1..3, APPEND(S) and SETITEM(S) onto an existing
+ * container, LONG1's sign, and the error each misuse gives. */
+static void test_pickle_stack_opcodes(void **state)
+{
+    (void)state;
+    pk_doc_t doc;
+    static const unsigned char pop[] = {0x80, 0x02, 'K', 1, 'K', 2, '0', '.'}; /* 1 */
+    parse_inline(pop, sizeof pop, &doc);
+    assert_int_equal(doc.root->type, PK_INT);
+    assert_int_equal(doc.root->i, 1);
+    pk_free(&doc);
+    static const unsigned char pop_mark[] = {0x80, 0x02, 'K', 5, '(', 'K', 1, 'K', 2, '1', '.'}; /* 5 */
+    parse_inline(pop_mark, sizeof pop_mark, &doc);
+    assert_int_equal(doc.root->i, 5);
+    pk_free(&doc);
+    static const unsigned char dup[] = {0x80, 0x02, 'K', 7, '2', 0x86, '.'}; /* (7, 7) */
+    parse_inline(dup, sizeof dup, &doc);
+    assert_int_equal(doc.root->type, PK_TUPLE);
+    assert_int_equal(doc.root->n, 2);
+    assert_int_equal(doc.root->items[0]->i, 7);
+    assert_int_equal(doc.root->items[1]->i, 7);
+    pk_free(&doc);
+    static const unsigned char t3[] = {0x80, 0x02, 'K', 9, 0x85, 'K', 1, 'K', 2, 'K', 3, 0x87, 0x86, '.'};
+    parse_inline(t3, sizeof t3, &doc); /* ((9,), (1, 2, 3)) */
+    assert_int_equal(doc.root->n, 2);
+    assert_int_equal(doc.root->items[0]->n, 1);
+    assert_int_equal(doc.root->items[0]->items[0]->i, 9);
+    assert_int_equal(doc.root->items[1]->n, 3);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(doc.root->items[1]->items[k]->i, k + 1);
+    pk_free(&doc);
+    static const unsigned char list[] = {0x80, 0x02, ']', 'K', 1, 'a', '(', 'K', 2, 'K', 3, 'e', '.'};
+    parse_inline(list, sizeof list, &doc); /* [1, 2, 3] */
+    assert_int_equal(doc.root->type, PK_LIST);
+    assert_int_equal(doc.root->n, 3);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(doc.root->items[k]->i, k + 1);
+    pk_free(&doc);
+    static const unsigned char dict[] = {0x80, 0x02, '}', 0x8c, 1, 'a', 'K', 1, 's', '(', 0x8c, 1, 'b', 'K', 2,
+                                         0x8c, 1, 'c', 'K', 3, 'u', '.'};
+    parse_inline(dict, sizeof dict, &doc); /* {'a': 1, 'b': 2, 'c': 3} */
+    assert_int_equal(doc.root->type, PK_DICT);
+    assert_int_equal(doc.root->n, 3);
+    assert_int_equal(pk_get(doc.root, "a")->i, 1);
+    assert_int_equal(pk_get(doc.root, "b")->i, 2);
+    assert_int_equal(pk_get(doc.root, "c")->i, 3);
+    pk_free(&doc);
+    static const unsigned char longs[] = {0x80, 0x02, 0x8a, 1, 0xff, 0x8a, 2, 0x00, 0x80, 0x8a, 2, 0xff, 0x7f, 0x87, '.'};
+    parse_inline(longs, sizeof longs, &doc); /* (-1, -32768, 32767) */
+    assert_int_equal(doc.root->items[0]->i, -1);
+    assert_int_equal(doc.root->items[1]->i, -32768);
+    assert_int_equal(doc.root->items[2]->i, 32767);
+    pk_free(&doc);
+    static const unsigned char e1[] = {0x80, 0x02, '0', '.'};
+    expect_pickle_error(e1, sizeof e1, "POP on an empty stack");
+    static const unsigned char e2[] = {0x80, 0x02, '2', '.'};
+    expect_pickle_error(e2, sizeof e2, "DUP on an empty stack");
+    static const unsigned char e3[] = {0x80, 0x02, ']', 'a', '.'};
+    expect_pickle_error(e3, sizeof e3, "APPEND with 1 items on the stack");
+    static const unsigned char e4[] = {0x80, 0x02, '}', 'K', 1, 's', '.'};
+    expect_pickle_error(e4, sizeof e4, "SETITEM with 2 items on the stack");
+    static const unsigned char e5[] = {0x80, 0x02, 'K', 1, 0x86, '.'};
+    expect_pickle_error(e5, sizeof e5, "TUPLE2 with 1 items on the stack");
+    static const unsigned char e6[] = {0x80, 0x02, '}', '(', 'K', 1, 'e', '.'};
+    expect_pickle_error(e6, sizeof e6, "APPENDS on a dict");
+    static const unsigned char e7[] = {0x80, 0x02, '(', 'K', 1, 'u', '.'};
+    expect_pickle_error(e7, sizeof e7, "SETITEMS with nothing to add to");
+    static const unsigned char e8[] = {0x80, 0x02, 'K', 1, 't', '.'};
+    expect_pickle_error(e8, sizeof e8, "without a MARK");
+    static const unsigned char e9[] = {0x80, 0x02, 0x94, '.'};
+    expect_pickle_error(e9, sizeof e9, "memo store with an empty stack");
+    static const unsigned char e10[] = {0x80, 0x02, 0x8a, 5, 1, '.'};
+    expect_pickle_error(e10, sizeof e10, "truncated LONG1");
+    static const unsigned char e11[] = {0x80};
+    expect_pickle_error(e11, sizeof e11, "truncated PROTO");
+    static const unsigned char e12[] = {0x80, 0x02, 'G', 0, 0};
+    expect_pickle_error(e12, sizeof e12, "truncated BINFLOAT");
+    static const unsigned char e13[] = {0x80, 0x02, 'X', 1};
+    expect_pickle_error(e13, sizeof e13, "truncated string length");
+    static const unsigned char e14[] = {0x80, 0x02, ']', '(', 'K', 1, 'u', '.'};
+    expect_pickle_error(e14, sizeof e14, "SETITEMS on a list");
+}
+
 static void test_pickle_refuses_bad_input(void **state)
 {
     (void)state;
@@ -1270,6 +1354,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pickle_plain_data),
         cmocka_unit_test(test_pickle_refuses_bad_input),
         cmocka_unit_test(test_pickle_dict_from_marked_items),
+        cmocka_unit_test(test_pickle_stack_opcodes),
         cmocka_unit_test(test_snapshot_rules),
         cmocka_unit_test(test_snapshot_command),
         cmocka_unit_test(test_rows_give_peak_reserved),
