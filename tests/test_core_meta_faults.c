@@ -25,6 +25,7 @@
 
 typedef struct {
     void *p[NPTR];
+    void *priv[2]; /* blocks of the private tag, when private_tags names it */
     int failed_calls; /* calls that reported a failure */
 } work_t;
 
@@ -98,6 +99,24 @@ static void workload(work_t *w, int round, const char *dir)
     NOTE(w->p[1] != NULL);
     if (tag_ok)
         NOTE(tally_tag_pop() == 0);
+    if (tally_tag_is_private("faults-priv") == 1) {
+        /* A private tag's segments are reserved and mapped; it sleeps and
+         * wakes (offloaded to host memory and back). */
+        if (tally_tag_push("faults-priv") == 0) {
+            w->priv[0] = tally_malloc(3 << 20, 0, NULL);
+            NOTE(w->priv[0] != NULL);
+            w->priv[1] = tally_malloc(4096, 0, NULL);
+            NOTE(w->priv[1] != NULL);
+            NOTE(tally_tag_pop() == 0);
+        } else {
+            NOTE(0);
+        }
+        static const char *const priv[] = {"faults-priv"};
+        if (tally_sleep(priv, 1, TALLY_SLEEP_OFFLOAD) == 0)
+            NOTE(tally_wake(priv, 1) == 0);
+        else
+            NOTE(0);
+    }
     if (st_ok)
         NOTE(tally_stage_end(stage) == 0);
     NOTE(tally_write_summary(0, 0, discard, NULL) == 0);
@@ -115,6 +134,18 @@ static void workload(work_t *w, int round, const char *dir)
 static void settle(work_t *w, int round, const char *what)
 {
     tally__meta_fail(0, 0);
+    static const char *const priv[] = {"faults-priv"};
+    tally_sleep_info_t si;
+    if (tally_tag_is_private("faults-priv") == 1 && tally_tag_sleep_info("faults-priv", 0, &si) == 0 && si.asleep &&
+        tally_wake(priv, 1) != 0) {
+        fprintf(stderr, "round %d (%s): the private tag does not wake once memory is back: %s\n", round, what,
+                tally_last_error());
+        _exit(12);
+    }
+    for (int i = 0; i < 2; i++) {
+        tally_free(w->priv[i]);
+        w->priv[i] = NULL;
+    }
     for (int i = 0; i < NPTR; i++) {
         tally_free(w->p[i]);
         w->p[i] = NULL;
@@ -267,6 +298,14 @@ static void test_out_of_metadata_timeline_sites_and_limits(void **state)
         true);
 }
 
+/* A private tag: its segments reserved and mapped, slept and woken. */
+static void test_out_of_metadata_private_tag_sleeps(void **state)
+{
+    (void)state;
+    run("backend:host,host_devices:2,host_capacity:1GiB,host_mode:backed,leak_report:off,private_tags:faults-priv",
+        true);
+}
+
 /* The allocation trace keeps every event (it is not a ring), so the
  * metadata it holds grows by design: no leak check here. */
 static void test_out_of_metadata_with_the_allocation_trace(void **state)
@@ -281,6 +320,7 @@ int main(void)
         cmocka_unit_test(test_out_of_metadata_default),
         cmocka_unit_test(test_out_of_metadata_expandable),
         cmocka_unit_test(test_out_of_metadata_timeline_sites_and_limits),
+        cmocka_unit_test(test_out_of_metadata_private_tag_sleeps),
         cmocka_unit_test(test_out_of_metadata_with_the_allocation_trace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
