@@ -1,0 +1,925 @@
+/* tally_check catches each broken invariant it claims to check.
+ *
+ * Every test builds a small real state through the public API on the host
+ * backend, corrupts exactly one field through the internal structs, and
+ * requires tally_check() to fail with the message of that very check (so a
+ * check that fires for some other reason does not pass); then it restores
+ * the field exactly and requires tally_check() to pass again. Where a check
+ * compares, both sides of the boundary are tried (a peak equal to current
+ * passes, one below fails; a block of 512 bytes passes, 511 and 513 fail).
+ *
+ * The expandable-segment checks (tally__expand_check_locked) run in a
+ * forked child configured with expandable_segments:true, since the
+ * configuration is read once per process. */
+#include "testutil.h"
+
+#include "cache/cache.h"
+#include "core/internal.h"
+#include "ledger/ledger.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CONF "backend:host,host_devices:1,host_capacity:8GiB,host_mode:virtual,leak_report:off,private_tags:priv"
+#define EXPAND_CONF                                                                                                \
+    "backend:host,host_devices:1,host_capacity:8GiB,host_mode:virtual,leak_report:off,expandable_segments:true"
+
+#define S1 STREAM(1)
+#define S2 STREAM(2)
+#define S3 STREAM(3)
+#define S4 STREAM(4)
+
+/* tally_check() fails, naming the check whose text is msg. */
+#define EXPECT_FAIL(msg)                                                                                           \
+    do {                                                                                                           \
+        int ef_rc_ = tally_check();                                                                                \
+        if (ef_rc_ == 0)                                                                                           \
+            fail_msg("%s:%d: tally_check passed, expected \"%s\"%s%s", __FILE__, __LINE__, (msg),                \
+                     tu_context[0] ? " -- " : "", tu_context);                                                     \
+        HAS(tally_last_error(), (msg));                                                                            \
+    } while (0)
+
+/* tally_check() fails, but not with msg (a boundary the check must let by). */
+#define EXPECT_FAIL_NOT(msg)                                                                                       \
+    do {                                                                                                           \
+        if (tally_check() == 0)                                                                                    \
+            fail_msg("%s:%d: tally_check passed", __FILE__, __LINE__);                                             \
+        if (strstr(tally_last_error(), (msg)))                                                                     \
+            fail_msg("%s:%d: \"%s\" fired: %s", __FILE__, __LINE__, (msg), tally_last_error());                  \
+    } while (0)
+
+/* The failures are expected: keep them off stderr. */
+static void quiet(void *arg, const char *text, size_t len)
+{
+    (void)arg;
+    (void)text;
+    (void)len;
+}
+
+static tally_device_t *dev(void)
+{
+    return tally__g.dev[0];
+}
+
+static tally_block_t *blk(void *p)
+{
+    tally_block_t *b = tally__ptrmap_get(&dev()->map, (uintptr_t)p);
+    assert_non_null(b);
+    return b;
+}
+
+/* The fixture: a 512-byte small block (head of its segment, a free
+ * remainder after it), a 20 MiB large block filling its segment, and a
+ * 3 MiB large block on another stream with a free remainder. */
+static void *small_p, *whole_p, *split_p;
+
+static int setup(void **state)
+{
+    (void)state;
+    tu_context[0] = 0;
+    CHECK_OK();
+    small_p = tally_malloc(512, 0, S1);
+    whole_p = tally_malloc(20 * MiB, 0, S1);
+    split_p = tally_malloc(3 * MiB, 0, S2);
+    assert_non_null(small_p);
+    assert_non_null(whole_p);
+    assert_non_null(split_p);
+    CHECK_OK();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    tally_free(small_p);
+    tally_free(whole_p);
+    tally_free(split_p);
+    for (int i = 0; i < 8; i++)
+        tally_host_stream_hold(STREAM(i), 0);
+    tally_empty_cache(-1);
+    CHECK_OK();
+    return 0;
+}
+
+/* ---- segments and block chains ------------------------------------------ */
+
+static void test_check_names_a_wrong_head_block(void **state)
+{
+    (void)state;
+    tally_block_t *a = blk(small_p);
+    tally_segment_t *s = a->seg;
+    assert_ptr_equal(s->head, a);
+    /* a head with a prev link */
+    s->head->prev = a->next;
+    EXPECT_FAIL("head block is wrong");
+    s->head->prev = NULL;
+    CHECK_OK();
+    /* a head not at the segment's base */
+    s->head = a->next;
+    EXPECT_FAIL("head block is wrong");
+    s->head = a;
+    CHECK_OK();
+    /* no head at all */
+    s->head = NULL;
+    EXPECT_FAIL("head block is wrong");
+    s->head = a;
+    CHECK_OK();
+}
+
+static void test_check_names_a_block_chained_in_the_wrong_place(void **state)
+{
+    (void)state;
+    tally_block_t *a = blk(small_p), *r = a->next, *w = blk(whole_p);
+    assert_non_null(r);
+    /* its segment */
+    r->seg = w->seg;
+    EXPECT_FAIL("not chained in segment");
+    r->seg = a->seg;
+    CHECK_OK();
+    /* its address */
+    r->addr += 512;
+    EXPECT_FAIL("not chained in segment");
+    r->addr -= 512;
+    CHECK_OK();
+    /* its pool */
+    a->pool = TALLY_POOL_LARGE;
+    EXPECT_FAIL("not chained in segment");
+    a->pool = TALLY_POOL_SMALL;
+    CHECK_OK();
+    /* its stream */
+    a->stream = S3;
+    EXPECT_FAIL("not chained in segment");
+    a->stream = S1;
+    CHECK_OK();
+}
+
+static void test_check_names_a_block_size_off_the_512_grid(void **state)
+{
+    (void)state;
+    tally_block_t *a = blk(small_p);
+    assert_int_equal(a->size, 512); /* 512 itself passes: the fixture */
+    static const size_t bad[] = {0, 1, 511, 513, 1023};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tu_ctx("size %zu", bad[i]);
+        a->size = bad[i];
+        EXPECT_FAIL("is not a positive multiple of 512");
+        a->size = 512;
+        CHECK_OK();
+    }
+    /* A multiple of 512 that is wrong is caught, but not by this check. */
+    tu_ctx("size 1024");
+    a->size = 1024;
+    EXPECT_FAIL_NOT("multiple of 512");
+    a->size = 512;
+    CHECK_OK();
+}
+
+static void test_check_names_a_broken_prev_link(void **state)
+{
+    (void)state;
+    tally_block_t *a = blk(small_p), *r = a->next;
+    r->prev = NULL;
+    EXPECT_FAIL("next block's prev link is wrong");
+    r->prev = r;
+    EXPECT_FAIL("next block's prev link is wrong");
+    r->prev = a;
+    CHECK_OK();
+}
+
+static void test_check_names_two_adjacent_free_blocks(void **state)
+{
+    (void)state;
+    tally_block_t *a = blk(small_p);
+    assert_int_equal(a->next->state, BLOCK_FREE);
+    a->state = BLOCK_FREE;
+    EXPECT_FAIL("are both free and adjacent (not merged)");
+    a->state = BLOCK_ALLOCATED;
+    CHECK_OK();
+}
+
+static void test_check_names_a_free_block_with_uses_or_events(void **state)
+{
+    (void)state;
+    tally_block_t *r = blk(small_p)->next;
+    r->event_count = 1;
+    EXPECT_FAIL("still has stream uses or events");
+    r->event_count = 0;
+    CHECK_OK();
+    r->nuses = 1;
+    EXPECT_FAIL("still has stream uses or events");
+    r->nuses = 0;
+    CHECK_OK();
+}
+
+static void test_check_names_a_wrong_page_accounting_flag(void **state)
+{
+    (void)state;
+    tally_block_t *a = blk(small_p);
+    a->paged = 1; /* not on an expandable segment */
+    EXPECT_FAIL("page accounting flag is wrong");
+    a->paged = 0;
+    CHECK_OK();
+}
+
+static void test_check_names_a_block_missing_from_the_pointer_map(void **state)
+{
+    (void)state;
+    tally_device_t *d = dev();
+    tally_block_t *a = blk(small_p), *w = blk(whole_p);
+    size_t slot = SIZE_MAX;
+    for (size_t i = 0; i <= d->map.mask; i++)
+        if (d->map.keys[i] == a->addr)
+            slot = i;
+    assert_true(slot != SIZE_MAX);
+    d->map.vals[slot] = w; /* the address maps to another block */
+    EXPECT_FAIL("allocated block");
+    HAS(tally_last_error(), "is missing from the pointer map");
+    d->map.vals[slot] = a;
+    CHECK_OK();
+}
+
+static void test_check_names_an_invalid_block_state(void **state)
+{
+    (void)state;
+    tally_block_t *w = blk(whole_p);
+    w->state = 3;
+    EXPECT_FAIL("has invalid state 3");
+    w->state = 200;
+    EXPECT_FAIL("has invalid state 200");
+    w->state = BLOCK_ALLOCATED;
+    CHECK_OK();
+}
+
+static void test_check_names_blocks_that_do_not_cover_their_segment(void **state)
+{
+    (void)state;
+    tally_segment_t *s = blk(small_p)->seg;
+    size_t size = s->size;
+    s->size = size + 512;
+    EXPECT_FAIL("blocks cover");
+    s->size = size - 512;
+    EXPECT_FAIL("blocks cover");
+    s->size = size;
+    CHECK_OK();
+}
+
+static void test_check_names_a_wrong_segment_count(void **state)
+{
+    (void)state;
+    tally_device_t *d = dev();
+    d->nsegments++;
+    EXPECT_FAIL("segment list holds 3 segments, count says 4");
+    d->nsegments -= 2;
+    EXPECT_FAIL("segment list holds 3 segments, count says 2");
+    d->nsegments++;
+    CHECK_OK();
+}
+
+/* ---- pools --------------------------------------------------------------- */
+
+static void test_check_names_a_broken_small_pool(void **state)
+{
+    (void)state;
+    tally_device_t *d = dev();
+    d->small.count++;
+    EXPECT_FAIL("small pool: tree order broken");
+    d->small.count--;
+    CHECK_OK();
+    /* A free block the pool does not hold: the remainder of the small
+     * segment, taken out (its bin bit with it). */
+    tally_block_t *r = blk(small_p)->next;
+    tally__pool_erase(&d->small, r);
+    EXPECT_FAIL("small pool: tree order broken or it holds other than the 1 free blocks");
+    tally__pool_insert(&d->small, r);
+    CHECK_OK();
+}
+
+static void test_check_names_a_broken_large_pool(void **state)
+{
+    (void)state;
+    tally_device_t *d = dev();
+    d->large.count++;
+    EXPECT_FAIL("large pool: tree order broken");
+    d->large.count--;
+    CHECK_OK();
+    /* A block marked free that the pool does not hold (it fills its
+     * segment, so nothing else notices). */
+    tally_block_t *w = blk(whole_p);
+    w->state = BLOCK_FREE;
+    EXPECT_FAIL("large pool: tree order broken or it holds other than the 2 free blocks");
+    w->state = BLOCK_ALLOCATED;
+    CHECK_OK();
+}
+
+static int gp_filter_all(void *arg, void *stream)
+{
+    (void)arg;
+    (void)stream;
+    return 1;
+}
+
+static void test_check_names_a_broken_graph_pool(void **state)
+{
+    (void)state;
+    tally_device_t *d = dev();
+    assert_int_equal(tally_graph_pool_begin(0, 7, 9, gp_filter_all, NULL), 0);
+    void *g = tally_malloc(20 * MiB, 0, S3);
+    void *gs = tally_malloc(3 * MiB, 0, S3);
+    assert_non_null(g);
+    assert_non_null(gs);
+    assert_int_equal(tally_graph_pool_end(0, 7, 9), 0);
+    CHECK_OK();
+    tally_gpool_t *gp = d->gpools;
+    assert_non_null(gp);
+    assert_ptr_equal(blk(g)->seg->gp, gp);
+
+    gp->large.count++;
+    EXPECT_FAIL("graph pool (7, 9): tree order broken");
+    gp->large.count--;
+    CHECK_OK();
+    gp->small.count++;
+    EXPECT_FAIL("graph pool (7, 9): tree order broken");
+    gp->small.count--;
+    CHECK_OK();
+
+    /* A graph segment's block marked free, in no pool: only the graph
+     * pools' count tells. */
+    tally_block_t *b = blk(g);
+    b->state = BLOCK_FREE;
+    EXPECT_FAIL("graph pools hold 1 free blocks, their segments 2");
+    b->state = BLOCK_ALLOCATED;
+    CHECK_OK();
+
+    tally_free(g);
+    tally_free(gs);
+    assert_int_equal(tally_graph_pool_release(0, 7, 9), 0);
+    CHECK_OK();
+}
+
+static void test_check_names_a_broken_private_pool(void **state)
+{
+    (void)state;
+    tally_device_t *d = dev();
+    assert_int_equal(tally_tag_push("priv"), 0);
+    void *p = tally_malloc(1 * MiB, 0, S3);
+    tally_tag_pop();
+    assert_non_null(p);
+    CHECK_OK();
+    tally_gpool_t *pp = d->ppools;
+    assert_non_null(pp);
+    tu_ctx("private pool %u", pp->private_id);
+    char want[64];
+    snprintf(want, sizeof want, "private pool %u: tree order broken", pp->private_id);
+    pp->small.count++;
+    EXPECT_FAIL(want);
+    pp->small.count--;
+    CHECK_OK();
+    pp->large.count++;
+    EXPECT_FAIL(want);
+    pp->large.count--;
+    CHECK_OK();
+    tally_free(p);
+    CHECK_OK();
+}
+
+/* ---- the pointer map and the event queue --------------------------------- */
+
+static void test_check_names_a_wrong_pointer_map_count(void **state)
+{
+    (void)state;
+    tally_device_t *d = dev();
+    d->map.count++;
+    EXPECT_FAIL("pointer map holds 4 entries for 3 allocated blocks");
+    d->map.count -= 2;
+    EXPECT_FAIL("pointer map holds 2 entries for 3 allocated blocks");
+    d->map.count++;
+    CHECK_OK();
+}
+
+/* A block freed while its use on a held stream is outstanding: pending,
+ * with one event queued. */
+static void *make_pending(void)
+{
+    void *p = tally_malloc(1000, 0, S3);
+    assert_non_null(p);
+    assert_int_equal(tally_host_stream_hold(S4, 1), 0);
+    assert_int_equal(tally_record_stream(p, S4), 0);
+    tally_block_t *b = blk(p);
+    tally_free(p);
+    assert_int_equal(b->state, BLOCK_PENDING);
+    assert_int_equal(b->event_count, 1);
+    assert_non_null(dev()->events_head);
+    assert_ptr_equal(dev()->events_head->block, b);
+    CHECK_OK();
+    return b;
+}
+
+static void release_pending(void)
+{
+    assert_int_equal(tally_host_stream_hold(S4, 0), 0);
+    tally_empty_cache(-1);
+    CHECK_OK();
+}
+
+static void test_check_names_a_pending_block_without_events(void **state)
+{
+    (void)state;
+    tally_block_t *b = make_pending();
+    b->event_count = 0;
+    EXPECT_FAIL("has no outstanding event");
+    /* deferred (waiting for a capture to end) is a reason to have none:
+     * then only the queue's count disagrees. */
+    b->deferred = 1;
+    EXPECT_FAIL("event queue holds 1 events, blocks count 0");
+    b->deferred = 0;
+    b->event_count = 1;
+    CHECK_OK();
+    release_pending();
+}
+
+static void test_check_names_an_event_for_a_block_not_pending(void **state)
+{
+    (void)state;
+    tally_block_t *b = make_pending();
+    tally_event_entry_t *e = dev()->events_head;
+    e->block = blk(small_p);
+    EXPECT_FAIL("which is not pending");
+    e->block = b;
+    CHECK_OK();
+    release_pending();
+}
+
+static void test_check_names_a_wrong_event_queue_tail(void **state)
+{
+    (void)state;
+    make_pending();
+    tally_device_t *d = dev();
+    tally_event_entry_t *t = d->events_tail;
+    d->events_tail = NULL;
+    EXPECT_FAIL("event queue tail is wrong");
+    d->events_tail = t;
+    CHECK_OK();
+    release_pending();
+}
+
+static void test_check_names_a_wrong_event_count(void **state)
+{
+    (void)state;
+    tally_block_t *b = make_pending();
+    b->event_count = 2;
+    EXPECT_FAIL("event queue holds 1 events, blocks count 2");
+    b->event_count = 1;
+    CHECK_OK();
+    release_pending();
+}
+
+/* ---- statistics against the recount -------------------------------------- */
+
+typedef struct stat_case {
+    const char *name;
+    size_t offset;
+} stat_case_t;
+
+#define STAT(n) {#n, offsetof(tally_stats_t, n)}
+static const stat_case_t stat_cases[] = {
+    STAT(allocation),     STAT(allocated_bytes),      STAT(active),          STAT(active_bytes),
+    STAT(segment),        STAT(reserved_bytes),       STAT(inactive_split),  STAT(inactive_split_bytes),
+    STAT(requested_bytes),
+};
+static const char *const pool_names[] = {"all", "small_pool", "large_pool"};
+
+static tally_stat_t *stat_of(const stat_case_t *c, int pool)
+{
+    return (tally_stat_t *)((char *)&dev()->stats + c->offset) + pool;
+}
+
+static void test_check_names_each_statistic_whose_current_is_off(void **state)
+{
+    (void)state;
+    char want[96];
+    for (size_t i = 0; i < sizeof stat_cases / sizeof stat_cases[0]; i++)
+        for (int p = 0; p < 3; p++) {
+            tally_stat_t *s = stat_of(&stat_cases[i], p), keep = *s;
+            tu_ctx("%s.%s", stat_cases[i].name, pool_names[p]);
+            snprintf(want, sizeof want, "%s.%s.current is %lld, recount says %lld", stat_cases[i].name,
+                     pool_names[p], (long long)keep.current + 1, (long long)keep.current);
+            s->current++;
+            s->peak++;
+            s->allocated++;
+            EXPECT_FAIL(want);
+            *s = keep;
+            CHECK_OK();
+            snprintf(want, sizeof want, "%s.%s.current is %lld, recount says %lld", stat_cases[i].name,
+                     pool_names[p], (long long)keep.current - 1, (long long)keep.current);
+            s->current--;
+            s->freed++;
+            EXPECT_FAIL(want);
+            *s = keep;
+            CHECK_OK();
+        }
+    /* The oversize counts (a max_split_size is not set: both are zero). */
+    tally_stat_t *o[2] = {&dev()->stats.oversize_allocations, &dev()->stats.oversize_segments};
+    const char *on[2] = {"oversize_allocations.all.current is 1", "oversize_segments.all.current is 1"};
+    for (int i = 0; i < 2; i++) {
+        tally_stat_t keep = *o[i];
+        o[i]->current++;
+        o[i]->peak++;
+        o[i]->allocated++;
+        EXPECT_FAIL(on[i]);
+        *o[i] = keep;
+        CHECK_OK();
+    }
+}
+
+static void test_check_names_a_peak_below_current(void **state)
+{
+    (void)state;
+    char want[96];
+    for (size_t i = 0; i < sizeof stat_cases / sizeof stat_cases[0]; i++)
+        for (int p = 0; p < 3; p++) {
+            tally_stat_t *s = stat_of(&stat_cases[i], p), keep = *s;
+            tu_ctx("%s.%s", stat_cases[i].name, pool_names[p]);
+            s->peak = s->current; /* equal passes */
+            CHECK_OK();
+            s->peak = s->current - 1; /* one below fails */
+            snprintf(want, sizeof want, "%s.%s.peak %lld is below current %lld", stat_cases[i].name, pool_names[p],
+                     (long long)keep.current - 1, (long long)keep.current);
+            EXPECT_FAIL(want);
+            *s = keep;
+            CHECK_OK();
+        }
+    tally_stat_t *o = &dev()->stats.oversize_segments, keep = *o;
+    o->peak = -1;
+    EXPECT_FAIL("oversize_segments.all.peak -1 is below current 0");
+    *o = keep;
+    CHECK_OK();
+}
+
+static void test_check_names_accumulated_counts_that_do_not_add_up(void **state)
+{
+    (void)state;
+    tally_device_t *d = dev();
+    char want[128];
+    for (size_t i = 0; i < sizeof stat_cases / sizeof stat_cases[0]; i++)
+        for (int p = 0; p < 3; p++) {
+            tally_stat_t *s = stat_of(&stat_cases[i], p), keep = *s;
+            tu_ctx("%s.%s", stat_cases[i].name, pool_names[p]);
+            s->allocated++;
+            snprintf(want, sizeof want, "%s.%s: allocated %lld - freed %lld != current %lld", stat_cases[i].name,
+                     pool_names[p], (long long)keep.allocated + 1, (long long)keep.freed, (long long)keep.current);
+            EXPECT_FAIL(want);
+            /* After a reset of the accumulated counts they need not add up. */
+            d->accum_reset = true;
+            CHECK_OK();
+            d->accum_reset = false;
+            s->allocated--;
+            s->freed++;
+            EXPECT_FAIL(": allocated");
+            *s = keep;
+            CHECK_OK();
+        }
+    tally_stat_t *o = &d->stats.oversize_allocations, keep = *o;
+    o->freed++;
+    EXPECT_FAIL("oversize_allocations.all: allocated");
+    *o = keep;
+    CHECK_OK();
+}
+
+static void test_check_names_a_wrong_reserved_total(void **state)
+{
+    (void)state;
+    tally_device_t *d = dev();
+    uint64_t keep = d->reserved;
+    d->reserved = keep + 512;
+    EXPECT_FAIL("reserved total");
+    HAS(tally_last_error(), "differs from the segments'");
+    d->reserved = keep - 1;
+    EXPECT_FAIL("reserved total");
+    d->reserved = keep;
+    CHECK_OK();
+}
+
+/* ---- the ledger ---------------------------------------------------------- */
+
+static void test_check_names_a_block_with_the_wrong_ledger_row(void **state)
+{
+    (void)state;
+    tally_ledger_dev_t *ld = dev()->ledger;
+    tally_block_t *a = blk(small_p);
+    uint32_t row = a->lentry;
+    assert_true(row < ld->count);
+    a->lentry = ld->count; /* past the rows: boundary */
+    EXPECT_FAIL("does not match its tag/stage");
+    a->lentry = row;
+    CHECK_OK();
+    a->tag++;
+    EXPECT_FAIL("does not match its tag/stage");
+    a->tag--;
+    CHECK_OK();
+    a->stage++;
+    EXPECT_FAIL("does not match its tag/stage");
+    a->stage--;
+    CHECK_OK();
+}
+
+static void test_check_names_a_ledger_row_off_its_recount(void **state)
+{
+    (void)state;
+    tally_ledger_dev_t *ld = dev()->ledger;
+    tally_ledger_entry_t *e = &ld->entries[blk(small_p)->lentry];
+    e->bytes.current++;
+    EXPECT_FAIL("ledger row (tag");
+    e->bytes.current--;
+    CHECK_OK();
+    e->blocks.current--;
+    EXPECT_FAIL("ledger row (tag");
+    e->blocks.current++;
+    CHECK_OK();
+}
+
+static void test_check_says_it_ran_out_of_host_memory_for_the_ledger(void **state)
+{
+    (void)state;
+    tally__meta_fail(1, 0);
+    EXPECT_FAIL("out of host memory for the ledger recount");
+    tally__meta_fail(0, 0);
+    CHECK_OK();
+}
+
+/* ---- expandable segments (in a child) ------------------------------------ */
+
+static void *ex_p, *ex_q;
+
+static int ex_setup(void **state)
+{
+    (void)state;
+    tu_context[0] = 0;
+    ex_p = tally_malloc(3 * MiB, 0, S1);
+    ex_q = tally_malloc(5 * MiB, 0, S1);
+    assert_non_null(ex_p);
+    assert_non_null(ex_q);
+    tally_free(ex_q); /* its pages stay mapped, idle */
+    ex_q = NULL;
+    CHECK_OK();
+    return 0;
+}
+
+static int ex_teardown(void **state)
+{
+    (void)state;
+    tally_free(ex_p);
+    tally_empty_cache(-1);
+    CHECK_OK();
+    return 0;
+}
+
+static tally_expand_t *ex_of(void)
+{
+    tally_expand_t *ex = blk(ex_p)->seg->ex;
+    assert_non_null(ex);
+    return ex;
+}
+
+static void flip_bit(uint64_t *bits, size_t p)
+{
+    bits[p >> 6] ^= (uint64_t)1 << (p & 63);
+}
+
+static void test_check_names_a_block_on_an_unmapped_page(void **state)
+{
+    (void)state;
+    tally_expand_t *ex = ex_of();
+    assert_true(ex->mapped[0]);
+    ex->mapped[0] = 0;
+    EXPECT_FAIL("uses unmapped page 0");
+    ex->mapped[0] = 1;
+    CHECK_OK();
+}
+
+static void test_check_names_a_wrong_idle_bit(void **state)
+{
+    (void)state;
+    tally_expand_t *ex = ex_of();
+    flip_bit(ex->idle_bits, 0); /* a live page marked idle */
+    EXPECT_FAIL("page 0 of segment");
+    HAS(tally_last_error(), "idle bit 1 is wrong");
+    flip_bit(ex->idle_bits, 0);
+    CHECK_OK();
+}
+
+static void test_check_names_a_wrong_live_count(void **state)
+{
+    (void)state;
+    tally_expand_t *ex = ex_of();
+    uint32_t keep = ex->live[0];
+    ex->live[0] = keep + 1;
+    EXPECT_FAIL("live blocks, recount");
+    ex->live[0] = keep;
+    CHECK_OK();
+}
+
+static void test_check_names_wrong_mapped_and_idle_counts(void **state)
+{
+    (void)state;
+    tally_expand_t *ex = ex_of();
+    ex->nmapped++;
+    EXPECT_FAIL("pages mapped (");
+    ex->nmapped--;
+    CHECK_OK();
+    ex->idle++;
+    EXPECT_FAIL("pages mapped (");
+    ex->idle--;
+    CHECK_OK();
+}
+
+static size_t first_unmapped(const tally_expand_t *ex)
+{
+    for (size_t p = 0; p < ex->npages; p++)
+        if (!ex->mapped[p])
+            return p;
+    fail_msg("no unmapped page");
+    return 0;
+}
+
+static void test_check_names_an_unmapped_page_in_a_handle(void **state)
+{
+    (void)state;
+    tally_expand_t *ex = ex_of();
+    size_t h = first_unmapped(ex);
+    ex->hlen[h] = 1;
+    EXPECT_FAIL("is the first page of a handle");
+    ex->hlen[h] = 0;
+    CHECK_OK();
+    flip_bit(ex->spare_bits, h);
+    EXPECT_FAIL("is spare");
+    flip_bit(ex->spare_bits, h);
+    CHECK_OK();
+}
+
+static void test_check_names_a_handle_that_does_not_begin_where_it_should(void **state)
+{
+    (void)state;
+    tally_expand_t *ex = ex_of();
+    uint32_t keep = ex->hstart[0];
+    ex->hstart[0] = keep + 1;
+    EXPECT_FAIL("where one should begin");
+    ex->hstart[0] = keep;
+    CHECK_OK();
+    uint32_t len = ex->hlen[0];
+    ex->hlen[0] = 0;
+    EXPECT_FAIL("where one should begin");
+    ex->hlen[0] = (uint32_t)ex->npages + 1; /* past the end */
+    EXPECT_FAIL("where one should begin");
+    ex->hlen[0] = len;
+    CHECK_OK();
+}
+
+static void test_check_names_a_page_outside_its_handle(void **state)
+{
+    (void)state;
+    tally_expand_t *ex = ex_of();
+    /* a handle of two pages or more: the page after its first */
+    size_t h = 0;
+    while (h < ex->npages && ex->mapped[h] && ex->hlen[h] < 2)
+        h += ex->hlen[h] ? ex->hlen[h] : 1;
+    if (h < ex->npages && ex->mapped[h] && ex->hlen[h] >= 2) {
+        uint32_t keep = ex->hstart[h + 1];
+        ex->hstart[h + 1] = keep + 1;
+        EXPECT_FAIL("is not part of its handle");
+        ex->hstart[h + 1] = keep;
+        CHECK_OK();
+        ex->hlen[h + 1] = 1;
+        EXPECT_FAIL("is not part of its handle");
+        ex->hlen[h + 1] = 0;
+        CHECK_OK();
+    }
+    /* Page 0's handle stretched over the page after it: that page (unmapped
+     * or the start of a handle of its own) is not part of it. */
+    size_t n0 = ex->hlen[0];
+    assert_true(n0 >= 1 && n0 < ex->npages);
+    ex->hlen[0] = (uint32_t)(n0 + 1);
+    EXPECT_FAIL("is not part of its handle at page 0");
+    ex->hlen[0] = (uint32_t)n0;
+    CHECK_OK();
+    /* A page of the handle with a spare bit its first page lacks. */
+    if (n0 >= 2) {
+        flip_bit(ex->spare_bits, 1);
+        EXPECT_FAIL("is not part of its handle at page 0");
+        flip_bit(ex->spare_bits, 1);
+        CHECK_OK();
+    }
+}
+
+static void test_check_names_a_wrong_handle_idle_count(void **state)
+{
+    (void)state;
+    tally_expand_t *ex = ex_of();
+    uint32_t keep = ex->hidle[0];
+    ex->hidle[0] = keep + 1;
+    EXPECT_FAIL("pages idle,");
+    ex->hidle[0] = keep;
+    CHECK_OK();
+}
+
+static void test_check_names_a_wrong_spare_count(void **state)
+{
+    (void)state;
+    tally_expand_t *ex = ex_of();
+    ex->spare++;
+    EXPECT_FAIL("spare pages,");
+    ex->spare--;
+    CHECK_OK();
+}
+
+static void test_check_names_a_wrong_page_accounting_flag_when_expandable(void **state)
+{
+    (void)state;
+    tally_block_t *b = blk(ex_p);
+    assert_int_equal(b->paged, 1);
+    b->paged = 0;
+    EXPECT_FAIL("page accounting flag is wrong");
+    b->paged = 1;
+    CHECK_OK();
+}
+
+static void test_check_says_it_ran_out_of_host_memory_for_the_pages(void **state)
+{
+    (void)state;
+    tally__meta_fail(1, 0);
+    EXPECT_FAIL("out of host memory for the page recount");
+    tally__meta_fail(0, 0);
+    CHECK_OK();
+}
+
+static int run_expandable(void)
+{
+    tu_conf(EXPAND_CONF);
+    tally_set_sink(quiet, NULL);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_check_names_a_block_on_an_unmapped_page, ex_setup, ex_teardown),
+        cmocka_unit_test_setup_teardown(test_check_names_a_wrong_idle_bit, ex_setup, ex_teardown),
+        cmocka_unit_test_setup_teardown(test_check_names_a_wrong_live_count, ex_setup, ex_teardown),
+        cmocka_unit_test_setup_teardown(test_check_names_wrong_mapped_and_idle_counts, ex_setup, ex_teardown),
+        cmocka_unit_test_setup_teardown(test_check_names_an_unmapped_page_in_a_handle, ex_setup, ex_teardown),
+        cmocka_unit_test_setup_teardown(test_check_names_a_handle_that_does_not_begin_where_it_should, ex_setup,
+                                        ex_teardown),
+        cmocka_unit_test_setup_teardown(test_check_names_a_page_outside_its_handle, ex_setup, ex_teardown),
+        cmocka_unit_test_setup_teardown(test_check_names_a_wrong_handle_idle_count, ex_setup, ex_teardown),
+        cmocka_unit_test_setup_teardown(test_check_names_a_wrong_spare_count, ex_setup, ex_teardown),
+        cmocka_unit_test_setup_teardown(test_check_names_a_wrong_page_accounting_flag_when_expandable, ex_setup,
+                                        ex_teardown),
+        cmocka_unit_test_setup_teardown(test_check_says_it_ran_out_of_host_memory_for_the_pages, ex_setup,
+                                        ex_teardown),
+    };
+    return cmocka_run_group_tests_name("expandable", tests, NULL, NULL);
+}
+
+int main(void)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return 1;
+    if (pid == 0)
+        _exit(run_expandable() ? 1 : 0);
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid)
+        return 1;
+    int child_failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+
+    tu_conf(CONF);
+    tally_set_sink(quiet, NULL);
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_check_names_a_wrong_head_block),
+        T(test_check_names_a_block_chained_in_the_wrong_place),
+        T(test_check_names_a_block_size_off_the_512_grid),
+        T(test_check_names_a_broken_prev_link),
+        T(test_check_names_two_adjacent_free_blocks),
+        T(test_check_names_a_free_block_with_uses_or_events),
+        T(test_check_names_a_wrong_page_accounting_flag),
+        T(test_check_names_a_block_missing_from_the_pointer_map),
+        T(test_check_names_an_invalid_block_state),
+        T(test_check_names_blocks_that_do_not_cover_their_segment),
+        T(test_check_names_a_wrong_segment_count),
+        T(test_check_names_a_broken_small_pool),
+        T(test_check_names_a_broken_large_pool),
+        T(test_check_names_a_broken_graph_pool),
+        T(test_check_names_a_broken_private_pool),
+        T(test_check_names_a_wrong_pointer_map_count),
+        T(test_check_names_a_pending_block_without_events),
+        T(test_check_names_an_event_for_a_block_not_pending),
+        T(test_check_names_a_wrong_event_queue_tail),
+        T(test_check_names_a_wrong_event_count),
+        T(test_check_names_each_statistic_whose_current_is_off),
+        T(test_check_names_a_peak_below_current),
+        T(test_check_names_accumulated_counts_that_do_not_add_up),
+        T(test_check_names_a_wrong_reserved_total),
+        T(test_check_names_a_block_with_the_wrong_ledger_row),
+        T(test_check_names_a_ledger_row_off_its_recount),
+        T(test_check_says_it_ran_out_of_host_memory_for_the_ledger),
+    };
+#undef T
+    int failed = cmocka_run_group_tests_name("check", tests, NULL, NULL);
+    return failed || child_failed ? 1 : 0;
+}
