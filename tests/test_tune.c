@@ -9,6 +9,10 @@
 #include "../tools/pickle.c"
 #include "../tools/tune_input.c"
 #include "../bench/trace.c"
+/* pt_expand.c has static helpers of the same names as pickle.c's. */
+#define grow ptx_test_grow
+#include "../tools/pt_expand.c"
+#undef grow
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -271,6 +275,46 @@ static void test_pickle_stack_opcodes(void **state)
     expect_pickle_error(e13, sizeof e13, "truncated string length");
     static const unsigned char e14[] = {0x80, 0x02, ']', '(', 'K', 1, 'u', '.'};
     expect_pickle_error(e14, sizeof e14, "SETITEMS on a list");
+}
+
+/* The model of PyTorch's expandable segments counts pages as PyTorch's
+ * num_device_alloc / num_device_free do: 20 MiB pages in the large pool,
+ * mapped as a request needs them, unmapped (whole pages inside free blocks)
+ * only by empty_cache. Worked by hand: A = 30 MiB maps pages 0-1 (one run);
+ * B = 30 MiB takes the 10 MiB left in page 1 and maps page 2; after A is
+ * freed, empty_cache unmaps page 0 (the only whole page in A's 0-30 MiB);
+ * after B is freed, pages 1-2. */
+static void test_pytorch_expandable_model_counts_pages(void **state)
+{
+    (void)state;
+    trace_builder_t b;
+    trace_t t;
+    char err[256];
+    assert_int_equal(trace_begin(&b, &t, "hand", err, sizeof err), 0);
+    assert_int_equal(trace_add(&b, 'a', 1, 30u << 20, 0, err, sizeof err), 0);
+    assert_int_equal(trace_add(&b, 'a', 2, 30u << 20, 0, err, sizeof err), 0);
+    assert_int_equal(trace_add(&b, 'f', 1, 0, 0, err, sizeof err), 0);
+    assert_int_equal(trace_add(&b, 'e', 0, 0, 0, err, sizeof err), 0);
+    assert_int_equal(trace_add(&b, 'f', 2, 0, 0, err, sizeof err), 0);
+    assert_int_equal(trace_add(&b, 'e', 0, 0, 0, err, sizeof err), 0);
+    trace_end(&b);
+    ptx_opts_t o = {.capacity = 80ull << 30};
+    ptx_result_t r;
+    int64_t reserved[6];
+    assert_int_equal(ptx_replay(&t, &o, NULL, &r, reserved, err, sizeof err), 0);
+    assert_int_equal(r.pages_mapped, 3);
+    assert_int_equal(r.map_calls, 2);
+    assert_int_equal(r.pages_unmapped, 3);
+    assert_int_equal(r.unmap_calls, 2);
+    assert_int_equal(r.segments, 1);
+    assert_int_equal(r.peak_reserved, 60 << 20);
+    assert_int_equal(r.oom_event, -1);
+    static const int64_t want[6] = {40, 60, 60, 40, 40, 0};
+    for (int i = 0; i < 6; i++)
+        if (reserved[i] != want[i] << 20)
+            fail_msg("after event %d: %lld MiB mapped, expected %lld", i, (long long)(reserved[i] >> 20),
+                     (long long)want[i]);
+    trace_free(&t);
 }
 
 static void test_pickle_refuses_bad_input(void **state)
@@ -1355,6 +1399,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pickle_refuses_bad_input),
         cmocka_unit_test(test_pickle_dict_from_marked_items),
         cmocka_unit_test(test_pickle_stack_opcodes),
+        cmocka_unit_test(test_pytorch_expandable_model_counts_pages),
         cmocka_unit_test(test_snapshot_rules),
         cmocka_unit_test(test_snapshot_command),
         cmocka_unit_test(test_rows_give_peak_reserved),
