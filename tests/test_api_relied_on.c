@@ -18,14 +18,17 @@
  *   a symbol name cut at '@' with a stray byte     test_leak_report_frames_are_plain_text
  *   a frame's module written as its file           the same test
  *   U+10FFFF refused in a name                     test_names_accept_utf8_up_to_the_last_code_point
- *   cached_free_bytes from allocated, not reserved test_cached_free_bytes_is_reserved_less_active */
+ *   cached_free_bytes from allocated, not reserved test_cached_free_bytes_is_reserved_less_active
+ *   a use with no event not waited for             test_use_whose_event_cannot_be_had_is_waited_for_on_its_stream */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +36,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/internal.h" /* tally__meta_fail */
 #include "cudachild.h"
 #include "tally.h"
 
@@ -403,6 +407,61 @@ static void test_cached_free_bytes_is_reserved_less_active(void **state)
     in_child("backend:host,host_devices:1,leak_report:off", body_cached_free_bytes);
 }
 
+/* ---- a use whose event cannot be had ----------------------------------------- */
+
+struct releaser {
+    struct cu_hold *hold;
+    atomic_int released;
+};
+
+static void *release_later(void *arg)
+{
+    struct releaser *r = arg;
+    usleep(300000);
+    atomic_store(&r->released, 1);
+    cu_release(r->hold);
+    return NULL;
+}
+
+/* A block used on a busy stream is freed while no metadata can be had, so
+ * no event can stand for that use: the free waits for the stream itself
+ * (one stream synchronise, never the device's), and the memory is free at
+ * once after it (lib/cache/events.c, sync_use). */
+static void body_use_without_event(void)
+{
+    driver_up();
+    CUstream s1 = make_stream(0);
+    void *p = tally_malloc(MiB, 0, NULL);
+    EXPECT(p != NULL);
+    EXPECT(tally_record_stream(p, s1) == 0);
+    struct releaser r = {cu_hold(s1), 0};
+    EXPECT(r.hold != NULL);
+    pthread_t t;
+    EXPECT(pthread_create(&t, NULL, release_later, &r) == 0);
+    long long syncs = cu_calls("cuStreamSynchronize"), device_syncs = cu_calls("cuCtxSynchronize");
+    tally__meta_fail(1, 1);
+    tally_free(p);
+    tally__meta_fail(0, 0);
+    EXPECT(atomic_load(&r.released)); /* the free waited for s1's work */
+    EXPECT(pthread_join(t, NULL) == 0);
+    if (syncs >= 0) { /* the stand-in counts calls; a real driver does not */
+        EXPECT(cu_calls("cuStreamSynchronize") - syncs == 1);
+        EXPECT(cu_calls("cuCtxSynchronize") == device_syncs);
+    }
+    void *q = tally_malloc(MiB, 0, NULL);
+    EXPECT(q == p);
+    tally_free(q);
+    EXPECT(tally_check() == 0);
+    CU_EXPECT(cu.cuStreamDestroy(s1));
+}
+
+static void test_use_whose_event_cannot_be_had_is_waited_for_on_its_stream(void **state)
+{
+    (void)state;
+    need_devices(1);
+    in_child("backend:cuda,leak_report:off", body_use_without_event);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -416,6 +475,7 @@ int main(void)
         cmocka_unit_test(test_leak_report_frames_are_plain_text),
         cmocka_unit_test(test_names_accept_utf8_up_to_the_last_code_point),
         cmocka_unit_test(test_cached_free_bytes_is_reserved_less_active),
+        cmocka_unit_test(test_use_whose_event_cannot_be_had_is_waited_for_on_its_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

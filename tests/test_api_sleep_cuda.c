@@ -48,6 +48,18 @@ static void *tagged(const char *tag, size_t size, void *stream)
     return p;
 }
 
+/* The driver started, the call counts found, and device 0's primary
+ * context made current (popped by the body's end). */
+static CUcontext device0_current(void)
+{
+    start_driver();
+    load_counts();
+    CUcontext ctx;
+    NEED(cu.cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS);
+    NEED(cu.cuCtxPushCurrent(ctx) == CUDA_SUCCESS);
+    return ctx;
+}
+
 static const char *const env_sleep[] = {"CUDA_STANDIN_DEVICES", "1", "CUDA_STANDIN_MEMORY", "2G", "TALLY_CONF",
                                         "backend:cuda,private_tags:weights|kv,leak_report:off", NULL};
 
@@ -189,10 +201,7 @@ static void *sleeper(void *arg)
 static void body_sleep_waits_for_the_streams(int fd)
 {
     (void)fd;
-    start_driver();
-    CUcontext ctx;
-    NEED(cu.cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS);
-    NEED(cu.cuCtxPushCurrent(ctx) == CUDA_SUCCESS);
+    CUcontext ctx = device0_current();
     CUstream s1, s2;
     NEED(cu.cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
     NEED(cu.cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
@@ -229,11 +238,7 @@ static void body_sleep_waits_for_the_streams(int fd)
 static void body_sleep_waits_only_for_its_streams(int fd)
 {
     (void)fd;
-    start_driver();
-    load_counts();
-    CUcontext ctx;
-    NEED(cu.cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS);
-    NEED(cu.cuCtxPushCurrent(ctx) == CUDA_SUCCESS);
+    CUcontext ctx = device0_current();
     CUstream s1, s2;
     NEED(cu.cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
     NEED(cu.cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
@@ -250,6 +255,50 @@ static void body_sleep_waits_only_for_its_streams(int fd)
     tally_free(a);
     tally_empty_cache(0);
     cu.cuCtxPopCurrent(&ctx);
+}
+
+/* The other waits of a private tag: TALLY_SLEEP_SYNC_DEVICE waits for the
+ * whole device; more streams than the wait set holds (64) wait for the
+ * device instead of each stream; a private segment given back waits for
+ * its stream's work before it is unmapped (unmap itself waits for
+ * nothing). */
+static void body_private_tag_device_waits(int fd)
+{
+    (void)fd;
+    CUcontext ctx = device0_current();
+    CUstream s1, many[65];
+    NEED(cu.cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    void *a = tagged("kv", 2 * MiB, s1);
+    unsigned long long streams = ncalls("cuStreamSynchronize"), device = ncalls("cuCtxSynchronize");
+    NEED(tally_sleep(KV, 1, TALLY_SLEEP_DISCARD | TALLY_SLEEP_SYNC_DEVICE) == 0);
+    NEED(ncalls("cuStreamSynchronize") == streams && ncalls("cuCtxSynchronize") - device == 1);
+    NEED(tally_wake(KV, 1) == 0);
+    for (int i = 0; i < 65; i++) {
+        NEED(cu.cuStreamCreate(&many[i], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+        NEED(tally_record_stream(a, many[i]) == 0);
+    }
+    streams = ncalls("cuStreamSynchronize"), device = ncalls("cuCtxSynchronize");
+    NEED(tally_sleep(KV, 1, TALLY_SLEEP_DISCARD) == 0);
+    NEED(ncalls("cuStreamSynchronize") == streams && ncalls("cuCtxSynchronize") - device == 1); /* 66 streams */
+    NEED(tally_wake(KV, 1) == 0);
+    tally_free(a);
+    tally_empty_cache(0);
+    void *b = tagged("kv", 2 * MiB, s1);
+    tally_free(b);
+    streams = ncalls("cuStreamSynchronize"), device = ncalls("cuCtxSynchronize");
+    unsigned long long unmaps = ncalls("cuMemUnmap");
+    tally_empty_cache(0);
+    NEED(ncalls("cuMemUnmap") - unmaps == 1); /* b's segment, after waiting for s1 only */
+    NEED(ncalls("cuStreamSynchronize") - streams == 1 && ncalls("cuCtxSynchronize") == device);
+    for (int i = 0; i < 65; i++)
+        NEED(cu.cuStreamDestroy(many[i]) == CUDA_SUCCESS);
+    cu.cuCtxPopCurrent(&ctx);
+}
+
+static void test_private_tag_waits_for_the_device_when_asked_or_past_64_streams(void **state)
+{
+    (void)state;
+    expect_child_ok(env_sleep, body_private_tag_device_waits);
 }
 
 static void test_sleep_waits_only_for_its_streams(void **state)
@@ -272,6 +321,7 @@ int main(void)
         cmocka_unit_test(test_wake_oom_rolls_back),
         cmocka_unit_test(test_sleep_waits_for_the_streams),
         cmocka_unit_test(test_sleep_waits_only_for_its_streams),
+        cmocka_unit_test(test_private_tag_waits_for_the_device_when_asked_or_past_64_streams),
     };
     return cmocka_run_group_tests_name("sleep_cuda", tests, NULL, NULL);
 }

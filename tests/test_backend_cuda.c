@@ -482,9 +482,12 @@ static void body_failed_event(void)
     tally_stats_t st;
     EXPECT(tally_get_stats(0, &st) == 0);
     EXPECT(st.active[0].current == 1); /* p is still pending */
+    long long device_syncs = cu_calls("cuCtxSynchronize");
     void *q = tally_malloc(1 << 20, 0, NULL);
     EXPECT(q != NULL);
     EXPECT(q == p); /* the failed query freed it */
+    if (device_syncs >= 0) /* after waiting for the event's device (the stand-in counts calls) */
+        EXPECT(cu_calls("cuCtxSynchronize") - device_syncs == 1);
     EXPECT(tally_get_stats(0, &st) == 0);
     EXPECT(st.active[0].current == 1);
     tally_free(q);

@@ -1,7 +1,7 @@
 /* Out of host memory for metadata, at every allocation in turn, as sqlite's
  * tests fail each malloc of a statement: a workload that touches every layer
  * (tags, stages, both pools, a split, stream uses, the ledger, every report,
- * empty_cache) runs once for each metadata allocation it makes, with that
+ * empty_cache, a graph pool) runs once for each metadata allocation it makes, with that
  * allocation failing (tally__meta_fail, lib/core/meta.c), then once more with
  * every allocation failing from that point on. Whatever fails, the library
  * must
@@ -26,6 +26,7 @@
 typedef struct {
     void *p[NPTR];
     void *priv[2]; /* blocks of the private tag, when private_tags names it */
+    void *graph;   /* a block of a CUDA graph's pool */
     int failed_calls; /* calls that reported a failure */
 } work_t;
 
@@ -99,6 +100,20 @@ static void workload(work_t *w, int round, const char *dir)
     NOTE(w->p[1] != NULL);
     if (tag_ok)
         NOTE(tally_tag_pop() == 0);
+    /* A graph pool (PyTorch's ids (0, n)): begun, allocated from, ended,
+     * one block freed into it, released while the other still lives. */
+    uint64_t gid = 1 + (uint64_t)(round % 2);
+    int gp_ok = tally_graph_pool_begin(0, 0, gid, NULL, NULL) == 0;
+    NOTE(gp_ok);
+    w->graph = tally_malloc(5 << 20, 0, STREAM(2));
+    NOTE(w->graph != NULL);
+    void *g2 = tally_malloc(2048, 0, STREAM(2));
+    NOTE(g2 != NULL);
+    if (gp_ok)
+        NOTE(tally_graph_pool_end(0, 0, gid) == 0);
+    tally_free(g2);
+    if (gp_ok)
+        NOTE(tally_graph_pool_release(0, 0, gid) == 0);
     if (tally_tag_is_private("faults-priv") == 1) {
         /* A private tag's segments are reserved and mapped; it sleeps and
          * wakes (offloaded to host memory and back). */
@@ -146,6 +161,8 @@ static void settle(work_t *w, int round, const char *what)
         tally_free(w->priv[i]);
         w->priv[i] = NULL;
     }
+    tally_free(w->graph);
+    w->graph = NULL;
     for (int i = 0; i < NPTR; i++) {
         tally_free(w->p[i]);
         w->p[i] = NULL;
@@ -234,9 +251,14 @@ static void clean_round(work_t *w, int *round, const char *dir, const char *what
  * leak on a failure path grows it round by round; the first pass may
  * legitimately add ledger rows, for blocks taken when a push or a stage
  * failed), then a clean round. Exits 0 when all held. */
-static void child(const char *conf, const char *dir, bool leak_check)
+static void child(const char *conf, const char *dir, bool leak_check, bool in_heap)
 {
     tu_conf(conf);
+    tally__meta_fail_in_heap(in_heap);
+    if (in_heap && strcmp(tally__meta_source(), "jemalloc") == 0) {
+        fprintf(stderr, "faults: skipped, the metadata comes from jemalloc, not the tally-heap\n");
+        _exit(0);
+    }
     tally_set_sink(sink, NULL);
     if (tally_init() != 0) {
         fprintf(stderr, "tally_init: %s\n", tally_last_error());
@@ -258,7 +280,7 @@ static void child(const char *conf, const char *dir, bool leak_check)
     _exit(0);
 }
 
-static void run(const char *conf, bool leak_check)
+static void run_at(const char *conf, bool leak_check, bool in_heap)
 {
     char dir[] = "/tmp/tally-faults-XXXXXX";
     assert_non_null(mkdtemp(dir));
@@ -266,7 +288,7 @@ static void run(const char *conf, bool leak_check)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0)
-        child(conf, dir, leak_check);
+        child(conf, dir, leak_check, in_heap);
     int status = 0;
     assert_int_equal(waitpid(pid, &status, 0), pid);
     rmdir(dir);
@@ -274,6 +296,11 @@ static void run(const char *conf, bool leak_check)
         fail_msg("TALLY_CONF=%s: the child %s %d (its message is above)", conf,
                  WIFEXITED(status) ? "exited with status" : "was killed by signal",
                  WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+}
+
+static void run(const char *conf, bool leak_check)
+{
+    run_at(conf, leak_check, false);
 }
 
 #define BASE "backend:host,host_devices:2,host_capacity:8GiB,host_mode:virtual,leak_report:off"
@@ -306,6 +333,14 @@ static void test_out_of_metadata_private_tag_sleeps(void **state)
         true);
 }
 
+/* The failures inside the tally-heap (its lock held when a chunk is
+ * refused), where tally__meta_alloc's own check has let them through. */
+static void test_out_of_metadata_inside_the_heap(void **state)
+{
+    (void)state;
+    run_at(BASE ",expandable_segments:true", true, true);
+}
+
 /* The allocation trace keeps every event (it is not a ring), so the
  * metadata it holds grows by design: no leak check here. */
 static void test_out_of_metadata_with_the_allocation_trace(void **state)
@@ -322,6 +357,7 @@ int main(void)
         cmocka_unit_test(test_out_of_metadata_timeline_sites_and_limits),
         cmocka_unit_test(test_out_of_metadata_private_tag_sleeps),
         cmocka_unit_test(test_out_of_metadata_with_the_allocation_trace),
+        cmocka_unit_test(test_out_of_metadata_inside_the_heap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -69,6 +69,11 @@ char *tally__meta_strdup(const char *s);
  * tally__meta_fail_hits() counts the failures made since arming. */
 void tally__meta_fail(uint64_t nth, uint64_t every);
 uint64_t tally__meta_fail_hits(void);
+/* Tests: with in_heap, the failures tally__meta_fail arms happen inside the
+ * tally-heap, as the kernel refusing its mapping (its free lists passed
+ * over), instead of at tally__meta_alloc's entry; nothing fails there under
+ * jemalloc (tally__meta_source). */
+void tally__meta_fail_in_heap(bool in_heap);
 /* Bytes of metadata currently held (for docs / tests). */
 size_t tally__meta_bytes(void);
 /* "jemalloc" when a private jemalloc arena is in use, else "tally-heap". */

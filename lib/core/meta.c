@@ -75,6 +75,53 @@ const char *tally__meta_source(void)
     return je_alloc ? "jemalloc" : "tally-heap";
 }
 
+/* Fault injection for the tests, as sqlite's test builds fail the Nth
+ * malloc: with fail_nth set, the allocation of that rank from the arming
+ * fails, and then every fail_every-th one after it when fail_every != 0.
+ * It fails at one of two places (fail_in_heap): at the entry of
+ * tally__meta_alloc, or inside the tally-heap as the kernel refusing its
+ * mapping, so the heap's own failure path (its lock held) runs too.
+ * One relaxed load when off; metadata allocation is never on a hot path. */
+static _Atomic uint64_t fail_nth, fail_every, fail_seen, fail_hits;
+static _Atomic bool fail_in_heap;
+
+void tally__meta_fail_in_heap(bool in_heap)
+{
+    atomic_store(&fail_in_heap, in_heap);
+}
+
+void tally__meta_fail(uint64_t nth, uint64_t every)
+{
+    atomic_store(&fail_nth, 0);
+    atomic_store(&fail_seen, 0);
+    atomic_store(&fail_hits, 0);
+    atomic_store(&fail_every, every);
+    atomic_store(&fail_nth, nth);
+}
+
+uint64_t tally__meta_fail_hits(void)
+{
+    return atomic_load(&fail_hits);
+}
+
+static bool injected_failure(void)
+{
+    uint64_t nth = atomic_load_explicit(&fail_nth, memory_order_relaxed);
+    if (!nth)
+        return false;
+    uint64_t c = atomic_fetch_add(&fail_seen, 1) + 1;
+    uint64_t every = atomic_load(&fail_every);
+    if (c < nth || (c > nth && (!every || (c - nth) % every != 0)))
+        return false;
+    atomic_fetch_add(&fail_hits, 1);
+    return true;
+}
+
+static bool refused_by_the_kernel(void)
+{
+    return atomic_load_explicit(&fail_in_heap, memory_order_relaxed) && injected_failure();
+}
+
 static void *heap_alloc(size_t size)
 {
     size_t need = size + sizeof(meta_hdr_t);
@@ -82,7 +129,8 @@ static void *heap_alloc(size_t size)
         return NULL;
     if (need > ((size_t)1 << (META_MIN_SHIFT + META_CLASSES - 1))) {
         size_t len = (need + 4095) & ~(size_t)4095;
-        void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        void *m = refused_by_the_kernel() ? MAP_FAILED
+                                          : mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED)
             return NULL;
         meta_hdr_t *h = m;
@@ -96,15 +144,19 @@ static void *heap_alloc(size_t size)
     while (((size_t)1 << (META_MIN_SHIFT + k)) < need)
         k++;
     size_t csize = (size_t)1 << (META_MIN_SHIFT + k);
+    /* An injected refusal stands for a kernel that refuses the next chunk
+     * while this class's free list is empty. */
+    bool refused = refused_by_the_kernel();
     tally__mutex_lock(&heap_lock);
-    meta_hdr_t *h = (meta_hdr_t *)heap_free[k];
+    meta_hdr_t *h = refused ? NULL : (meta_hdr_t *)heap_free[k];
     if (h) {
         heap_free[k] = heap_free[k]->next;
     } else {
-        if (!chunk_cur || (size_t)(chunk_end - chunk_cur) < csize) {
+        if (refused || !chunk_cur || (size_t)(chunk_end - chunk_cur) < csize) {
             /* The tail of the old chunk is left unused: chunks are never
              * returned, and the tail is at most one class size. */
-            void *m = mmap(NULL, META_CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            void *m = refused ? MAP_FAILED
+                              : mmap(NULL, META_CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
             if (m == MAP_FAILED) {
                 tally__mutex_unlock(&heap_lock);
                 return NULL;
@@ -138,43 +190,10 @@ static void heap_free_obj(void *p)
     tally__mutex_unlock(&heap_lock);
 }
 
-/* Fault injection for the tests, as sqlite's test builds fail the Nth
- * malloc: with fail_nth set, the allocation of that rank from the arming
- * fails, and then every fail_every-th one after it when fail_every != 0.
- * One relaxed load when off; metadata allocation is never on a hot path. */
-static _Atomic uint64_t fail_nth, fail_every, fail_seen, fail_hits;
-
-void tally__meta_fail(uint64_t nth, uint64_t every)
-{
-    atomic_store(&fail_nth, 0);
-    atomic_store(&fail_seen, 0);
-    atomic_store(&fail_hits, 0);
-    atomic_store(&fail_every, every);
-    atomic_store(&fail_nth, nth);
-}
-
-uint64_t tally__meta_fail_hits(void)
-{
-    return atomic_load(&fail_hits);
-}
-
-static bool injected_failure(void)
-{
-    uint64_t nth = atomic_load_explicit(&fail_nth, memory_order_relaxed);
-    if (!nth)
-        return false;
-    uint64_t c = atomic_fetch_add(&fail_seen, 1) + 1;
-    uint64_t every = atomic_load(&fail_every);
-    if (c < nth || (c > nth && (!every || (c - nth) % every != 0)))
-        return false;
-    atomic_fetch_add(&fail_hits, 1);
-    return true;
-}
-
 void *tally__meta_alloc(size_t size)
 {
     pthread_once(&meta_once, meta_setup);
-    if (injected_failure())
+    if (!atomic_load_explicit(&fail_in_heap, memory_order_relaxed) && injected_failure())
         return NULL;
     if (size == 0)
         size = 1;
