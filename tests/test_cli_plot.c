@@ -139,6 +139,20 @@ static double reserved_top(const char *x_mode)
     return top;
 }
 
+/* The plot at path (an SVG file), and in *zero_y the y of memory 0: the
+ * first grid line's. */
+static char *slurp_plot(const char *path, double *zero_y)
+{
+    char *svg = slurp(path);
+    assert_non_null(svg);
+    const char *grid = strstr(svg, "<g class=\"grid\"");
+    assert_non_null(grid);
+    const char *y1 = strstr(grid, " y1=\"");
+    assert_non_null(y1);
+    assert_int_equal(sscanf(y1 + 5, "%lf", zero_y), 1);
+    return svg;
+}
+
 /* Memory is a step function of time: every edge of every tag's area and of
  * the reserved line is horizontal or vertical, by time and by event number,
  * including the edge an area closes along (the top of the areas below);
@@ -153,13 +167,8 @@ static void test_plot_outlines_are_steps(void **state)
         run_t r = tally_run("plot '%s/train.json' --x %s -o '%s'", dir, modes[m], out);
         EXPECT_RC(r, 0);
         run_free(&r);
-        char *svg = slurp(out);
-        assert_non_null(svg);
-        /* The first grid line is memory 0: nothing is drawn below it. */
-        const char *grid = strstr(svg, "<g class=\"grid\"");
-        assert_non_null(grid);
-        double zero_y = 0;
-        assert_int_equal(sscanf(strstr(grid, " y1=\"") + 5, "%lf", &zero_y), 1);
+        double zero_y; /* nothing is drawn below memory 0 */
+        char *svg = slurp_plot(out, &zero_y);
         int paths = 0;
         for (const char *at = strstr(svg, "<path class=\""); at; at = strstr(at + 1, "<path class=\"")) {
             const char *d = strstr(at, " d=\"");
@@ -217,12 +226,8 @@ static void test_plot_areas_close_along_the_area_below(void **state)
         run_t r = tally_run("plot '%s/train.json' --x %s -o '%s'", dir, modes[m], out);
         EXPECT_RC(r, 0);
         run_free(&r);
-        char *svg = slurp(out);
-        assert_non_null(svg);
-        const char *grid = strstr(svg, "<g class=\"grid\"");
-        assert_non_null(grid);
-        double zero_y = 0;
-        assert_int_equal(sscanf(strstr(grid, " y1=\"") + 5, "%lf", &zero_y), 1);
+        double zero_y;
+        char *svg = slurp_plot(out, &zero_y);
         int areas = 0;
         for (const char *at = strstr(svg, "<path class=\"tag\""); at; at = strstr(at + 1, "<path class=\"tag\"")) {
             read_pts(strstr(at, " d=\"") + 4, &cur);
