@@ -71,6 +71,42 @@ static void test_ledger_report(void **state)
     run_free(&r);
 }
 
+/* The ledger table goes by device first: rows that differ only in their
+ * device (same tag, stage, current and peak bytes) list device 0, then 1,
+ * then 2, whatever order the report has them in, and a row's bytes do not
+ * move it ahead of a lower device (a report written by hand, its rows on
+ * devices 1, 2, 1, 0; device 1's activations hold the most, and come
+ * before its weights, which hold less). */
+static void test_ledger_rows_tied_but_for_device_go_by_device(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/tied_rows.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    static const char row[] = "{\"tag\":\"%s\",\"stage\":\"train\",\"device\":%d,\"foreign\":%s,\"current_bytes\":%d,"
+                              "\"peak_bytes\":2097152,\"live_blocks\":1}%s\n";
+    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
+          "\"devices\":[],\"ledger\":[\n",
+          f);
+    fprintf(f, row, "weights", 1, "true", 1048576, ",");
+    fprintf(f, row, "weights", 2, "true", 1048576, ",");
+    fprintf(f, row, "activations", 1, "true", 2097152, ",");
+    fprintf(f, row, "weights", 0, "false", 1048576, "");
+    fputs("],\"stages\":[],\"leaks\":[]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("ledger '%s'", path);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "device tag                  stage                     current         peak     blocks\n"
+               "0      weights              train                     1.0 MiB      2.0 MiB          1\n"
+               "1      activations          train                     2.0 MiB      2.0 MiB          1  foreign\n"
+               "1      weights              train                     1.0 MiB      2.0 MiB          1  foreign\n"
+               "2      weights              train                     1.0 MiB      2.0 MiB          1  foreign\n"
+               "\n");
+    expect_text(r.err, "");
+    run_free(&r);
+}
+
 static void test_ledger_rejects_stats(void **state)
 {
     (void)state;
@@ -326,6 +362,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ledger_report),
         cmocka_unit_test(test_ledger_one_live_block_is_singular),
         cmocka_unit_test(test_ledger_rejects_stats),
+        cmocka_unit_test(test_ledger_rows_tied_but_for_device_go_by_device),
         cmocka_unit_test(test_merge_four_ranks),
         cmocka_unit_test(test_merge_totals_every_rank_with_fewer_ranks_than_devices),
         cmocka_unit_test(test_merge_json),

@@ -11,6 +11,7 @@
 #include "skip.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,6 +140,20 @@ static double reserved_top(const char *x_mode)
     return top;
 }
 
+/* The plot at path (an SVG file), and in *zero_y the y of memory 0: the
+ * first grid line's. */
+static char *slurp_plot(const char *path, double *zero_y)
+{
+    char *svg = slurp(path);
+    assert_non_null(svg);
+    const char *grid = strstr(svg, "<g class=\"grid\"");
+    assert_non_null(grid);
+    const char *y1 = strstr(grid, " y1=\"");
+    assert_non_null(y1);
+    assert_int_equal(sscanf(y1 + 5, "%lf", zero_y), 1);
+    return svg;
+}
+
 /* Memory is a step function of time: every edge of every tag's area and of
  * the reserved line is horizontal or vertical, by time and by event number,
  * including the edge an area closes along (the top of the areas below);
@@ -153,13 +168,8 @@ static void test_plot_outlines_are_steps(void **state)
         run_t r = tally_run("plot '%s/train.json' --x %s -o '%s'", dir, modes[m], out);
         EXPECT_RC(r, 0);
         run_free(&r);
-        char *svg = slurp(out);
-        assert_non_null(svg);
-        /* The first grid line is memory 0: nothing is drawn below it. */
-        const char *grid = strstr(svg, "<g class=\"grid\"");
-        assert_non_null(grid);
-        double zero_y = 0;
-        assert_int_equal(sscanf(strstr(grid, " y1=\"") + 5, "%lf", &zero_y), 1);
+        double zero_y; /* nothing is drawn below memory 0 */
+        char *svg = slurp_plot(out, &zero_y);
         int paths = 0;
         for (const char *at = strstr(svg, "<path class=\""); at; at = strstr(at + 1, "<path class=\"")) {
             const char *d = strstr(at, " d=\"");
@@ -217,12 +227,8 @@ static void test_plot_areas_close_along_the_area_below(void **state)
         run_t r = tally_run("plot '%s/train.json' --x %s -o '%s'", dir, modes[m], out);
         EXPECT_RC(r, 0);
         run_free(&r);
-        char *svg = slurp(out);
-        assert_non_null(svg);
-        const char *grid = strstr(svg, "<g class=\"grid\"");
-        assert_non_null(grid);
-        double zero_y = 0;
-        assert_int_equal(sscanf(strstr(grid, " y1=\"") + 5, "%lf", &zero_y), 1);
+        double zero_y;
+        char *svg = slurp_plot(out, &zero_y);
         int areas = 0;
         for (const char *at = strstr(svg, "<path class=\"tag\""); at; at = strstr(at + 1, "<path class=\"tag\"")) {
             read_pts(strstr(at, " d=\"") + 4, &cur);
@@ -386,6 +392,208 @@ static void test_plot_without_timeline(void **state)
     run_free(&r);
 }
 
+/* ---- the timeline as the report writes it ---------------------------------- */
+
+/* An event of a report's timeline: the report writes one object a line,
+ * "device", "time_us" and "action" first. */
+typedef struct tl_event {
+    int device;
+    char action[32], stage[64];
+    const char *at; /* its object's text in the report, len bytes from "{" */
+    size_t len;
+} tl_event_t;
+
+static bool is_stage_event(const tl_event_t *e)
+{
+    return strcmp(e->action, "stage_begin") == 0 || strcmp(e->action, "stage_end") == 0;
+}
+
+/* The events of the timeline in json, oldest first; how many (at most max). */
+static int read_timeline(const char *json, tl_event_t *ev, int max)
+{
+    const char *p = strstr(json, "\"timeline\":[\n");
+    assert_non_null(p);
+    p += strlen("\"timeline\":[\n");
+    int n = 0;
+    while (n < max && (p = strchr(p, '{')) && strncmp(p, "{\"device\":", 10) == 0) {
+        tl_event_t *e = &ev[n++];
+        e->stage[0] = 0;
+        if (sscanf(p, "{\"device\":%d,\"time_us\":%*[0-9],\"action\":\"%31[^\"]\"", &e->device, e->action) != 2)
+            fail_msg("timeline event %d: %.80s", n - 1, p);
+        const char *end = strchr(p, '}'), *st = strstr(p, "\"stage\":\"");
+        assert_non_null(end);
+        if (st && st < end)
+            assert_int_equal(sscanf(st, "\"stage\":\"%63[^\"]\"", e->stage), 1);
+        e->at = p;
+        e->len = (size_t)(end + 1 - p);
+        p = end + 1;
+        if (*p != ',')
+            break; /* "]": the last one */
+    }
+    return n;
+}
+
+/* train.json with its timeline cut to the events on device dev (only its
+ * stage_begin and stage_end events with stages_only), written to dst. */
+static void write_cut_timeline(const char *dst, int dev, bool stages_only)
+{
+    static tl_event_t ev[1024];
+    char src[PATH_MAX + 16];
+    snprintf(src, sizeof src, "%s/train.json", dir);
+    char *json = slurp(src);
+    assert_non_null(json);
+    int n = read_timeline(json, ev, 1024);
+    assert_true(n > 0 && n < 1024);
+    FILE *f = fopen(dst, "w");
+    assert_non_null(f);
+    fwrite(json, 1, (size_t)(ev[0].at - json), f);
+    int kept = 0;
+    for (int i = 0; i < n; i++)
+        if (ev[i].device == dev && (!stages_only || is_stage_event(&ev[i])))
+            fprintf(f, "%s%.*s", kept++ ? ",\n " : "", (int)ev[i].len, ev[i].at);
+    fputs(ev[n - 1].at + ev[n - 1].len, f);
+    assert_int_equal(fclose(f), 0);
+    free(json);
+    assert_true(kept > 0);
+}
+
+/* ---- stage bands --------------------------------------------------------------- */
+
+/* Each stage's band spans its stage_begin event to its stage_end event,
+ * and only stages have bands: by event number, on device 0 of train.json
+ * (load, then train with a nested warmup), one band per stage_begin, in
+ * the order the stages ended, its shaded rect and its dashed lines at the
+ * x of its begin and end events (the x axis's ticks give where event k
+ * is: tick 0, and the last tick's value and place). */
+static void test_plot_stage_band_starts_at_stage_begin(void **state)
+{
+    (void)state;
+    static tl_event_t ev[1024];
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/train.json", dir);
+    char *json = slurp(path);
+    assert_non_null(json);
+    int n = read_timeline(json, ev, 1024);
+    assert_true(n > 0 && n < 1024);
+    /* The bands wanted: stage_end k closes the innermost open stage. */
+    struct {
+        char name[64];
+        int kb, ke;
+    } want[16];
+    int nwant = 0, open[16], depth = 0, k = 0;
+    for (int i = 0; i < n; i++) {
+        if (ev[i].device != 0)
+            continue;
+        if (strcmp(ev[i].action, "stage_begin") == 0) {
+            assert_true(depth < 16);
+            open[depth++] = k;
+        } else if (strcmp(ev[i].action, "stage_end") == 0) {
+            assert_true(depth > 0 && nwant < 16);
+            snprintf(want[nwant].name, sizeof want[nwant].name, "%s", ev[i].stage);
+            want[nwant].kb = open[--depth];
+            want[nwant++].ke = k;
+        }
+        k++;
+    }
+    free(json);
+    assert_int_equal(depth, 0);
+    assert_int_equal(nwant, 3);
+
+    snprintf(path, sizeof path, "%s/bands.svg", dir);
+    run_t r = tally_run("plot '%s/train.json' --x events -o '%s'", dir, path);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    char *svg = slurp(path);
+    assert_non_null(svg);
+    const char *axis = strstr(svg, "<g class=\"x-axis\""), *axis_end = axis ? strstr(axis, "</g>") : NULL;
+    assert_non_null(axis_end);
+    double x0 = -1, xl = 0, vl = 0;
+    for (const char *t = strstr(axis, "<text x=\""); t && t < axis_end; t = strstr(t + 1, "<text x=\"")) {
+        double x, v;
+        assert_int_equal(sscanf(t, "<text x=\"%lf\" y=\"%*f\">%lf<", &x, &v), 2);
+        if (v == 0)
+            x0 = x;
+        xl = x;
+        vl = v;
+    }
+    assert_true(x0 >= 0 && vl > 0);
+    double px_per_event = (xl - x0) / vl;
+
+    int bands = 0;
+    for (const char *g = strstr(svg, "<g class=\"stage\">"); g; g = strstr(g + 1, "<g class=\"stage\">")) {
+        char name[64];
+        double rx, rw, lb, le;
+        assert_int_equal(sscanf(g, "<g class=\"stage\"><title>stage %63[^<]<", name), 1);
+        const char *rect = strstr(g, "<rect x=\""), *dash = strstr(g, "<path d=\"M");
+        assert_non_null(rect);
+        assert_non_null(dash);
+        assert_int_equal(sscanf(rect, "<rect x=\"%lf\" y=\"%*d\" width=\"%lf\"", &rx, &rw), 2);
+        assert_int_equal(sscanf(dash, "<path d=\"M%lf,%*d V%*d M%lf,", &lb, &le), 2);
+        if (bands >= nwant) {
+            fail_msg("%d stage bands, but the timeline has %d stages: band %d (\"%s\") at x %.1f is drawn from "
+                     "an event that begins no stage",
+                     bands + 1, nwant, bands + 1, name, rx);
+        }
+        double xb = x0 + px_per_event * want[bands].kb, xe = x0 + px_per_event * want[bands].ke;
+        if (strcmp(name, want[bands].name) != 0)
+            fail_msg("band %d is stage \"%s\", expected \"%s\"", bands + 1, name, want[bands].name);
+        if (fabs(rx - xb) > 0.25 || fabs(lb - xb) > 0.25)
+            fail_msg("stage %s's band starts at x %.1f (dashed line at %.1f), not at its stage_begin (event %d, "
+                     "x %.1f)",
+                     name, rx, lb, want[bands].kb, xb);
+        if (fabs(rx + rw - xe) > 0.25 || fabs(le - xe) > 0.25)
+            fail_msg("stage %s's band ends at x %.1f (dashed line at %.1f), not at its stage_end (event %d, x %.1f)",
+                     name, rx + rw, le, want[bands].ke, xe);
+        bands++;
+    }
+    free(svg);
+    assert_int_equal(bands, nwant);
+}
+
+/* ---- the default device ------------------------------------------------------- */
+
+/* Without --device, a report whose home device (0) has no events on the
+ * timeline is drawn for the device with the most (train.json cut to
+ * device 1's events: its stages and its one stray block). */
+static void test_plot_default_device_is_busiest_when_home_has_none(void **state)
+{
+    (void)state;
+    char cut[PATH_MAX + 16], out[PATH_MAX + 16];
+    snprintf(cut, sizeof cut, "%s/device1.json", dir);
+    snprintf(out, sizeof out, "%s/device1.svg", dir);
+    write_cut_timeline(cut, 1, false);
+    run_t r = tally_run("plot '%s' -o '%s'", cut, out);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "device1.svg: device 1, 8 events, 1 tag group");
+    run_free(&r);
+    char *svg = slurp(out);
+    assert_non_null(svg);
+    HAS(svg, "<title>tally: memory over time, device 1, rank 0");
+    HAS(svg, "<title>stray</title></path>");
+    free(svg);
+}
+
+/* Without --device, a timeline with no allocations at all (only stage
+ * events, all on device 1: train.json cut to them) is drawn for the device
+ * it is on, not for device 0, which has nothing to draw. */
+static void test_plot_default_device_without_allocations_is_the_timelines(void **state)
+{
+    (void)state;
+    char cut[PATH_MAX + 16], out[PATH_MAX + 16];
+    snprintf(cut, sizeof cut, "%s/stages1.json", dir);
+    snprintf(out, sizeof out, "%s/stages1.svg", dir);
+    write_cut_timeline(cut, 1, true);
+    run_t r = tally_run("plot '%s' -o '%s'", cut, out);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "stages1.svg: device 1, 6 events, 0 tag groups");
+    run_free(&r);
+    char *svg = slurp(out);
+    assert_non_null(svg);
+    HAS(svg, "<title>tally: memory over time, device 1, rank 0");
+    assert_int_equal(count(svg, "<g class=\"stage\">"), 3);
+    free(svg);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -397,6 +605,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_axis_unit_stops_at_tib),
         cmocka_unit_test(test_plot_says_how_many_events_were_dropped),
         cmocka_unit_test(test_plot_without_timeline),
+        cmocka_unit_test(test_plot_stage_band_starts_at_stage_begin),
+        cmocka_unit_test(test_plot_default_device_is_busiest_when_home_has_none),
+        cmocka_unit_test(test_plot_default_device_without_allocations_is_the_timelines),
     };
     return CLI_MAIN("cli_plot", tests);
 }
