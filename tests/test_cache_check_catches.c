@@ -685,53 +685,6 @@ static void flip_bit(uint64_t *bits, size_t p)
     bits[p >> 6] ^= (uint64_t)1 << (p & 63);
 }
 
-static void test_check_names_a_block_on_an_unmapped_page(void **state)
-{
-    (void)state;
-    tally_expand_t *ex = ex_of();
-    assert_true(ex->mapped[0]);
-    ex->mapped[0] = 0;
-    EXPECT_FAIL("uses unmapped page 0");
-    ex->mapped[0] = 1;
-    CHECK_OK();
-}
-
-static void test_check_names_a_wrong_idle_bit(void **state)
-{
-    (void)state;
-    tally_expand_t *ex = ex_of();
-    flip_bit(ex->idle_bits, 0); /* a live page marked idle */
-    EXPECT_FAIL("page 0 of segment");
-    HAS(tally_last_error(), "idle bit 1 is wrong");
-    flip_bit(ex->idle_bits, 0);
-    CHECK_OK();
-}
-
-static void test_check_names_a_wrong_live_count(void **state)
-{
-    (void)state;
-    tally_expand_t *ex = ex_of();
-    uint32_t keep = ex->live[0];
-    ex->live[0] = keep + 1;
-    EXPECT_FAIL("live blocks, recount");
-    ex->live[0] = keep;
-    CHECK_OK();
-}
-
-static void test_check_names_wrong_mapped_and_idle_counts(void **state)
-{
-    (void)state;
-    tally_expand_t *ex = ex_of();
-    ex->nmapped++;
-    EXPECT_FAIL("pages mapped (");
-    ex->nmapped--;
-    CHECK_OK();
-    ex->idle++;
-    EXPECT_FAIL("pages mapped (");
-    ex->idle--;
-    CHECK_OK();
-}
-
 static size_t first_unmapped(const tally_expand_t *ex)
 {
     for (size_t p = 0; p < ex->npages; p++)
@@ -741,105 +694,109 @@ static size_t first_unmapped(const tally_expand_t *ex)
     return 0;
 }
 
-static void test_check_names_an_unmapped_page_in_a_handle(void **state)
+/* One broken invariant of the pages: a field set to a bad value, or a bit
+ * of a bitmap flipped; tally_check must fail naming msg (and also, when
+ * given), then pass again once the field is put back. */
+typedef struct page_case {
+    const char *what; /* the invariant broken, for the failure message */
+    void *at;         /* the field, or the bitmap's words */
+    size_t width;     /* the field's bytes (1, 4 or 8); 0: bit `bit` of the bitmap */
+    size_t bit;
+    uint64_t bad;
+    const char *msg, *also;
+} page_case_t;
+
+#define FIELD(what, lv, bad, msg, also) ((page_case_t){(what), &(lv), sizeof(lv), 0, (uint64_t)(bad), (msg), (also)})
+#define BIT(what, bits, p, msg, also) ((page_case_t){(what), (bits), 0, (p), 0, (msg), (also)})
+#define PAGE_CASES_MAX 24
+
+/* Write v into the case's field and return what was there (a bit: flip
+ * it, return 0; a second call flips it back). */
+static uint64_t case_swap(const page_case_t *c, uint64_t v)
 {
-    (void)state;
-    tally_expand_t *ex = ex_of();
-    size_t h = first_unmapped(ex);
-    ex->hlen[h] = 1;
-    EXPECT_FAIL("is the first page of a handle");
-    ex->hlen[h] = 0;
-    CHECK_OK();
-    flip_bit(ex->spare_bits, h);
-    EXPECT_FAIL("is spare");
-    flip_bit(ex->spare_bits, h);
-    CHECK_OK();
+    uint8_t u8 = (uint8_t)v;
+    uint32_t u32 = (uint32_t)v;
+    uint64_t old = 0;
+    switch (c->width) {
+    case 0:
+        flip_bit(c->at, c->bit);
+        return 0;
+    case 1:
+        old = *(const uint8_t *)c->at;
+        memcpy(c->at, &u8, 1);
+        return old;
+    case 4:
+        old = *(const uint32_t *)c->at;
+        memcpy(c->at, &u32, 4);
+        return old;
+    case 8:
+        memcpy(&old, c->at, 8);
+        memcpy(c->at, &v, 8);
+        return old;
+    default:
+        fail_msg("%s: a field of %zu bytes", c->what, c->width);
+        return 0;
+    }
 }
 
-static void test_check_names_a_handle_that_does_not_begin_where_it_should(void **state)
+/* The broken invariants, on ex_setup's state: ex_p (3 MiB, pages 0-1) live
+ * on the first handle, ex_q's pages idle after it, unmapped pages past it. */
+static size_t page_cases(tally_expand_t *ex, tally_block_t *b, page_case_t *c)
 {
-    (void)state;
-    tally_expand_t *ex = ex_of();
-    uint32_t keep = ex->hstart[0];
-    ex->hstart[0] = keep + 1;
-    EXPECT_FAIL("where one should begin");
-    ex->hstart[0] = keep;
-    CHECK_OK();
-    uint32_t len = ex->hlen[0];
-    ex->hlen[0] = 0;
-    EXPECT_FAIL("where one should begin");
-    ex->hlen[0] = (uint32_t)ex->npages + 1; /* past the end */
-    EXPECT_FAIL("where one should begin");
-    ex->hlen[0] = len;
-    CHECK_OK();
-}
-
-static void test_check_names_a_page_outside_its_handle(void **state)
-{
-    (void)state;
-    tally_expand_t *ex = ex_of();
-    /* a handle of two pages or more: the page after its first */
+    size_t n = 0, u = first_unmapped(ex), n0 = ex->hlen[0];
+    assert_true(ex->mapped[0]);
+    assert_int_equal(b->paged, 1);
+    assert_true(n0 >= 1 && n0 < ex->npages);
+    c[n++] = FIELD("a block on an unmapped page", ex->mapped[0], 0, "uses unmapped page 0", NULL);
+    c[n++] = BIT("a live page marked idle", ex->idle_bits, 0, "page 0 of segment", "idle bit 1 is wrong");
+    c[n++] = FIELD("a live count one too many", ex->live[0], ex->live[0] + 1, "live blocks, recount", NULL);
+    c[n++] = FIELD("one page too many mapped", ex->nmapped, ex->nmapped + 1, "pages mapped (", NULL);
+    c[n++] = FIELD("one page too many idle", ex->idle, ex->idle + 1, "pages mapped (", NULL);
+    c[n++] = FIELD("an unmapped page that begins a handle", ex->hlen[u], 1, "is the first page of a handle", NULL);
+    c[n++] = BIT("an unmapped page marked spare", ex->spare_bits, u, "is spare", NULL);
+    c[n++] = FIELD("page 0 naming page 1 its handle's first", ex->hstart[0], ex->hstart[0] + 1,
+                   "where one should begin", NULL);
+    c[n++] = FIELD("a handle of no pages", ex->hlen[0], 0, "where one should begin", NULL);
+    c[n++] = FIELD("a handle past the end of the range", ex->hlen[0], ex->npages + 1, "where one should begin", NULL);
+    /* A handle of two pages or more: the page after its first. */
     size_t h = 0;
     while (h < ex->npages && ex->mapped[h] && ex->hlen[h] < 2)
         h += ex->hlen[h] ? ex->hlen[h] : 1;
     if (h < ex->npages && ex->mapped[h] && ex->hlen[h] >= 2) {
-        uint32_t keep = ex->hstart[h + 1];
-        ex->hstart[h + 1] = keep + 1;
-        EXPECT_FAIL("is not part of its handle");
-        ex->hstart[h + 1] = keep;
-        CHECK_OK();
-        ex->hlen[h + 1] = 1;
-        EXPECT_FAIL("is not part of its handle");
-        ex->hlen[h + 1] = 0;
-        CHECK_OK();
+        c[n++] = FIELD("a page naming another first page of its handle", ex->hstart[h + 1], ex->hstart[h + 1] + 1,
+                       "is not part of its handle", NULL);
+        c[n++] = FIELD("a page inside a handle with a length of its own", ex->hlen[h + 1], 1,
+                       "is not part of its handle", NULL);
     }
     /* Page 0's handle stretched over the page after it: that page (unmapped
      * or the start of a handle of its own) is not part of it. */
-    size_t n0 = ex->hlen[0];
-    assert_true(n0 >= 1 && n0 < ex->npages);
-    ex->hlen[0] = (uint32_t)(n0 + 1);
-    EXPECT_FAIL("is not part of its handle at page 0");
-    ex->hlen[0] = (uint32_t)n0;
-    CHECK_OK();
-    /* A page of the handle with a spare bit its first page lacks. */
-    if (n0 >= 2) {
-        flip_bit(ex->spare_bits, 1);
-        EXPECT_FAIL("is not part of its handle at page 0");
-        flip_bit(ex->spare_bits, 1);
-        CHECK_OK();
+    c[n++] = FIELD("page 0's handle one page too long", ex->hlen[0], n0 + 1, "is not part of its handle at page 0",
+                   NULL);
+    if (n0 >= 2) /* a page of the handle with a spare bit its first page lacks */
+        c[n++] = BIT("page 1 spare, its handle not", ex->spare_bits, 1, "is not part of its handle at page 0", NULL);
+    c[n++] = FIELD("a handle's idle count one too many", ex->hidle[0], ex->hidle[0] + 1, "pages idle,", NULL);
+    c[n++] = FIELD("one page too many spare", ex->spare, ex->spare + 1, "spare pages,", NULL);
+    c[n++] = FIELD("a block on the pages not counted on them", b->paged, 0, "page accounting flag is wrong", NULL);
+    assert_true(n <= PAGE_CASES_MAX);
+    return n;
+}
+
+static void test_check_names_each_broken_page_invariant(void **state)
+{
+    (void)state;
+    page_case_t cases[PAGE_CASES_MAX];
+    size_t n = page_cases(ex_of(), blk(ex_p), cases);
+    for (size_t i = 0; i < n; i++) {
+        const page_case_t *c = &cases[i];
+        tu_ctx("%s", c->what);
+        uint64_t keep = case_swap(c, c->bad);
+        EXPECT_FAIL(c->msg);
+        if (c->also)
+            HAS(tally_last_error(), c->also);
+        case_swap(c, keep);
+        if (tally_check() != 0)
+            fail_msg("%s:%d: %s, put back: tally_check failed: %s", __FILE__, __LINE__, c->what, tally_last_error());
     }
-}
-
-static void test_check_names_a_wrong_handle_idle_count(void **state)
-{
-    (void)state;
-    tally_expand_t *ex = ex_of();
-    uint32_t keep = ex->hidle[0];
-    ex->hidle[0] = keep + 1;
-    EXPECT_FAIL("pages idle,");
-    ex->hidle[0] = keep;
-    CHECK_OK();
-}
-
-static void test_check_names_a_wrong_spare_count(void **state)
-{
-    (void)state;
-    tally_expand_t *ex = ex_of();
-    ex->spare++;
-    EXPECT_FAIL("spare pages,");
-    ex->spare--;
-    CHECK_OK();
-}
-
-static void test_check_names_a_wrong_page_accounting_flag_when_expandable(void **state)
-{
-    (void)state;
-    tally_block_t *b = blk(ex_p);
-    assert_int_equal(b->paged, 1);
-    b->paged = 0;
-    EXPECT_FAIL("page accounting flag is wrong");
-    b->paged = 1;
-    CHECK_OK();
 }
 
 static void test_check_says_it_ran_out_of_host_memory_for_the_pages(void **state)
@@ -856,18 +813,7 @@ static int run_expandable(void)
     tu_conf(EXPAND_CONF);
     tally_set_sink(quiet, NULL);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_check_names_a_block_on_an_unmapped_page, ex_setup, ex_teardown),
-        cmocka_unit_test_setup_teardown(test_check_names_a_wrong_idle_bit, ex_setup, ex_teardown),
-        cmocka_unit_test_setup_teardown(test_check_names_a_wrong_live_count, ex_setup, ex_teardown),
-        cmocka_unit_test_setup_teardown(test_check_names_wrong_mapped_and_idle_counts, ex_setup, ex_teardown),
-        cmocka_unit_test_setup_teardown(test_check_names_an_unmapped_page_in_a_handle, ex_setup, ex_teardown),
-        cmocka_unit_test_setup_teardown(test_check_names_a_handle_that_does_not_begin_where_it_should, ex_setup,
-                                        ex_teardown),
-        cmocka_unit_test_setup_teardown(test_check_names_a_page_outside_its_handle, ex_setup, ex_teardown),
-        cmocka_unit_test_setup_teardown(test_check_names_a_wrong_handle_idle_count, ex_setup, ex_teardown),
-        cmocka_unit_test_setup_teardown(test_check_names_a_wrong_spare_count, ex_setup, ex_teardown),
-        cmocka_unit_test_setup_teardown(test_check_names_a_wrong_page_accounting_flag_when_expandable, ex_setup,
-                                        ex_teardown),
+        cmocka_unit_test_setup_teardown(test_check_names_each_broken_page_invariant, ex_setup, ex_teardown),
         cmocka_unit_test_setup_teardown(test_check_says_it_ran_out_of_host_memory_for_the_pages, ex_setup,
                                         ex_teardown),
     };
