@@ -349,6 +349,48 @@ static void test_out_of_metadata_with_the_allocation_trace(void **state)
     run(BASE ",trace:true,expandable_segments:true", false);
 }
 
+/* A name that cannot be stored (no memory for its copy, or for the table
+ * growing when it is full) is refused with its message, and the names
+ * table stays usable: the same name then goes in. 300 names take the
+ * table through several growths. */
+static void names_child(void)
+{
+    tu_conf(BASE);
+    tally_set_sink(sink, NULL);
+    if (tally_init() != 0 || tally_tag_push("warm") != 0 || tally_tag_pop() != 0)
+        _exit(2);
+    char name[32];
+    for (int i = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "fresh-name-%d", i);
+        tally__meta_fail(1, 0);
+        int rc = tally_tag_push(name);
+        tally__meta_fail(0, 0);
+        if (rc != -TALLY_ENOMEM || !strstr(tally_last_error(), "out of host memory for names")) {
+            fprintf(stderr, "name %d: a push with no memory gave %d: %s\n", i, rc, tally_last_error());
+            _exit(3);
+        }
+        if (tally_tag_push(name) != 0 || tally_tag_pop() != 0) {
+            fprintf(stderr, "name %d: refused once memory is back: %s\n", i, tally_last_error());
+            _exit(4);
+        }
+    }
+    _exit(0);
+}
+
+static void test_names_refused_without_memory_then_taken(void **state)
+{
+    (void)state;
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        names_child();
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -358,6 +400,7 @@ int main(void)
         cmocka_unit_test(test_out_of_metadata_private_tag_sleeps),
         cmocka_unit_test(test_out_of_metadata_with_the_allocation_trace),
         cmocka_unit_test(test_out_of_metadata_inside_the_heap),
+        cmocka_unit_test(test_names_refused_without_memory_then_taken),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
