@@ -94,6 +94,39 @@ static void test_unknown_key_suggests_the_nearest(void **state)
     refused("zzz:1", "config: unknown key 'zzz' (tally_write_options lists the keys)");
 }
 
+/* One typo of each kind gets the key meant: a letter changed, one left
+ * out, one doubled, two neighbours swapped; a word near no key gets none. */
+static void test_each_kind_of_typo_gets_the_key_meant(void **state)
+{
+    (void)state;
+    refused("backtrace_dapth:8", "config: unknown key 'backtrace_dapth' (did you mean 'backtrace_depth'?)");
+    refused("ledgr:on", "config: unknown key 'ledgr' (did you mean 'ledger'?)");
+    refused("unwindder:auto", "config: unknown key 'unwindder' (did you mean 'unwinder'?)");
+    refused("host_mdoe:virtual", "config: unknown key 'host_mdoe' (did you mean 'host_mode'?)");
+    refused("colour:red", "config: unknown key 'colour' (tally_write_options lists the keys)");
+}
+
+/* The distance behind "did you mean": one per insertion, deletion,
+ * substitution or swap of neighbours, none between equal strings. */
+static void test_edit_distance_counts_one_per_edit(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *a, *b;
+        size_t d;
+    } cases[] = {
+        {"timeline", "timeline", 0}, {"abc", "abd", 1}, {"abc", "ab", 1},   {"ab", "abc", 1},
+        {"abcd", "abdc", 1},         {"abc", "xyz", 3}, {"", "abc", 3},     {"kitten", "sitting", 3},
+        {"leak_reprot", "leak_report", 1},              {"ledgr", "ledger", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tu_ctx("edit distance from \"%s\" to \"%s\"", cases[i].a, cases[i].b);
+        EQ(tally__edit_distance(cases[i].a, cases[i].b), cases[i].d);
+        EQ(tally__edit_distance(cases[i].b, cases[i].a), cases[i].d);
+    }
+    tu_ctx("%s", "");
+}
+
 static void test_unknown_enum_value_lists_the_valid_ones(void **state)
 {
     (void)state;
@@ -249,6 +282,8 @@ int main(void)
         cmocka_unit_test(test_what_initialises), /* first: forks before this process initialises */
         cmocka_unit_test(test_home_device_beyond_the_devices_refused_at_run_time),
         cmocka_unit_test(test_unknown_key_suggests_the_nearest),
+        cmocka_unit_test(test_each_kind_of_typo_gets_the_key_meant),
+        cmocka_unit_test(test_edit_distance_counts_one_per_edit),
         cmocka_unit_test(test_unknown_enum_value_lists_the_valid_ones),
         cmocka_unit_test(test_enum_values_in_any_case),
         cmocka_unit_test(test_blanks_after_a_colon_count_the_same_for_every_key),
