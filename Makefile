@@ -152,6 +152,8 @@ $(BUILD)/tests/test_backend_driver_h: tests/test_backend_driver_h.c tests/driver
 
 # test_tune compiles tally tune's readers in (tools/, bench/trace.c).
 $(BUILD)/tests/test_tune: $(TOOL_SRC) $(wildcard tools/*.h) bench/trace.h
+# test_tune_replay compiles the model of PyTorch's expandable segments in.
+$(BUILD)/tests/test_tune_replay: tools/pt_expand.c tools/pt_expand.h bench/trace.c bench/trace.h
 
 demo: $(BUILD)/bin/demo $(CLI)
 	$(BUILD)/bin/demo

@@ -356,6 +356,51 @@ static void test_merge_device_columns_in_order(void **state)
     run_free(&r);
 }
 
+/* merge --json writes a space in a name, a path and a message as a space,
+ * not as an escape (\u0020): rank 1's report with its tag checkpoint
+ * renamed "ckpt shard 0", in a directory whose name has a space. Checked
+ * in the text itself, which a JSON reader would decode either way. */
+static void test_merge_json_writes_spaces_as_spaces(void **state)
+{
+    (void)state;
+    char from[PATH_MAX + 16], sub[PATH_MAX + 16], to[PATH_MAX + 32], want[2 * PATH_MAX + 64];
+    snprintf(from, sizeof from, "%s/rank1.json", dir);
+    snprintf(sub, sizeof sub, "%s/with space", dir);
+    snprintf(to, sizeof to, "%s/rank1.json", sub);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    char *s = slurp(from);
+    assert_non_null(s);
+    FILE *f = fopen(to, "w");
+    assert_non_null(f);
+    int renamed = 0;
+    for (const char *p = s, *at; *p; p = at + strlen("\"checkpoint\"")) {
+        at = strstr(p, "\"checkpoint\"");
+        if (!at) {
+            fputs(p, f);
+            break;
+        }
+        fprintf(f, "%.*s\"ckpt shard 0\"", (int)(at - p), p);
+        renamed++;
+    }
+    assert_int_equal(fclose(f), 0);
+    free(s);
+    assert_true(renamed > 0);
+    run_t r = tally_run("merge --json '%s/rank0.json' '%s'", dir, to);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "\"home_device\":1,\"backend\":\"host\",\"file\":\"");
+    snprintf(want, sizeof want, "\"file\":\"%s\",", to);
+    HAS(r.out, want);
+    HAS(r.out, "\"stage\":\"load\",\"tag\":\"ckpt shard 0\",\"current_bytes\":1073741824,");
+    HAS(r.out, "\"message\":\"rank 1 holds 1.0 GiB on device 0: stage load, tag ckpt shard 0 (its home device is "
+               "1)\"}");
+    HAS(r.out, "\n {\"tag\":\"ckpt shard 0\",\"current_bytes\":1073741824,\"peak_bytes_sum\":1073741824,"
+               "\"live_blocks\":1,\"ranks\":1}");
+    if (strstr(r.out, "\\u0020"))
+        fail_msg("a space written as \\u0020:\n%s", r.out);
+    expect_text(r.err, "");
+    run_free(&r);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -366,6 +411,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_merge_four_ranks),
         cmocka_unit_test(test_merge_totals_every_rank_with_fewer_ranks_than_devices),
         cmocka_unit_test(test_merge_json),
+        cmocka_unit_test(test_merge_json_writes_spaces_as_spaces),
         cmocka_unit_test(test_merge_device_columns_in_order),
         cmocka_unit_test(test_merge_duplicate_rank),
         cmocka_unit_test(test_merge_missing_rank),

@@ -1,7 +1,7 @@
 /* The tally command (tools/tally_cli.c), run as a user runs it, its stdout,
  * stderr and exit status checked (harness: cliutil.h, CLIUTIL_REPORTS): `tally
  * plot`, the timeline as SVG and HTML (well-formed XML, dropped events said,
- * a report without a timeline). */
+ * a report without a timeline, a burst narrower than a pixel). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -594,6 +594,72 @@ static void test_plot_default_device_without_allocations_is_the_timelines(void *
     free(svg);
 }
 
+/* ---- bursts narrower than a pixel ------------------------------------------- */
+
+/* A burst within one pixel column shows, one pixel wide, at its height: 20
+ * allocations of 1 MiB, then their 20 frees, all in the same microsecond,
+ * and one more 1 MiB a second later (a report written by hand). Plotted by
+ * time, the first column holds all 40 burst events (more than the plot's
+ * tables start with room for); its point is at the column's peak (20 MiB) and
+ * its state after the last event (0) follows one column later, so the
+ * tag's top edge reaches its highest y at two x a pixel apart, not in a
+ * vertical line of zero width at the left edge. */
+static void test_plot_burst_in_one_column_shows_a_pixel_wide(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16], out[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/burst.json", dir);
+    snprintf(out, sizeof out, "%s/burst.svg", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
+          "\"devices\":[],\"ledger\":[],\"stages\":[],\"leaks\":[],\"timeline\":[\n",
+          f);
+    static const char ev[] = "%s{\"device\":0,\"time_us\":%lld,\"action\":\"%s\",\"addr\":%zu,\"size\":%zu,"
+                             "\"stream\":0,\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"burst\",\"stage\":\"train\"}\n";
+    size_t allocated = 0;
+    for (int i = 0; i < 40; i++) {
+        bool alloc = i < 20;
+        allocated = alloc ? allocated + MiB : allocated - MiB;
+        fprintf(f, ev, i ? "," : "", 1000LL, alloc ? "alloc" : "free_requested", (size_t)(i % 20 + 1) * MiB, MiB,
+                allocated, 32 * MiB);
+    }
+    fprintf(f, ev, ",", 1001000LL, "alloc", 100 * MiB, MiB, MiB, 32 * MiB);
+    fputs("]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("plot '%s' --x time -o '%s'", path, out);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "burst.svg: device 0, 41 events, 1 tag group, peak allocated 20.0 MiB\n");
+    run_free(&r);
+    double zero_y;
+    char *svg = slurp_plot(out, &zero_y);
+    const char *at = strstr(svg, "<path class=\"tag\"");
+    assert_non_null(at);
+    const char *title = strstr(at, "<title>");
+    assert_non_null(title);
+    assert_int_equal(strncmp(title, "<title>burst</title>", 20), 0);
+    static pts_t pts;
+    read_pts(strstr(at, " d=\"") + 4, &pts);
+    assert_true(pts.n >= 4);
+    double top = pts.y[0], xmin = 1e9, xmax = -1e9;
+    for (int i = 1; i < pts.n; i++)
+        if (pts.y[i] < top)
+            top = pts.y[i];
+    for (int i = 0; i < pts.n; i++)
+        if (pts.y[i] == top) {
+            xmin = pts.x[i] < xmin ? pts.x[i] : xmin;
+            xmax = pts.x[i] > xmax ? pts.x[i] : xmax;
+        }
+    /* The column starts at its peak, 20 MiB of the 32 MiB reserved. */
+    if (pts.y[0] != top)
+        fail_msg("the burst's column starts at y %.1f, not at its peak (y %.1f): %.300s", pts.y[0], top, at);
+    assert_true(top < zero_y);
+    if (xmax - xmin < 0.95)
+        fail_msg("the burst's peak is %.1f pixels wide (x %.1f to %.1f), not a column: %.300s", xmax - xmin, xmin,
+                 xmax, at);
+    free(svg);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -608,6 +674,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_stage_band_starts_at_stage_begin),
         cmocka_unit_test(test_plot_default_device_is_busiest_when_home_has_none),
         cmocka_unit_test(test_plot_default_device_without_allocations_is_the_timelines),
+        cmocka_unit_test(test_plot_burst_in_one_column_shows_a_pixel_wide),
     };
     return CLI_MAIN("cli_plot", tests);
 }

@@ -1,0 +1,253 @@
+/* Tests for tally tune's replays (test_tune.c has the readers, the table
+ * and the recommendations): the model of PyTorch's expandable segments
+ * (tools/pt_expand.c, compiled in) merging a freed block with its free
+ * neighbours, and through the command itself (the built ../bin/tally) the
+ * pages a tally row maps, as priced in its driver time, and a recorded
+ * state's 512-byte remainder kept free. Expected figures are worked out by
+ * hand in the comments. */
+#include "../bench/trace.c"
+#include "../tools/pt_expand.c"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "skip.h"
+
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cliutil.h"
+#include "report/json.h"
+
+static char tally_bin[PATH_MAX], scratch[PATH_MAX];
+
+/* ---- the model of PyTorch's expandable segments ---------------------------------- */
+
+/* Replay the events (op, id, size) through the model on an 80 GiB device;
+ * reserved gets the mapped bytes after each event. */
+typedef struct hand_ev {
+    char op;
+    uint64_t id, size;
+} hand_ev_t;
+
+static ptx_result_t model_replay(const hand_ev_t *ev, size_t n, int64_t *reserved)
+{
+    trace_builder_t b;
+    trace_t t;
+    char err[256];
+    assert_int_equal(trace_begin(&b, &t, "hand", err, sizeof err), 0);
+    for (size_t i = 0; i < n; i++)
+        if (trace_add(&b, ev[i].op, ev[i].id, ev[i].size, 0, err, sizeof err))
+            fail_msg("event %zu: %s", i, err);
+    trace_end(&b);
+    ptx_opts_t o = {.capacity = 80ull << 30};
+    ptx_result_t r;
+    if (ptx_replay(&t, &o, NULL, &r, reserved, err, sizeof err))
+        fail_msg("ptx_replay: %s", err);
+    trace_free(&t);
+    return r;
+}
+
+/* A freed block merges with the free block after it and with the free
+ * block before it, so the whole 20 MiB page is one free block again.
+ * Worked by hand: A = 10 MiB maps page 0 (20 MiB) and splits it; B = 10
+ * MiB takes its rest. Freed B then A (A merges with B after it), or A then
+ * B (B merges with A before it): C = 20 MiB fits in page 0, so nothing more
+ * is mapped: 1 page in 1 run, 20 MiB reserved throughout. Unmerged, C would
+ * grow the segment from B's 10 MiB into page 1 (40 MiB, 2 pages). */
+static void test_pytorch_expandable_model_merges_freed_neighbours(void **state)
+{
+    (void)state;
+    static const hand_ev_t next_free[] = {
+        {'a', 1, 10u << 20}, {'a', 2, 10u << 20}, {'f', 2, 0}, {'f', 1, 0}, {'a', 3, 20u << 20}};
+    static const hand_ev_t prev_free[] = {
+        {'a', 1, 10u << 20}, {'a', 2, 10u << 20}, {'f', 1, 0}, {'f', 2, 0}, {'a', 3, 20u << 20}};
+    static const hand_ev_t *const cases[] = {next_free, prev_free};
+    static const char *const names[] = {"B freed, then A (A merges with the block after it)",
+                                        "A freed, then B (B merges with the block before it)"};
+    for (int c = 0; c < 2; c++) {
+        int64_t reserved[5];
+        ptx_result_t r = model_replay(cases[c], 5, reserved);
+        for (int i = 0; i < 5; i++)
+            if (reserved[i] != 20 << 20)
+                fail_msg("%s: %lld MiB mapped after event %d, expected 20", names[c],
+                         (long long)(reserved[i] >> 20), i);
+        if (r.pages_mapped != 1 || r.map_calls != 1 || r.peak_reserved != 20 << 20)
+            fail_msg("%s: %lld pages mapped in %lld runs, peak %lld MiB; expected 1 page in 1 run, peak 20 MiB",
+                     names[c], (long long)r.pages_mapped, (long long)r.map_calls, (long long)(r.peak_reserved >> 20));
+        assert_int_equal(r.pages_unmapped, 0);
+        assert_int_equal(r.segments, 1);
+        assert_int_equal(r.oom_event, -1);
+    }
+}
+
+/* ---- the command ------------------------------------------------------------------ */
+
+__attribute__((format(printf, 1, 2))) static run_t tune(const char *fmt, ...)
+{
+    char args[2048] = "tune -q ";
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args + strlen(args), sizeof args - strlen(args), fmt, ap);
+    va_end(ap);
+    return run_tool(tally_bin, scratch, args);
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* tally tune --json ARGS: the rows, parsed (status 0, else the test fails). */
+static tally_json_t *tune_rows(const char *path, const char *extra)
+{
+    run_t r = tune("--json %s '%s'", extra, path);
+    if (r.rc != 0)
+        fail_msg("tally tune --json %s '%s': status %d: %s", extra, path, r.rc, r.err);
+    tally_json_t *rows = tally__json_parse(r.out, strlen(r.out), NULL, 0, NULL);
+    if (!rows || rows->type != TALLY_JSON_ARRAY)
+        fail_msg("tally tune --json: not a JSON array:\n%s", r.out);
+    run_free(&r);
+    return rows;
+}
+
+static const tally_json_t *row_of(const tally_json_t *rows, const char *setting, const char *allocator)
+{
+    for (size_t i = 0; i < rows->len; i++) {
+        const tally_json_t *row = &rows->items[i];
+        if (strcmp(tally__json_get(row, "setting")->s, setting) == 0 &&
+            strcmp(tally__json_get(row, "allocator")->s, allocator) == 0)
+            return row;
+    }
+    fail_msg("no row '%s' (%s)", setting, allocator);
+    return NULL;
+}
+
+static int64_t jint(const tally_json_t *o, const char *key)
+{
+    int64_t v = -1;
+    if (tally__json_int(tally__json_get(o, key), &v))
+        fail_msg("no integer '%s'", key);
+    return v;
+}
+
+static double jnum(const tally_json_t *o, const char *key)
+{
+    const tally_json_t *v = tally__json_get(o, key);
+    if (!v || v->type != TALLY_JSON_NUMBER)
+        fail_msg("no number '%s'", key);
+    return v->d;
+}
+
+/* The row whose idle pages may move (expandable_move_budget:-1) is priced
+ * a physical handle per 2 MiB page it maps, counted from the steps of its
+ * reserved bytes: 10 MiB then 4 MiB, 10 MiB freed, on a 1 GiB device,
+ * reserves 20 MiB (in 2 map calls) and gives none back: 10 pages mapped,
+ * none unmapped, one range. On the A100 (tests/standin/cost.c): 10 x (193
+ * cuMemCreate + 1.45 cuMemMap + 36 cuMemSetAccess) + 19
+ * cuMemAddressReserve = 2323.5 us; on the Blackwell 10 x (13.8 + 1.0 + 69)
+ * + 19 = 857.0 us. A mapping and an unmapping counted the wrong way round
+ * would price no page made and a negative count of pages gone. */
+static void test_tally_row_prices_the_pages_it_maps(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/pages.csv", scratch);
+    write_text(path, "op,id,size,stream\na,1,10485760,0\na,2,4194304,0\nf,1,0,0\n");
+    tally_json_t *rows = tune_rows(path, "--capacity 1GiB");
+    const tally_json_t *row = row_of(rows, "expandable_segments:True,expandable_move_budget:-1", "tally");
+    assert_int_equal(jint(row, "peak_reserved_bytes"), 20 * MiB);
+    assert_int_equal(jint(row, "backend_calls"), 2);
+    assert_float_equal(jnum(row, "driver_us_a100"), 2323.5, 0.06);
+    assert_float_equal(jnum(row, "driver_us_blackwell"), 857.0, 0.06);
+    tally__json_free(rows);
+}
+
+/* A recorded state's live block is seeded at its own size when what
+ * follows it is 512 bytes, the smallest block, and that 512 stays free; it
+ * takes only a remainder too small to split (under 512). rem.pickle, made
+ * here: a 2 MiB small segment holding, when recording began, 1 MiB free, a
+ * live block of 1 MiB - 512 and 512 bytes free; the window allocates 1 MiB
+ * and 512 bytes into the free space, then frees them. PyTorch's peak is
+ * the 2 MiB segment; the replay of the same setting from the recorded
+ * state reserves the same (the 512 bytes fit), where a seed that gave the
+ * remainder to the live block needs a second segment (4 MiB). */
+static void test_recorded_state_keeps_a_512_byte_remainder_free(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32], cmd[2 * PATH_MAX + 1500];
+    snprintf(path, sizeof path, "%s/rem.pickle", scratch);
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import pickle, sys\n"
+             "M, S = 1 << 20, 1 << 30\n"
+             "def ev(a, addr, size): return {\"action\": a, \"addr\": addr, \"size\": size, \"stream\": 0}\n"
+             "def blk(addr, size, req, st): return {\"address\": addr, \"frames\": [], \"requested_size\": req, "
+             "\"size\": size, \"state\": st}\n"
+             "d = {\"allocator_settings\": {\"PYTORCH_CUDA_ALLOC_CONF\": \"\"},\n"
+             " \"device_traces\": [[ev(\"alloc\", S, M), ev(\"alloc\", S + 2 * M - 512, 512),\n"
+             "   ev(\"free_requested\", S, M), ev(\"free_requested\", S + 2 * M - 512, 512)]],\n"
+             " \"segments\": [{\"address\": S, \"device\": 0, \"segment_type\": \"small\", \"stream\": 0, "
+             "\"total_size\": 2 * M, \"blocks\": [blk(S, M, 0, \"inactive\"),\n"
+             "   blk(S + M, M - 512, M - 1000, \"active_allocated\"), blk(S + 2 * M - 512, 512, 0, \"inactive\")]}]}\n"
+             "pickle.dump(d, open(sys.argv[1], \"wb\"), protocol=2)' '%s' 2>/dev/null",
+             path);
+    if (system(cmd) != 0)
+        SKIP("python3 is needed to write the snapshot");
+    tally_json_t *rows = tune_rows(path, "");
+    const tally_json_t *def = &rows->items[0];
+    assert_string_equal(tally__json_get(def, "setting")->s, "");
+    assert_int_equal(jint(def, "recorded_peak_reserved_bytes"), 2 * MiB);
+    assert_int_equal(jint(def, "recorded_replay_peak_reserved_bytes"), 2 * MiB);
+    tally__json_free(rows);
+    run_t r = tune("'%s'", path);
+    assert_int_equal(r.rc, 0);
+    if (!strstr(r.out, "replay of the same setting from the recorded state (1 segment, 1 live block): 2.0 MiB; "
+                       "difference +0.0 MiB (+0.00%)"))
+        fail_msg("table:\n%s", r.out);
+    run_free(&r);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return -1;
+    exe[n] = 0;
+    snprintf(tally_bin, sizeof tally_bin, "%s/../bin/tally", dirname(exe)); /* .../build/tests */
+    if (access(tally_bin, X_OK) != 0) {
+        fprintf(stderr, "test_tune_replay: %s is missing (make builds it)\n", tally_bin);
+        return -1;
+    }
+    snprintf(scratch, sizeof scratch, "/tmp/tally-tune-replay-XXXXXX");
+    return mkdtemp(scratch) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pytorch_expandable_model_merges_freed_neighbours),
+        cmocka_unit_test(test_tally_row_prices_the_pages_it_maps),
+        cmocka_unit_test(test_recorded_state_keeps_a_512_byte_remainder_free),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
