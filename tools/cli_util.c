@@ -305,31 +305,6 @@ const tally_json_t *cli_obj_at(cli_doc_t *doc, const tally_json_t *arr, const ch
     return v;
 }
 
-/* Where the JSON object or array starting at byte start ends (one past its
- * closing bracket). The text is known to be valid JSON: only strings need
- * care. */
-size_t cli_container_end(const char *text, size_t len, size_t start)
-{
-    int depth = 0;
-    bool in_str = false;
-    for (size_t i = start; i < len; i++) {
-        char c = text[i];
-        if (in_str) {
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                in_str = false;
-        } else if (c == '"') {
-            in_str = true;
-        } else if (c == '{' || c == '[') {
-            depth++;
-        } else if ((c == '}' || c == ']') && --depth == 0) {
-            return i + 1;
-        }
-    }
-    return len;
-}
-
 /* ---- JSON output ----------------------------------------------------------- */
 
 void cli_json_str(FILE *f, const char *s)

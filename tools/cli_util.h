@@ -81,9 +81,6 @@ const tally_json_t *cli_array(cli_doc_t *doc, const tally_json_t *obj, const cha
 /* Element i of arr, which must be an object; NULL (and an error) if not. */
 const tally_json_t *cli_obj_at(cli_doc_t *doc, const tally_json_t *arr, const char *name, size_t i, char *where,
                                size_t wlen);
-/* Where the JSON object or array starting at byte start ends (one past its
- * closing bracket), in valid JSON text. */
-size_t cli_container_end(const char *text, size_t len, size_t start);
 
 /* ---- output ----------------------------------------------------------------- */
 
