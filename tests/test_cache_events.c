@@ -97,6 +97,31 @@ static void test_block_waits_for_every_recorded_stream(void **state)
     CHECK_OK();
 }
 
+/* Uses past the first four (the use array grows) keep the first four: a
+ * block used on six held streams stays active until the first of them is
+ * released too, not only the last two. */
+static void test_uses_kept_when_the_use_array_grows(void **state)
+{
+    (void)state;
+    void *p = tu_malloc(4000, 0, S1);
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(tally_host_stream_hold(STREAM(20 + i), 1), 0);
+        assert_int_equal(tally_record_stream(p, STREAM(20 + i)), 0);
+    }
+    tu_free(p);
+    for (int i = 5; i >= 1; i--)
+        assert_int_equal(tally_host_stream_hold(STREAM(20 + i), 0), 0);
+    void *q = tu_malloc(4000, 0, S1); /* the first stream still holds p */
+    assert_ptr_not_equal(q, p);
+    expect_counts(0, 1, 2, 8192, 8000);
+    assert_int_equal(tally_host_stream_hold(STREAM(20), 0), 0);
+    void *r = tu_malloc(4000, 0, S1);
+    assert_ptr_equal(r, p);
+    tu_free(q);
+    tu_free(r);
+    CHECK_OK();
+}
+
 /* An event on a stream that is not busy is complete, but the block is
  * still pending until the next malloc looks. */
 static void test_event_on_idle_stream_resolves_at_next_malloc(void **state)
@@ -320,6 +345,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_pending_block_stays_active_until_events_processed, setup_clean),
         cmocka_unit_test_setup(test_block_waits_for_every_recorded_stream, setup_clean),
+        cmocka_unit_test_setup(test_uses_kept_when_the_use_array_grows, setup_clean),
         cmocka_unit_test_setup(test_event_on_idle_stream_resolves_at_next_malloc, setup_clean),
         cmocka_unit_test_setup(test_events_are_processed_per_device, setup_clean),
         cmocka_unit_test_setup(test_empty_cache_synchronises_and_releases, setup_clean),

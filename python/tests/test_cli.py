@@ -229,16 +229,17 @@ class CliTest(unittest.TestCase):
 
     def test_env_vars_that_look_like_configuration(self):
         """LEAK_REPORT=full (a key as its own variable) or a misspelt TALLY_CONF
-        is never read: one line each names the TALLY_CONF item meant; generic
+        (3 to 7 letters after TALLY_) is never read: one line each names the TALLY_CONF item meant; generic
         names (BACKEND, TRACE) other programs use are left alone."""
         r = self.tally("options", LEAK_REPORT="full", TALLY_CONFIG="leak_report:full", TALLY_BACKTRACE_DEPTH="4",
-                       BACKEND="x", TRACE="1", TALLY_TRACES="/x")
+                       BACKEND="x", TRACE="1", TALLY_TRACES="/x", TALLY_CNF="x", TALLY_CO="x")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(sorted(r.stderr.splitlines()), [
             "tally: LEAK_REPORT in the environment is not read (did you mean TALLY_CONF=leak_report:full?)",
             "tally: TALLY_BACKTRACE_DEPTH in the environment is not read (did you mean TALLY_CONF=backtrace_depth:4?)",
+            "tally: TALLY_CNF is not read (did you mean TALLY_CONF?)",  # three letters: the shortest named
             "tally: TALLY_CONFIG is not read (did you mean TALLY_CONF?)",
-        ])
+        ])  # TALLY_CO, two letters, is too short to be taken for it
         self.assertIn("leak_report:summary", r.stdout)  # nothing changed
         r = self.tally("options")
         self.assertEqual(r.stderr, "")
