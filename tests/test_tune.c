@@ -1224,6 +1224,29 @@ static void test_report_trace_started_late(void **state)
     tune_input_free(&in);
 }
 
+/* Without --device, the device with the most events is replayed; of two
+ * with as many (event strings of one length), the first listed. */
+static void test_report_busiest_device_ties_go_to_the_first(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32], err[512];
+    snprintf(path, sizeof path, "%s/tie.json", scratch);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\":\"tally-report\",\"alloc_trace\":["
+          "{\"device\":0,\"streams\":[0],\"events\":\"0,1,100,0\"},"
+          "{\"device\":1,\"streams\":[0],\"events\":\"0,1,200,0\"},"
+          "{\"device\":2,\"streams\":[0],\"events\":\"0,1,30,0\"}]}\n",
+          f);
+    fclose(f);
+    tune_input_t in;
+    if (tune_input_load(path, -1, &in, err, sizeof err))
+        fail_msg("%s", err);
+    assert_int_equal(in.trace.nev, 1);
+    assert_int_equal(in.trace.ev[0].size, 100); /* device 0's */
+    tune_input_free(&in);
+}
+
 /* A report written without trace:true says how to get one. */
 static void test_report_without_trace(void **state)
 {
@@ -1422,6 +1445,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_api_bad_input),
         cmocka_unit_test(test_report_input),
         cmocka_unit_test(test_report_trace_started_late),
+        cmocka_unit_test(test_report_busiest_device_ties_go_to_the_first),
         cmocka_unit_test(test_report_without_trace),
         cmocka_unit_test(test_shared_snapshots),
         cmocka_unit_test(test_shared_recommendation),
