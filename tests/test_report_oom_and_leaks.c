@@ -217,6 +217,36 @@ static void test_leak_report_without_sites_groups_by_owner(void **state)
     lu_buf_free(&buf);
 }
 
+/* More groups than the report's first array holds (32): each of 40 tags is
+ * its own group, every one named once, largest first. */
+static void test_leak_report_names_every_one_of_forty_groups(void **state)
+{
+    (void)state;
+    enum { NT = 40 };
+    void *p[NT];
+    char tag[32], want[160];
+    for (int i = 0; i < NT; i++) {
+        snprintf(tag, sizeof tag, "many-%02d", i);
+        LU_OK(tally_tag_push(tag));
+        p[i] = lu_malloc((size_t)(i + 1) * 4096, 0);
+        LU_OK(tally_tag_pop());
+    }
+    lu_buf_t buf = {0};
+    LU_OK(tally_write_leaks(1, lu_buf_write, &buf));
+    const char *t = lu_buf_str(&buf), *at = t;
+    for (int i = NT - 1; i >= 0; i--) {
+        snprintf(want, sizeof want, "in 1 block: tag many-%02d, stage ", i);
+        LU_EQ(lu_count(t, want), 1);
+        const char *here = strstr(t, want);
+        if (here < at)
+            fail_msg("tag many-%02d's group is out of order (largest first):\n%s", i, t);
+        at = here;
+    }
+    lu_buf_free(&buf);
+    for (int i = 0; i < NT; i++)
+        tally_free(p[i]);
+}
+
 /* ---- main ------------------------------------------------------------------------- */
 
 static const lu_role_t roles[] = {
@@ -233,6 +263,7 @@ int main(int argc, char **argv)
         LU_T(test_backtrace_sites_split_leak_groups),
         LU_T(test_one_frame_sites_are_the_callers),
         LU_T(test_leak_report_without_sites_groups_by_owner),
+        LU_T(test_leak_report_names_every_one_of_forty_groups),
     };
     return LU_LEDGER_RUN("oom_and_leak_reports", tests);
 }
