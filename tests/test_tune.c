@@ -940,6 +940,20 @@ static void test_least_memory(void **state)
     assert_int_equal(jint(out, "size"), 5242880);
     assert_int_equal(jint(out, "live_bytes"), 31457280 + 1000);
     assert_int_equal(jint(row_of(rows, "large_segment_size_mb:4", "PyTorch/tally"), "min_device_bytes"), 38 * MiB);
+    /* A memory fraction caps at a share of the device, so no least memory is
+     * searched: null, with no lower bound given. */
+    size_t fractions = 0;
+    for (size_t k = 0; k < rows->len; k++) {
+        const tally_json_t *r = &rows->items[k];
+        if (!strstr(tally__json_get(r, "setting")->s, "memory_fraction:"))
+            continue;
+        fractions++;
+        const tally_json_t *m = tally__json_get(r, "min_device_bytes");
+        assert_non_null(m);
+        assert_int_equal(m->type, TALLY_JSON_NULL);
+        assert_null(tally__json_get(r, "min_device_bytes_above"));
+    }
+    assert_true(fractions > 0);
     tally__json_free(rows);
 }
 
@@ -1062,6 +1076,11 @@ static void test_max_driver_time(void **state)
     tally__json_free(rows);
     expect_one_line_error(tune("--max-driver-time 5min '%s'", path), 2, "--max-driver-time '5min' is not a duration");
     expect_one_line_error(tune("--gpu H100 '%s'", path), 2, "--gpu 'H100' is not a column of the driver cost table");
+    /* Numbers that are empty or end in something else are not numbers. */
+    expect_one_line_error(tune("--max-calls '' '%s'", path), 2, "--max-calls '' is not a non-negative integer");
+    expect_one_line_error(tune("--max-calls 3x '%s'", path), 2, "--max-calls '3x' is not a non-negative integer");
+    expect_one_line_error(tune("--jobs '' '%s'", path), 2, "--jobs '' is not an integer from 1 to 256");
+    expect_one_line_error(tune("--jobs 257 '%s'", path), 2, "--jobs '257' is not an integer from 1 to 256");
 }
 
 /* ---- bad input --------------------------------------------------------------------- */
