@@ -3,7 +3,8 @@
 # at and what to try next, its stages take real time, and TALLY_CONF wins
 # over the demo's own settings (leak_report:off silences the leak report,
 # persistent_tags:weights makes the optimizer state a stage survivor), and
-# a bad TALLY_CONF is one line.
+# a bad TALLY_CONF is one line. At exit the planted leak is the only one,
+# and no free was refused.
 # Prints "ok CHECK" or "FAIL CHECK: why" per check (tests/run.sh counts them).
 set -u
 . "$(dirname "$0")/checkutil.sh"
@@ -23,6 +24,8 @@ has "suggests tally plot" "$tmp/out" "${BUILD:-build}/bin/tally plot ${BUILD:-bu
 has "stages take real time" "$tmp/err" '^tally: stage train ended after (0\.(1[5-9]|[2-9][0-9])[0-9]|[1-9][0-9]*\.[0-9]{3}) s'
 lacks "no stage of 0 s" "$tmp/out" '^[0-9]+ +(load|train|eval) +0\.000 '
 has "leak report at exit" "$tmp/err" '^tally: 71644160 bytes \(68\.3 MiB\) in 24 blocks: tag model-init, stage load, device 0$'
+has "the planted leak is the only one" "$tmp/err" '^tally: SUMMARY: 71644160 bytes leaked in 24 blocks$'
+lacks "every other block freed once" "$tmp/err" 'tally_free'
 
 TALLY_CONF=backend:host,leak_report:off,persistent_tags:weights "$demo" >"$tmp/out" 2>"$tmp/err"
 lacks "TALLY_CONF leak_report:off wins" "$tmp/err" 'leak report|SUMMARY'
