@@ -34,22 +34,14 @@
 
 #include "cliutil.h"
 #include "report/json.h"
+#include "tuneutil.h"
 
 #define MiB ((uint64_t)1 << 20)
 
-static char tally_bin[PATH_MAX], fixtures[PATH_MAX], shared[PATH_MAX], scratch[PATH_MAX];
+static char fixtures[PATH_MAX], shared[PATH_MAX];
 
 /* ---- running the command ------------------------------------------------------- */
 
-__attribute__((format(printf, 1, 2))) static run_t tune(const char *fmt, ...)
-{
-    char args[2048] = "tune -q ";
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args + strlen(args), sizeof args - strlen(args), fmt, ap);
-    va_end(ap);
-    return run_tool(tally_bin, scratch, args);
-}
 
 /* An error: the given status, nothing on stdout, exactly one line on stderr
  * containing want. */
@@ -61,19 +53,7 @@ static void expect_one_line_error(run_t r, int rc, const char *want)
     run_free(&r);
 }
 
-static int64_t jint(const tally_json_t *o, const char *key)
-{
-    int64_t v = -1;
-    if (tally__json_int(tally__json_get(o, key), &v))
-        fail_msg("no integer '%s'", key);
-    return v;
-}
 
-static bool jtrue(const tally_json_t *o, const char *key)
-{
-    const tally_json_t *v = tally__json_get(o, key);
-    return v && v->type == TALLY_JSON_TRUE;
-}
 
 /* Run --json on path; check the rows' invariants; return the parsed array. */
 static tally_json_t *tune_json(const char *path, const char *extra)
@@ -411,13 +391,6 @@ static void expect_table(const char *fixture, const char *want1, const char *wan
     run_free(&r);
 }
 
-static void write_text(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    assert_int_equal(fclose(f), 0);
-}
 
 /* A row's figure is the peak of reserved memory, not what is reserved at
  * the end: two 400 MiB blocks, freed, then 700 MiB on a 1 GiB device
@@ -598,15 +571,6 @@ static void three_csv(char *path, size_t len)
     write_text(path, three_blocks);
 }
 
-static const tally_json_t *row_of(const tally_json_t *rows, const char *setting, const char *allocator)
-{
-    for (size_t k = 0; k < rows->len; k++)
-        if (strcmp(tally__json_get(&rows->items[k], "setting")->s, setting) == 0 &&
-            strcmp(tally__json_get(&rows->items[k], "allocator")->s, allocator) == 0)
-            return &rows->items[k];
-    fail_msg("no row '%s' (%s)", setting, allocator);
-    return NULL;
-}
 
 static void test_two_recommendations(void **state)
 {
@@ -1034,18 +998,6 @@ static void test_max_calls(void **state)
  * 3 x 83.8 on the Blackwell. PyTorch's expandable segments (the model) map 3
  * pages in 3 runs over 2 ranges: 3 x (193 cuMemCreate + 1.45 cuMemMap + 36
  * cuMemSetAccess) + 2 x 19 cuMemAddressReserve = 729.35 us on the A100. */
-static double jnum(const tally_json_t *o, const char *key)
-{
-    const tally_json_t *v = tally__json_get(o, key);
-    if (!v)
-        fail_msg("no number '%s'", key);
-    double d = 0;
-    if (v->type == TALLY_JSON_NUMBER)
-        d = v->d;
-    else
-        fail_msg("'%s' is not a number", key);
-    return d;
-}
 
 static void test_max_driver_time(void **state)
 {
@@ -1396,18 +1348,10 @@ static void test_shared_recommendation(void **state)
 static int setup(void **state)
 {
     (void)state;
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
+    char bin[PATH_MAX - 64]; /* .../build/tests */
+    if (tune_setup("test_tune", "/tmp/tally-tune-XXXXXX", bin, sizeof bin))
         return -1;
-    exe[n] = 0;
-    char *bin = dirname(exe); /* .../build/tests */
-    snprintf(tally_bin, sizeof tally_bin, "%s/../bin/tally", bin);
     snprintf(fixtures, sizeof fixtures, "%s/../../tests/fixtures/tune", bin);
-    if (access(tally_bin, X_OK) != 0) {
-        fprintf(stderr, "test_tune: %s is missing (make builds it)\n", tally_bin);
-        return -1;
-    }
     /* ../shared/traces beside the repository (CI and here), or $TALLY_TRACES. */
     const char *env = getenv("TALLY_TRACES");
     char cand[PATH_MAX + 64];
@@ -1420,17 +1364,9 @@ static int setup(void **state)
         if (access(ref, R_OK) == 0)
             snprintf(shared, sizeof shared, "%s", real);
     }
-    snprintf(scratch, sizeof scratch, "/tmp/tally-tune-XXXXXX");
-    return mkdtemp(scratch) ? 0 : -1;
+    return 0;
 }
 
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
-    return system(cmd) == 0 ? 0 : -1;
-}
 
 int main(int argc, char **argv)
 {
@@ -1469,5 +1405,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_shared_snapshots),
         cmocka_unit_test(test_shared_recommendation),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, tune_teardown);
 }

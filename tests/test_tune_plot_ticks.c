@@ -25,8 +25,8 @@
 #include <unistd.h>
 
 #include "cliutil.h"
-
-static char tally_bin[PATH_MAX], scratch[PATH_MAX];
+#include "report/json.h"
+#include "tuneutil.h"
 
 /* Layout of tools/tune_output.c's chart: 900 x 440 px, the plot area from
  * x 80 to 850 and from y 390 (memory 0) up to 64. */
@@ -155,26 +155,8 @@ static void test_tune_plot_tick_step_ten(void **state)
 static int setup(void **state)
 {
     (void)state;
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
-        return -1;
-    exe[n] = 0;
-    snprintf(tally_bin, sizeof tally_bin, "%s/../bin/tally", dirname(exe)); /* .../build/tests/.. */
-    if (access(tally_bin, X_OK) != 0) {
-        fprintf(stderr, "test_tune_plot_ticks: %s is missing (make builds it)\n", tally_bin);
-        return -1;
-    }
-    snprintf(scratch, sizeof scratch, "/tmp/tally-tune-ticks-XXXXXX");
-    return mkdtemp(scratch) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
-    return system(cmd) == 0 ? 0 : -1;
+    char bin[PATH_MAX - 64];
+    return tune_setup("test_tune_plot_ticks", "/tmp/tally-tune-ticks-XXXXXX", bin, sizeof bin);
 }
 
 int main(void)
@@ -185,5 +167,5 @@ int main(void)
         cmocka_unit_test(test_tune_plot_tick_step_five),
         cmocka_unit_test(test_tune_plot_tick_step_ten),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, tune_teardown);
 }

@@ -25,8 +25,7 @@
 
 #include "cliutil.h"
 #include "report/json.h"
-
-static char tally_bin[PATH_MAX], scratch[PATH_MAX];
+#include "tuneutil.h"
 
 /* ---- the model of PyTorch's expandable segments ---------------------------------- */
 
@@ -90,23 +89,7 @@ static void test_pytorch_expandable_model_merges_freed_neighbours(void **state)
 
 /* ---- the command ------------------------------------------------------------------ */
 
-__attribute__((format(printf, 1, 2))) static run_t tune(const char *fmt, ...)
-{
-    char args[2048] = "tune -q ";
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args + strlen(args), sizeof args - strlen(args), fmt, ap);
-    va_end(ap);
-    return run_tool(tally_bin, scratch, args);
-}
 
-static void write_text(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    assert_int_equal(fclose(f), 0);
-}
 
 /* tally tune --json ARGS: the rows, parsed (status 0, else the test fails). */
 static tally_json_t *tune_rows(const char *path, const char *extra)
@@ -121,33 +104,8 @@ static tally_json_t *tune_rows(const char *path, const char *extra)
     return rows;
 }
 
-static const tally_json_t *row_of(const tally_json_t *rows, const char *setting, const char *allocator)
-{
-    for (size_t i = 0; i < rows->len; i++) {
-        const tally_json_t *row = &rows->items[i];
-        if (strcmp(tally__json_get(row, "setting")->s, setting) == 0 &&
-            strcmp(tally__json_get(row, "allocator")->s, allocator) == 0)
-            return row;
-    }
-    fail_msg("no row '%s' (%s)", setting, allocator);
-    return NULL;
-}
 
-static int64_t jint(const tally_json_t *o, const char *key)
-{
-    int64_t v = -1;
-    if (tally__json_int(tally__json_get(o, key), &v))
-        fail_msg("no integer '%s'", key);
-    return v;
-}
 
-static double jnum(const tally_json_t *o, const char *key)
-{
-    const tally_json_t *v = tally__json_get(o, key);
-    if (!v || v->type != TALLY_JSON_NUMBER)
-        fail_msg("no number '%s'", key);
-    return v->d;
-}
 
 /* The row whose idle pages may move (expandable_move_budget:-1) is priced
  * a physical handle per 2 MiB page it maps, counted from the steps of its
@@ -220,26 +178,8 @@ static void test_recorded_state_keeps_a_512_byte_remainder_free(void **state)
 static int setup(void **state)
 {
     (void)state;
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
-        return -1;
-    exe[n] = 0;
-    snprintf(tally_bin, sizeof tally_bin, "%s/../bin/tally", dirname(exe)); /* .../build/tests */
-    if (access(tally_bin, X_OK) != 0) {
-        fprintf(stderr, "test_tune_replay: %s is missing (make builds it)\n", tally_bin);
-        return -1;
-    }
-    snprintf(scratch, sizeof scratch, "/tmp/tally-tune-replay-XXXXXX");
-    return mkdtemp(scratch) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
-    return system(cmd) == 0 ? 0 : -1;
+    char bin[PATH_MAX - 64];
+    return tune_setup("test_tune_replay", "/tmp/tally-tune-replay-XXXXXX", bin, sizeof bin);
 }
 
 int main(void)
@@ -249,5 +189,5 @@ int main(void)
         cmocka_unit_test(test_tally_row_prices_the_pages_it_maps),
         cmocka_unit_test(test_recorded_state_keeps_a_512_byte_remainder_free),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, tune_teardown);
 }
