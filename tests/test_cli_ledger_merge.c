@@ -107,6 +107,44 @@ static void test_ledger_rows_tied_but_for_device_go_by_device(void **state)
     run_free(&r);
 }
 
+/* Merge's totals by stage and by tag: the most current bytes first, then
+ * the highest peak, then by name, whatever order the rows came in. */
+static void test_merge_totals_in_order_of_bytes_then_name(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/unsorted.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    static const char row[] = "{\"tag\":\"%s\",\"stage\":\"%s\",\"device\":0,\"foreign\":false,\"current_bytes\":%d,"
+                              "\"peak_bytes\":%d,\"live_blocks\":1}%s\n";
+    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
+          "\"devices\":[],\"ledger\":[\n",
+          f);
+    fprintf(f, row, "t1", "b-small", 1048576, 1048576, ",");
+    fprintf(f, row, "t5", "d-tie", 2097152, 2097152, ",");
+    fprintf(f, row, "t2", "a-big", 4194304, 4194304, ",");
+    fprintf(f, row, "t3", "aa-tie", 2097152, 2097152, ",");
+    fprintf(f, row, "t4", "c-mid", 2097152, 3145728, "");
+    fputs("],\"stages\":[],\"leaks\":[]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("merge '%s'", path);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "by stage, all ranks       current   peak (sum)  live blocks  ranks\n"
+               "a-big                     4.0 MiB      4.0 MiB            1      1\n"
+               "c-mid                     2.0 MiB      3.0 MiB            1      1\n"
+               "aa-tie                    2.0 MiB      2.0 MiB            1      1\n"
+               "d-tie                     2.0 MiB      2.0 MiB            1      1\n"
+               "b-small                   1.0 MiB      1.0 MiB            1      1\n");
+    HAS(r.out, "by tag, all ranks         current   peak (sum)  live blocks  ranks\n"
+               "t2                        4.0 MiB      4.0 MiB            1      1\n"
+               "t4                        2.0 MiB      3.0 MiB            1      1\n"
+               "t3                        2.0 MiB      2.0 MiB            1      1\n"
+               "t5                        2.0 MiB      2.0 MiB            1      1\n"
+               "t1                        1.0 MiB      1.0 MiB            1      1\n");
+    run_free(&r);
+}
+
 static void test_ledger_rejects_stats(void **state)
 {
     (void)state;
@@ -408,6 +446,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ledger_one_live_block_is_singular),
         cmocka_unit_test(test_ledger_rejects_stats),
         cmocka_unit_test(test_ledger_rows_tied_but_for_device_go_by_device),
+
+        cmocka_unit_test(test_merge_totals_in_order_of_bytes_then_name),
         cmocka_unit_test(test_merge_four_ranks),
         cmocka_unit_test(test_merge_totals_every_rank_with_fewer_ranks_than_devices),
         cmocka_unit_test(test_merge_json),
