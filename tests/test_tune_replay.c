@@ -131,6 +131,34 @@ static void test_tally_row_prices_the_pages_it_maps(void **state)
     tally__json_free(rows);
 }
 
+/* The max_split_size_mb candidates are quantiles (25, 50, 75, 90 and 99%)
+ * of the allocations above 20 MiB, each rounded up to a MiB, repeats left
+ * out. Worked by hand: allocations of 24, 30, 40, 50 and 100 MiB (a 1 MiB
+ * one below the cut too), freed again except the last two: sorted, the
+ * quantiles pick indices 1, 2, 3, 3, 3 of five, so 30, 40 and 50. Counting
+ * the frees instead would find only the three freed ones. */
+static void test_split_candidates_are_quantiles_of_the_large_allocations(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/splits.csv", scratch);
+    write_text(path, "op,id,size,stream\n"
+                     "a,1,25165824,0\na,2,31457280,0\na,3,41943040,0\na,4,52428800,0\na,5,104857600,0\na,6,1048576,0\n"
+                     "f,1,25165824,0\nf,2,31457280,0\nf,3,41943040,0\n");
+    tally_json_t *rows = tune_rows(path, "--capacity 1GiB");
+    char seen[128] = "";
+    for (size_t k = 0; k < rows->len; k++) {
+        const char *set = tally__json_get(&rows->items[k], "setting")->s;
+        const char *alloc = tally__json_get(&rows->items[k], "allocator")->s;
+        if (strncmp(set, "max_split_size_mb:", 18) == 0 && !strchr(set, ',') && strcmp(alloc, "PyTorch/tally") == 0) {
+            strncat(seen, set + 18, sizeof seen - strlen(seen) - 2);
+            strcat(seen, " ");
+        }
+    }
+    assert_string_equal(seen, "30 40 50 ");
+    tally__json_free(rows);
+}
+
 /* A recorded state's live block is seeded at its own size when what
  * follows it is 512 bytes, the smallest block, and that 512 stays free; it
  * takes only a remainder too small to split (under 512). rem.pickle, made
@@ -188,6 +216,7 @@ int main(void)
         cmocka_unit_test(test_pytorch_expandable_model_merges_freed_neighbours),
         cmocka_unit_test(test_tally_row_prices_the_pages_it_maps),
         cmocka_unit_test(test_recorded_state_keeps_a_512_byte_remainder_free),
+        cmocka_unit_test(test_split_candidates_are_quantiles_of_the_large_allocations),
     };
     return cmocka_run_group_tests(tests, setup, tune_teardown);
 }
