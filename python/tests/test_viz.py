@@ -195,6 +195,8 @@ class VizTest(unittest.TestCase):
                       if b["state"] == "active_allocated")
         self.assertEqual(live, [4 * MiB])  # the model-init copy
         self.assertEqual([s["segment_type"] for s in self.snap["segments"] if s["device"] == 1], ["small"])
+        # No segment is in a CUDA graph's pool: PyTorch's id for that is (0, 0).
+        self.assertEqual({tuple(s["segment_pool_id"]) for s in self.snap["segments"]}, {(0, 0)})
 
     def test_pickle_readable_by_viewer(self):
         out = os.path.join(self.tmp, "snap.pickle")
