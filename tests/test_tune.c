@@ -1216,6 +1216,14 @@ static void test_report_busiest_device_ties_go_to_the_first(void **state)
     assert_int_equal(in.trace.nev, 1);
     assert_int_equal(in.trace.ev[0].size, 100); /* device 0's */
     tune_input_free(&in);
+    /* Device 0 asked for where only device 1 traced: said so (0 is a device
+     * like any other, not "none asked for"). */
+    snprintf(path, sizeof path, "%s/dev1.json", scratch);
+    write_text(path, "{\"format\":\"tally-report\",\"alloc_trace\":["
+                     "{\"device\":1,\"streams\":[0],\"events\":\"0,1,200,0\"}]}\n");
+    assert_int_not_equal(tune_input_load(path, 0, &in, err, sizeof err), 0);
+    if (!strstr(err, "dev1.json: alloc_trace has no device 0"))
+        fail_msg("--device 0 without a trace of it: %s", err);
 }
 
 /* A report written without trace:true says how to get one. */
