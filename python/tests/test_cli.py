@@ -243,6 +243,10 @@ class CliTest(unittest.TestCase):
         self.assertIn("leak_report:summary", r.stdout)  # nothing changed
         r = self.tally("options")
         self.assertEqual(r.stderr, "")
+        # A name longer than any key (here 300 characters) is passed over,
+        # whatever it holds.
+        r = self.tally("options", **{"TALLY_" + "LEAK_REPORT_" * 25: "full", "LEAK_" * 60 + "REPORT": "full"})
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
 
     def test_runner_frames_are_hidden(self):
         """Under `python -m tally run`, the runner's own frames (tally/_cli.py,
