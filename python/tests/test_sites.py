@@ -76,6 +76,15 @@ class PythonFramesTest(unittest.TestCase):
         self.assertIn(frame("main", "main_checkpoint"), r.stderr)
         self.assertIn("device 1 (foreign: home device is 0)", r.stderr)
 
+    def test_blocks_from_one_line_are_one_site(self):
+        """Three blocks allocated from the same Python line share one site:
+        the leak report names it once, for all three."""
+        r = self.run_script("same_line", BASE + ",python_stack:8")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr.count("allocated from:"), 1, r.stderr)
+        self.assertIn("Direct leak of 3145728 bytes (3.0 MiB) in 3 blocks allocated from:", r.stderr)
+        self.assertIn(frame("main", "main_same_line"), r.stderr)
+
     def test_suppression_silences_one_and_not_the_other(self):
         with tempfile.TemporaryDirectory() as tmp:
             supp = os.path.join(tmp, "s.supp")

@@ -43,6 +43,9 @@ def main(mode):
         n = int(sys.argv[2])
         for _ in range(n):
             lib.tally_free(make_model(4096))
+    elif mode == "same_line":
+        for _ in range(3):
+            kept.append(make_model(1 << 20))  # line:main_same_line
 
 
 main(sys.argv[1])
