@@ -153,47 +153,42 @@ void tally__cache_block_delete_locked(tally_device_t *d, tally_block_t *b)
 
 /* ---- free ---------------------------------------------------------------- */
 
-static inline size_t try_merge(tally_device_t *d, tally_pool_t *pool, tally_block_t *dst, tally_block_t *src)
-{
-    if (!src || src->state != BLOCK_FREE)
-        return 0;
-    if (src == dst->prev) {
-        dst->addr = src->addr;
-        dst->prev = src->prev;
-        if (dst->prev)
-            dst->prev->next = dst;
-        else
-            dst->seg->head = dst;
-    } else {
-        dst->next = src->next;
-        if (dst->next)
-            dst->next->prev = dst;
-    }
-    size_t subsumed = src->size;
-    dst->size += subsumed;
-    tally__pool_erase(pool, src); /* a neighbour: the same segment, the same pool */
-    tally__cache_block_delete_locked(d, src);
-    return subsumed;
-}
-
 /* Put a block whose user is done (and whose events completed) into its pool,
- * merging with free neighbours. */
+ * merging with free neighbours (the lower one first). */
 void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b)
 {
     size_t original = b->size;
-    int64_t dblocks = 0, dbytes = 0;
-    if (b->paged) {
+    if (TALLY_UNLIKELY(b->paged)) {
         tally__expand_unref_locked(b);
         b->paged = 0;
     }
-    tally_pool_t *pool = tally__pool_of(d, b);
-    tally_block_t *cands[2] = {b->prev, b->next};
-    for (int i = 0; i < 2; i++) {
-        size_t s = try_merge(d, pool, b, cands[i]);
-        if (s) {
-            dblocks -= 1;
-            dbytes -= (int64_t)s;
-        }
+    tally_segment_t *seg = b->seg;
+    tally_pool_t *pool = tally__pool_for(d, seg->gp, b->pool);
+    tally_block_t *prev = b->prev, *next = b->next;
+    int64_t dblocks = 0, dbytes = 0;
+    if (prev && prev->state == BLOCK_FREE) {
+        /* A neighbour: the same segment, the same pool. */
+        tally__pool_erase(pool, prev);
+        b->addr = prev->addr;
+        b->size += prev->size;
+        b->prev = prev->prev;
+        if (b->prev)
+            b->prev->next = b;
+        else
+            seg->head = b;
+        dblocks -= 1;
+        dbytes -= (int64_t)prev->size;
+        tally__cache_block_delete_locked(d, prev);
+    }
+    if (next && next->state == BLOCK_FREE) {
+        tally__pool_erase(pool, next);
+        b->size += next->size;
+        b->next = next->next;
+        if (b->next)
+            b->next->prev = b;
+        dblocks -= 1;
+        dbytes -= (int64_t)next->size;
+        tally__cache_block_delete_locked(d, next);
     }
     b->state = BLOCK_FREE;
     tally__pool_insert(pool, b);
@@ -203,7 +198,7 @@ void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b)
     }
     /* Free pieces of an expandable segment can always be released (their
      * pages unmapped), so they are not "non-releasable" (PyTorch agrees). */
-    if (!b->seg->ex) {
+    if (!seg->ex) {
         if (dblocks)
             tally__stat_pool(d->stats.inactive_split, b->pool, dblocks);
         if (dbytes)
@@ -496,19 +491,127 @@ static void report_failure(tally_device_t *d, size_t orig, alloc_params_t *p)
     }
 }
 
+/* Hand out size bytes from the front of b, which is out of its pool: with
+ * split, the rest (when a record can be had) goes back to pool as a free
+ * block of its own. counted: the segment's free pieces count as inactive
+ * splits (any but an expandable one's). kind is b's pool kind. */
+static inline __attribute__((always_inline)) void take_front(tally_device_t *d, tally_pool_t *pool, tally_block_t *b, size_t size, bool split,
+                              bool counted, int kind)
+{
+    bool already_split = b->prev || b->next;
+    tally_block_t *rest = split ? block_new(d) : NULL;
+    if (rest) {
+        rest->addr = b->addr + size;
+        rest->size = b->size - size;
+        rest->stream = b->stream;
+        rest->seg = b->seg;
+        rest->pool = b->pool;
+        rest->state = BLOCK_FREE;
+        rest->prev = b;
+        rest->next = b->next;
+        if (rest->next)
+            rest->next->prev = rest;
+        b->next = rest;
+        b->size = size;
+        tally__pool_insert(pool, rest);
+        if (counted && already_split) {
+            tally__stat_pool_dec(d->stats.inactive_split_bytes, kind, (int64_t)b->size);
+        } else if (counted) {
+            tally__stat_pool_inc(d->stats.inactive_split_bytes, kind, (int64_t)rest->size);
+            tally__stat_pool_inc(d->stats.inactive_split, kind, 1);
+        }
+    } else if (already_split && counted) {
+        /* Not split, or no record for the remainder: the whole block goes. */
+        tally__stat_pool_dec(d->stats.inactive_split_bytes, kind, (int64_t)b->size);
+        tally__stat_pool_dec(d->stats.inactive_split, kind, 1);
+    }
+}
+
+/* The statistics and records of a block handed out (in the pointer map). */
+static inline __attribute__((always_inline)) tally_block_t *hand_out(tally_device_t *d, tally_block_t *b, int kind, size_t orig, void *site,
+                                      bool in_capture)
+{
+    b->state = BLOCK_ALLOCATED;
+    b->requested = orig;
+    b->seq = ++d->seq;
+    tally__stat_pool_inc(d->stats.allocation, kind, 1);
+    tally__stat_pool_inc(d->stats.allocated_bytes, kind, (int64_t)b->size);
+    tally__stat_pool_inc(d->stats.active, kind, 1);
+    tally__stat_pool_inc(d->stats.active_bytes, kind, (int64_t)b->size);
+    tally__stat_pool_inc(d->stats.requested_bytes, kind, (int64_t)orig);
+    if (b->size >= tally__opt.max_split_size)
+        tally__stat_inc(&d->stats.oversize_allocations, 1);
+    b->site = site;
+    b->ignored = 0;
+    b->in_capture = in_capture;
+    tally__cache_hooks.block_alloc(d, b);
+    return b;
+}
+
+/* The fast path of a small request (issue 21, item 7), size rounded: the
+ * block, split and statistics of the general path below, taken in fewer
+ * steps, when a cached block of the device's small pool fits and a block
+ * record and room in the pointer map are at hand. NULL, with nothing
+ * changed, sends the request down the general path. */
+static inline __attribute__((always_inline)) tally_block_t *small_fast(tally_device_t *d, size_t size, size_t orig, void *stream, void *site)
+{
+    if (TALLY_UNLIKELY(!d->spare_blocks || (d->map.count + 1) * 2 > d->map.mask + 1))
+        return NULL; /* the general path makes records and grows the map */
+    tally_block_t *b = tally__pool_small_take(&d->small, stream, size);
+    if (!b)
+        return NULL;
+    b->state = BLOCK_ALLOCATED;
+    take_front(d, &d->small, b, size, b->size - size >= MIN_BLOCK, true, TALLY_POOL_SMALL);
+    tally__ptrmap_put(&d->map, b->addr, b); /* room was checked: it cannot fail */
+    return hand_out(d, b, TALLY_POOL_SMALL, orig, site, false);
+}
+
+/* Whether a request of orig bytes may take the fast path: the device's own
+ * small pool (no graph or private pool, no capture, no pass-through
+ * backend), PyTorch's default rounding, no memory fraction (so no garbage
+ * collection) and no move budget (which watches every request). */
+static inline bool fast_ok(const tally_device_t *d, size_t orig, bool capturing, const tally_gpool_t *priv)
+{
+    return orig <= SMALL_SIZE && !capturing && !priv && !d->nallocating && d->allowed_max == UINT64_MAX &&
+           !tally__g.backend->passthrough && tally__opt.roundup_divisions[0] <= 1 &&
+           TALLY_OPT(expandable_move_budget) <= 0;
+}
+
+/* Everything after the capture check and the event queue (below). */
+static tally_block_t *malloc_general(tally_device_t *d, size_t orig, void *stream, void *site, tally_gpool_t *priv,
+                                     bool capturing);
+
+/* The capture check (a driver query unless captures are announced) and
+ * the event queue come first; then the fast path when it applies. */
 tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *stream, void *site)
 {
-    return tally__cache_malloc_in_locked(d, orig, stream, site, NULL);
+    /* While a capture is under way no event is looked at. */
+    bool capturing = tally__g.backend->stream_capturing && tally__events_capture_on_locked(d, stream, true);
+    if (!capturing && d->events_head)
+        tally__events_process_locked(d, false);
+    if (TALLY_LIKELY(fast_ok(d, orig, capturing, NULL))) {
+        tally_block_t *b = small_fast(d, round_size(orig), orig, stream, site);
+        if (b)
+            return b;
+    }
+    return malloc_general(d, orig, stream, site, NULL, capturing);
 }
 
 tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t orig, void *stream, void *site,
                                              tally_gpool_t *priv)
 {
-    alloc_params_t p;
-    /* While a capture is under way no event is looked at. */
+    if (!priv)
+        return tally__cache_malloc_locked(d, orig, stream, site);
     bool capturing = tally__g.backend->stream_capturing && tally__events_capture_on_locked(d, stream, true);
     if (!capturing && d->events_head)
         tally__events_process_locked(d, false);
+    return malloc_general(d, orig, stream, site, priv, capturing);
+}
+
+static tally_block_t *malloc_general(tally_device_t *d, size_t orig, void *stream, void *site, tally_gpool_t *priv,
+                                     bool capturing)
+{
+    alloc_params_t p;
     /* Pass-through: graph pools are records only (graph_pool.c). */
     p.gp = TALLY_UNLIKELY(d->nallocating) && !tally__g.backend->passthrough ? tally__gpool_match_locked(d, stream)
                                                                              : NULL;
@@ -545,40 +648,8 @@ tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t orig, voi
     tally_block_t *b = p.block;
     /* Out of the pool from here on: no merge may take it. */
     b->state = BLOCK_ALLOCATED;
-    bool already_split = b->prev || b->next;
-    bool counted = !b->seg->ex; /* expandable pieces are never non-releasable */
-    if (!tally__g.backend->passthrough && should_split(b, p.size)) {
-        tally_block_t *rest = block_new(d);
-        if (rest) {
-            /* The front piece is handed out; the rest goes back to the pool. */
-            rest->addr = b->addr + p.size;
-            rest->size = b->size - p.size;
-            rest->stream = b->stream;
-            rest->seg = b->seg;
-            rest->pool = b->pool;
-            rest->state = BLOCK_FREE;
-            rest->prev = b;
-            rest->next = b->next;
-            if (rest->next)
-                rest->next->prev = rest;
-            b->next = rest;
-            b->size = p.size;
-            tally__pool_insert(tally__pool_of(d, b), rest);
-            if (counted && already_split) {
-                tally__stat_pool_dec(d->stats.inactive_split_bytes, b->pool, (int64_t)b->size);
-            } else if (counted) {
-                tally__stat_pool_inc(d->stats.inactive_split_bytes, b->pool, (int64_t)rest->size);
-                tally__stat_pool_inc(d->stats.inactive_split, b->pool, 1);
-            }
-        } else if (already_split && counted) {
-            /* No record for the remainder: hand out the whole block. */
-            tally__stat_pool_dec(d->stats.inactive_split_bytes, b->pool, (int64_t)b->size);
-            tally__stat_pool_dec(d->stats.inactive_split, b->pool, 1);
-        }
-    } else if (already_split && counted) {
-        tally__stat_pool_dec(d->stats.inactive_split_bytes, b->pool, (int64_t)b->size);
-        tally__stat_pool_dec(d->stats.inactive_split, b->pool, 1);
-    }
+    take_front(d, tally__pool_of(d, b), b, p.size, !tally__g.backend->passthrough && should_split(b, p.size),
+               !b->seg->ex, b->pool);
     if (b->seg->ex) {
         /* Back the block with pages; on OOM release what is cached and
          * retry once, as for a new segment. */
@@ -602,20 +673,6 @@ tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t orig, voi
         tally__fail(TALLY_ENOMEM, "out of host memory for the pointer map");
         return NULL;
     }
-    b->state = BLOCK_ALLOCATED;
-    b->requested = orig;
-    b->seq = ++d->seq;
-    tally__stat_pool_inc(d->stats.allocation, b->pool, 1);
-    tally__stat_pool_inc(d->stats.allocated_bytes, b->pool, (int64_t)b->size);
-    tally__stat_pool_inc(d->stats.active, b->pool, 1);
-    tally__stat_pool_inc(d->stats.active_bytes, b->pool, (int64_t)b->size);
-    tally__stat_pool_inc(d->stats.requested_bytes, b->pool, (int64_t)orig);
-    if (b->size >= tally__opt.max_split_size)
-        tally__stat_inc(&d->stats.oversize_allocations, 1);
-    b->site = site;
-    b->ignored = 0;
     /* Pass-through: a graph allocation may be freed inside its capture. */
-    b->in_capture = TALLY_UNLIKELY(capturing) && tally__capture_listed(d, stream);
-    tally__cache_hooks.block_alloc(d, b);
-    return b;
+    return hand_out(d, b, b->pool, orig, site, TALLY_UNLIKELY(capturing) && tally__capture_listed(d, stream));
 }

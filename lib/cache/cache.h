@@ -30,8 +30,7 @@ struct tally_block {
     void *stream;
     tally_segment_t *seg;
     tally_block_t *prev, *next;  /* address neighbours in the segment */
-    tally_block_t *left, *right; /* free-pool treap links */
-    uint32_t prio;               /* treap priority */
+    tally_block_t *left, *right; /* free-pool treap links (priority: a hash of addr, tree.c) */
     uint8_t pool;                /* TALLY_POOL_SMALL or TALLY_POOL_LARGE */
     uint8_t state;               /* BLOCK_* */
     uint8_t paged;               /* counted on its expandable segment's pages */
@@ -223,6 +222,9 @@ void tally__pool_erase(tally_pool_t *p, tally_block_t *b);
 /* Best fit: the smallest block of this stream with size >= size (lowest
  * address among equals), or NULL. */
 tally_block_t *tally__pool_lower_bound(tally_pool_t *p, void *stream, size_t size);
+/* The small pool: the best fit taken out of its bin in one step (size a
+ * multiple of 512 B, at most 2 MiB), or NULL. */
+tally_block_t *tally__pool_small_take(tally_pool_t *p, void *stream, size_t size);
 /* Largest block with key < (stream, size, addr), or NULL. */
 tally_block_t *tally__pool_before(tally_pool_t *p, void *stream, size_t size, uintptr_t addr);
 /* Large pool: the next block after b in (stream, size, address) order on

@@ -31,7 +31,8 @@ int tally__ptrmap_init(tally_ptrmap_t *m, size_t capacity)
     return 0;
 }
 
-static int grow(tally_ptrmap_t *m)
+/* Out of line, so that put stays a leaf function on the hot path. */
+__attribute__((noinline, cold)) static int grow(tally_ptrmap_t *m)
 {
     tally_ptrmap_t bigger;
     if (tally__ptrmap_init(&bigger, (m->mask + 1) * 2))
@@ -44,10 +45,12 @@ static int grow(tally_ptrmap_t *m)
     return 0;
 }
 
+__attribute__((noinline, cold)) static int put_grown(tally_ptrmap_t *m, uintptr_t key, tally_block_t *b);
+
 int tally__ptrmap_put(tally_ptrmap_t *m, uintptr_t key, tally_block_t *b)
 {
-    if ((m->count + 1) * 2 > m->mask + 1 && grow(m))
-        return -TALLY_ENOMEM;
+    if (TALLY_UNLIKELY((m->count + 1) * 2 > m->mask + 1))
+        return put_grown(m, key, b); /* a tail call: put itself stays a leaf */
     size_t i = slot_of(key, m->mask);
     while (m->keys[i]) {
         if (m->keys[i] == key) {
@@ -60,6 +63,11 @@ int tally__ptrmap_put(tally_ptrmap_t *m, uintptr_t key, tally_block_t *b)
     m->vals[i] = b;
     m->count++;
     return 0;
+}
+
+static int put_grown(tally_ptrmap_t *m, uintptr_t key, tally_block_t *b)
+{
+    return grow(m) ? -TALLY_ENOMEM : tally__ptrmap_put(m, key, b);
 }
 
 tally_block_t *tally__ptrmap_get(const tally_ptrmap_t *m, uintptr_t key)

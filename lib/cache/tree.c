@@ -2,7 +2,9 @@
  * address), the order PyTorch's allocator searches in, so the lower bound of
  * (stream, size) is the best fit on that stream with the lowest address among
  * equals. Priorities come from the block's address, so the shape is
- * deterministic for a given history. No allocation happens here. */
+ * deterministic for a given history; they are computed where they are compared,
+ * so a block going into an empty bin (the common case) computes none. No
+ * allocation happens here. */
 #include "cache/cache.h"
 
 #include <string.h>
@@ -52,7 +54,7 @@ static tally_block_t *merge(tally_block_t *a, tally_block_t *b)
 {
     tally_block_t *root = NULL, **slot = &root;
     while (a && b) {
-        if (a->prio > b->prio) {
+        if (prio_of(a->addr) > prio_of(b->addr)) {
             *slot = a;
             slot = &a->right;
             a = a->right;
@@ -68,7 +70,6 @@ static tally_block_t *merge(tally_block_t *a, tally_block_t *b)
 
 static void root_insert(tally_block_t **slot, tally_block_t *b)
 {
-    b->prio = prio_of(b->addr);
     if (!*slot) {
         /* An empty bin: the common case for exact-size bins. */
         b->left = b->right = NULL;
@@ -76,7 +77,8 @@ static void root_insert(tally_block_t **slot, tally_block_t *b)
         return;
     }
     /* Descend while the existing nodes have higher priority. */
-    while (*slot && (*slot)->prio > b->prio)
+    uint32_t prio = prio_of(b->addr);
+    while (*slot && prio_of((*slot)->addr) > prio)
         slot = block_cmp(b, *slot) < 0 ? &(*slot)->left : &(*slot)->right;
     split(*slot, b, &b->left, &b->right);
     *slot = b;
@@ -161,7 +163,6 @@ static inline void bin_insert(tally_binset_t *set, tally_block_t *b)
     uint32_t i = bin_of(b->size);
     if (!set->roots[i]) {
         /* An empty bin (the common case): no descent, no call. */
-        b->prio = prio_of(b->addr);
         b->left = b->right = NULL;
         set->roots[i] = b;
     } else {
@@ -192,21 +193,56 @@ static tally_block_t *leftmost(tally_block_t *t)
     return t;
 }
 
-static tally_block_t *bin_lower_bound(tally_binset_t *set, size_t size)
+/* The first non-empty bin at or above bin i, or TALLY_SMALL_BINS. */
+static inline uint32_t bin_first_from(const tally_binset_t *set, uint32_t i)
 {
-    uint32_t i = size < 512 ? 0 : bin_of(size);
-    if (i >= TALLY_SMALL_BINS)
-        return NULL;
     uint32_t w = i >> 6;
     uint64_t m = set->bits[w] & (~0ull << (i & 63));
     if (!m) {
         uint64_t rest = w == 63 ? 0 : set->summary & (~0ull << (w + 1));
         if (!rest)
-            return NULL;
+            return TALLY_SMALL_BINS;
         w = (uint32_t)__builtin_ctzll(rest);
         m = set->bits[w];
     }
-    return leftmost(set->roots[(w << 6) + (uint32_t)__builtin_ctzll(m)]);
+    return (w << 6) + (uint32_t)__builtin_ctzll(m);
+}
+
+static tally_block_t *bin_lower_bound(tally_binset_t *set, size_t size)
+{
+    uint32_t i = size < 512 ? 0 : bin_of(size);
+    if (i >= TALLY_SMALL_BINS || (i = bin_first_from(set, i)) == TALLY_SMALL_BINS)
+        return NULL;
+    return leftmost(set->roots[i]);
+}
+
+/* The small pool's best fit for size (>= 512 B, <= 2 MiB) on stream, taken
+ * out of its bin in the same step: the lowest address of the first
+ * non-empty bin at or above size, the block tally__pool_lower_bound gives,
+ * unlinked as tally__pool_erase would (a treap's leftmost node gives way to
+ * its right subtree). NULL when no block fits. */
+tally_block_t *tally__pool_small_take(tally_pool_t *p, void *stream, size_t size)
+{
+    tally_binset_t *set = binset_find(p, stream);
+    if (!set)
+        return NULL;
+    uint32_t i = bin_first_from(set, bin_of(size)), w = i >> 6;
+    if (i == TALLY_SMALL_BINS)
+        return NULL;
+    tally_block_t **slot = &set->roots[i], *b = *slot;
+    while (b->left) {
+        slot = &b->left;
+        b = b->left;
+    }
+    *slot = b->right;
+    b->right = NULL;
+    if (!set->roots[i]) {
+        set->bits[w] &= ~(1ull << (i & 63));
+        if (!set->bits[w])
+            set->summary &= ~(1ull << w);
+    }
+    p->count--;
+    return b;
 }
 
 void tally__pool_insert(tally_pool_t *p, tally_block_t *b)
@@ -332,7 +368,8 @@ static long verify(const tally_block_t *t, const tally_block_t *lo, const tally_
         return 0;
     if ((lo && block_cmp(lo, t) >= 0) || (hi && block_cmp(t, hi) >= 0))
         return -1;
-    if ((t->left && t->left->prio > t->prio) || (t->right && t->right->prio > t->prio))
+    uint32_t prio = prio_of(t->addr);
+    if ((t->left && prio_of(t->left->addr) > prio) || (t->right && prio_of(t->right->addr) > prio))
         return -1;
     long l = verify(t->left, lo, t);
     long r = verify(t->right, t, hi);

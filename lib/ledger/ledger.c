@@ -64,7 +64,7 @@ static inline uint32_t key_slot(uint64_t key, uint32_t mask)
     return (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 40) & mask;
 }
 
-static int rows_grow(tally_ledger_dev_t *ld)
+__attribute__((noinline, cold)) static int rows_grow(tally_ledger_dev_t *ld)
 {
     uint32_t cap = ld->cap ? ld->cap * 2 : 32;
     tally_ledger_entry_t *rows = tally__meta_alloc(cap * sizeof *rows);
@@ -95,7 +95,7 @@ static int rows_grow(tally_ledger_dev_t *ld)
 }
 
 /* Row of (tag, stage), created on first use; UINT32_MAX without memory. */
-static uint32_t row_find(tally_ledger_dev_t *ld, uint32_t tag, uint32_t stage)
+__attribute__((noinline)) static uint32_t row_find(tally_ledger_dev_t *ld, uint32_t tag, uint32_t stage)
 {
     uint64_t key = (uint64_t)tag << 32 | stage;
     if (ld->count == ld->cap && rows_grow(ld))
@@ -130,7 +130,7 @@ static inline uint32_t row_of(tally_ledger_dev_t *ld, uint32_t tag, uint32_t sta
 
 /* The bodies of the owner counters' hooks, static so that the cache's hooks
  * below take them inline (one call per allocate or free, not two). */
-static inline void on_alloc(tally_device_t *d, tally_block_t *b)
+static inline __attribute__((always_inline)) void on_alloc(tally_device_t *d, tally_block_t *b)
 {
     tally_ledger_dev_t *ld = d->ledger;
     int64_t alloc = d->stats.allocated_bytes[TALLY_POOL_ALL].current;
@@ -155,7 +155,7 @@ static inline void on_alloc(tally_device_t *d, tally_block_t *b)
     b->lentry = r;
 }
 
-static inline void on_free(tally_device_t *d, tally_block_t *b)
+static inline __attribute__((always_inline)) void on_free(tally_device_t *d, tally_block_t *b)
 {
     if (b->lentry == UINT32_MAX)
         return;
