@@ -493,12 +493,15 @@ static tally_stat_t *stat_of(const stat_case_t *c, int pool)
     return (tally_stat_t *)((char *)&dev()->stats + c->offset) + pool;
 }
 
+/* The all entries' current, allocated and freed are the sums of the pools'
+ * (lib/core/internal.h), not state of their own: a pool's entry is
+ * corrupted, and its own pool is named. */
 static void test_check_names_each_statistic_whose_current_is_off(void **state)
 {
     (void)state;
     char want[96];
     for (size_t i = 0; i < sizeof stat_cases / sizeof stat_cases[0]; i++)
-        for (int p = 0; p < 3; p++) {
+        for (int p = 1; p < 3; p++) {
             tally_stat_t *s = stat_of(&stat_cases[i], p), keep = *s;
             tu_ctx("%s.%s", stat_cases[i].name, pool_names[p]);
             snprintf(want, sizeof want, "%s.%s.current is %lld, recount says %lld", stat_cases[i].name,
@@ -561,7 +564,7 @@ static void test_check_names_accumulated_counts_that_do_not_add_up(void **state)
     tally_device_t *d = dev();
     char want[128];
     for (size_t i = 0; i < sizeof stat_cases / sizeof stat_cases[0]; i++)
-        for (int p = 0; p < 3; p++) {
+        for (int p = 1; p < 3; p++) {
             tally_stat_t *s = stat_of(&stat_cases[i], p), keep = *s;
             tu_ctx("%s.%s", stat_cases[i].name, pool_names[p]);
             s->allocated++;

@@ -637,7 +637,7 @@ static tally_block_t *malloc_general(tally_device_t *d, size_t orig, void *strea
     p.pool = p.size <= SMALL_SIZE ? TALLY_POOL_SMALL : TALLY_POOL_LARGE;
     p.alloc_size = tally__segment_size(p.size);
     if (TALLY_OPT(expandable_move_budget) > 0 && tally__expand_on())
-        tally__expand_note_alloc_locked(d, p.size, (uint64_t)d->stats.requested_bytes[TALLY_POOL_ALL].current);
+        tally__expand_note_alloc_locked(d, p.size, (uint64_t)tally__stat_all_current(d->stats.requested_bytes));
     p.block = NULL;
     p.err = 0;
     p.why[0] = 0;

@@ -202,8 +202,12 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
         rc[0].requested_bytes += rc[p].requested_bytes;
     }
     bool acc = !d->accum_reset;
+    tally__stats_sync_all(&d->stats);
     const tally_stats_t *st = &d->stats;
-    for (int p = 0; p < 3; p++) {
+    /* The pools first: a pool's error is named with its pool, not only
+     * with the sum it is part of. */
+    for (int k = 1; k <= 3; k++) {
+        int p = k % 3;
 #define CMP(name)                                                                                                  \
     if (compare_stat(#name, p, &st->name[p], rc[p].name, acc, why, whylen))                                        \
         return -1;
@@ -230,6 +234,7 @@ static void largest(tally_block_t *b, void *arg)
 
 void tally__cache_fill_derived_locked(tally_device_t *d, tally_stats_t *out)
 {
+    tally__stats_sync_all(&d->stats);
     *out = d->stats;
     out->largest_free_block = 0;
     tally__pool_walk(&d->small, largest, &out->largest_free_block);

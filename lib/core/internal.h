@@ -220,22 +220,37 @@ static inline void tally__stat_dec(tally_stat_t *s, int64_t n)
     s->current -= n;
     s->freed += n;
 }
+/* The pool-indexed statistics (the arrays of tally_stats_t) are kept per
+ * pool: the small and large entries hold every field, the all entry only
+ * its peak (kept live); its current, allocated and freed are the sums of the
+ * two pools', written in by tally__stats_sync_all before anything reads
+ * them. An update then touches one entry, not two. */
+static inline int64_t tally__stat_all_current(const tally_stat_t *arr)
+{
+    return arr[TALLY_POOL_SMALL].current + arr[TALLY_POOL_LARGE].current;
+}
 static inline void tally__stat_pool_inc(tally_stat_t *arr, int pool, int64_t n)
 {
-    tally__stat_inc(&arr[TALLY_POOL_ALL], n);
     tally__stat_inc(&arr[pool], n);
+    int64_t all = tally__stat_all_current(arr);
+    if (all > arr[TALLY_POOL_ALL].peak)
+        arr[TALLY_POOL_ALL].peak = all;
 }
 static inline void tally__stat_pool_dec(tally_stat_t *arr, int pool, int64_t n)
 {
-    tally__stat_dec(&arr[TALLY_POOL_ALL], n);
     tally__stat_dec(&arr[pool], n);
 }
-/* Add amount to the "all" entry and to the pool's entry of a stat array. */
+/* A signed change of a pool's entry. */
 static inline void tally__stat_pool(tally_stat_t *arr, int pool, int64_t amount)
 {
-    tally__stat_add(&arr[TALLY_POOL_ALL], amount);
-    tally__stat_add(&arr[pool], amount);
+    if (amount > 0)
+        tally__stat_pool_inc(arr, pool, amount);
+    else
+        tally__stat_pool_dec(arr, pool, -amount);
 }
+/* Write the all entries' current, allocated and freed (the sums of the
+ * pools') into s, before s is read or reset. */
+void tally__stats_sync_all(tally_stats_t *s);
 void tally__stats_reset_peak(tally_stats_t *s);
 void tally__stats_reset_accumulated(tally_stats_t *s);
 /* Flat JSON of memory_stats keys for s. */

@@ -133,8 +133,8 @@ static inline uint32_t row_of(tally_ledger_dev_t *ld, uint32_t tag, uint32_t sta
 static inline __attribute__((always_inline)) void on_alloc(tally_device_t *d, tally_block_t *b)
 {
     tally_ledger_dev_t *ld = d->ledger;
-    int64_t alloc = d->stats.allocated_bytes[TALLY_POOL_ALL].current;
-    int64_t reserved = d->stats.reserved_bytes[TALLY_POOL_ALL].current;
+    int64_t alloc = tally__stat_all_current(d->stats.allocated_bytes);
+    int64_t reserved = tally__stat_all_current(d->stats.reserved_bytes);
     if (alloc > ld->win_peak_alloc)
         ld->win_peak_alloc = alloc;
     if (reserved > ld->win_peak_reserved)

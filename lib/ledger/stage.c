@@ -55,8 +55,8 @@ int tally__stage_begin(const char *name)
          * (maxed with this stage's) when this one ends. */
         f->saved_alloc[i] = ld->win_peak_alloc;
         f->saved_reserved[i] = ld->win_peak_reserved;
-        ld->win_peak_alloc = d->stats.allocated_bytes[TALLY_POOL_ALL].current;
-        ld->win_peak_reserved = d->stats.reserved_bytes[TALLY_POOL_ALL].current;
+        ld->win_peak_alloc = tally__stat_all_current(d->stats.allocated_bytes);
+        ld->win_peak_reserved = tally__stat_all_current(d->stats.reserved_bytes);
         tally__timeline_locked(d, TALLY_EV_STAGE_BEGIN, 0, 0, NULL);
         tally__mutex_unlock(&d->lock);
     }
@@ -167,7 +167,7 @@ int tally__stage_end(const char *name, void (*report)(const tally_stage_rec_t *r
             tally_device_t *d = tally__g.dev[i];
             tally__mutex_lock(&d->lock);
             rec.released += tally__cache_release_all_locked(d);
-            rec.reserved_after += (uint64_t)d->stats.reserved_bytes[TALLY_POOL_ALL].current;
+            rec.reserved_after += (uint64_t)tally__stat_all_current(d->stats.reserved_bytes);
             tally__mutex_unlock(&d->lock);
         }
     }

@@ -46,8 +46,8 @@ void tally__timeline_record_locked(tally_device_t *d, int action, uintptr_t addr
     e->tag = tag;
     e->stage = stage;
     e->site = site;
-    e->allocated = d->stats.allocated_bytes[TALLY_POOL_ALL].current;
-    e->reserved = d->stats.reserved_bytes[TALLY_POOL_ALL].current;
+    e->allocated = tally__stat_all_current(d->stats.allocated_bytes);
+    e->reserved = tally__stat_all_current(d->stats.reserved_bytes);
 }
 
 uint64_t tally__timeline_dropped_locked(tally_device_t *d)
