@@ -4,7 +4,9 @@
 # machine. Each configuration runs twice with a different number of timed
 # pairs; the difference of the inclusive counts of the pattern function,
 # divided by the difference of pairs, is the cost of one pair (warm-up and
-# set-up cancel out).
+# set-up cancel out). Then the same for PyTorch's entry points against
+# mimalloc (bench/torchpath.c) on each of its four size patterns, from two
+# runs of 100 and 300 batches of 64.
 #   bash bench/callgrind.sh <build dir>      (run.sh calls it when valgrind exists)
 set -euo pipefail
 BUILD=$(cd "${1:?usage: bash bench/callgrind.sh <build dir>}" && pwd)
@@ -43,3 +45,24 @@ for p in pair fifo lifo; do
     printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", p, g, j, m, on, off,
       (m > 0 ? sprintf("%.2f", on / m) : "-"), (off > 0 ? sprintf("%.3f", on / off) : "-") }'
 done
+
+# PyTorch's entry points (tally_torch_alloc / tally_torch_free) against
+# mimalloc: inclusive instructions of run_torch and run_malloc, per pair.
+tp() {
+  local pat=$1
+  for b in 100 300; do
+    valgrind --tool=callgrind --callgrind-out-file="$OUT/torchpath-$pat-$b.cg" "$BIN/torchpath-mimalloc" --reps 1 \
+      --batches "$b" --pattern "$pat" >/dev/null 2>"$OUT/torchpath-$pat-$b.log"
+    callgrind_annotate --inclusive=yes "$OUT/torchpath-$pat-$b.cg" 2>/dev/null |
+      awk -v b="$b" '$0 !~ /=>/ && match($0, /torchpath\.c:run_(torch|malloc) /) {
+        f = substr($0, RSTART + 16, RLENGTH - 17); n = $1; gsub(",", "", n); print f, b, n }'
+  done | awk -v pat="$pat" -v d=$(((300 - 100) * 64)) '{ v[$1, $2] = $3 }
+    END { t = (v["torch", 300] - v["torch", 100]) / d; m = (v["malloc", 300] - v["malloc", 100]) / d
+      printf "| %s | %.0f | %.0f | %s |\n", pat, m, t, (m > 0 ? sprintf("%.2f", t / m) : "-") }'
+}
+echo
+echo "PyTorch's entry points (tally_torch_alloc + tally_torch_free, ledger on) against mimalloc, batches of 64 (bench/torchpath.c):"
+echo
+echo "| pattern | mimalloc | tally_torch | tally/mimalloc |"
+echo "|---|---:|---:|---:|"
+for p in loguniform mix16 mix512-64k small4k; do tp $p; done

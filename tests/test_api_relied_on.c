@@ -121,6 +121,38 @@ static void test_graph_pools_differing_only_in_second_id_half_share_nothing(void
     in_child("backend:host,host_devices:1,leak_report:off", body_graph_pool_ids);
 }
 
+/* A graph pool being filled takes the small requests routed to it, even
+ * when the device's own pool has a cached block that fits (the small fast
+ * path serves only the device's pool): memory kept for a graph's replays
+ * and eager memory never mix. */
+static void body_graph_pool_never_takes_eager_cache(void)
+{
+    EXPECT(tally_init() == 0);
+    void *eager = tally_malloc(4096, 0, NULL);
+    EXPECT(eager != NULL);
+    tally_free(eager); /* cached in the device's small pool */
+    EXPECT(tally_graph_pool_begin(0, 0, 1, NULL, NULL) == 0);
+    void *g = tally_malloc(1024, 0, NULL);
+    EXPECT(g != NULL);
+    EXPECT(g != eager);
+    tally_stats_t st;
+    EXPECT(tally_get_stats(0, &st) == 0);
+    EXPECT(st.segment[TALLY_POOL_SMALL].current == 2); /* the graph pool's own segment */
+    EXPECT(tally_graph_pool_end(0, 0, 1) == 0);
+    void *after = tally_malloc(1024, 0, NULL); /* eager again: the device's cached block */
+    EXPECT(after == eager);
+    tally_free(after);
+    tally_free(g);
+    EXPECT(tally_graph_pool_release(0, 0, 1) == 0);
+    EXPECT(tally_check() == 0);
+}
+
+static void test_graph_pool_being_filled_never_takes_the_devices_cached_blocks(void **state)
+{
+    (void)state;
+    in_child("backend:host,host_devices:1,leak_report:off", body_graph_pool_never_takes_eager_cache);
+}
+
 /* ---- 2. the NULL stream of two devices -------------------------------------- */
 
 /* NULL is each device's default stream: a block used on device 1's NULL
@@ -466,6 +498,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_graph_pools_differing_only_in_second_id_half_share_nothing),
+        cmocka_unit_test(test_graph_pool_being_filled_never_takes_the_devices_cached_blocks),
         cmocka_unit_test(test_null_stream_on_two_devices_is_two_uses),
         cmocka_unit_test(test_block_freed_in_capture_returns_when_every_deferred_record_fails),
         cmocka_unit_test(test_leak_groups_keep_ignored_apart_from_leaked_at_one_site),

@@ -168,9 +168,11 @@ static void test_small_split_merge_and_segment_reuse(void **state)
 
 /* Small pool best fit: the smallest free block that is big enough (holes
  * of 3 KiB, 1.5 KiB, 2 KiB, 40 KiB, 300 KiB between live 512 B blocks). */
-static void test_small_best_fit_picks_smallest_hole(void **state)
+/* The small pool's best fit and split, on the path a request takes: the
+ * fast path (lib/cache/cache.c small_fast), or, with a memory fraction set,
+ * the general one. */
+static void small_best_fit_picks_smallest_hole(void)
 {
-    (void)state;
     static const size_t hole[5] = {3 * KiB, 1536, 2 * KiB, 40 * KiB, 300 * KiB};
     void *h[5], *g[5];
     for (int i = 0; i < 5; i++) {
@@ -203,6 +205,23 @@ static void test_small_best_fit_picks_smallest_hole(void **state)
         tu_free(all[i]);
     EQ(tu_stats(0).inactive_split[0].current, 0);
     CHECK_OK();
+}
+
+static void test_small_best_fit_picks_smallest_hole(void **state)
+{
+    (void)state;
+    small_best_fit_picks_smallest_hole();
+}
+
+/* A memory fraction (garbage collection may need the pool's call count)
+ * sends small requests down the general path: the same blocks, the same
+ * splits, the same statistics. */
+static void test_small_best_fit_the_same_under_a_memory_fraction(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_set_memory_fraction(0.99, 0), 0);
+    small_best_fit_picks_smallest_hole();
+    assert_int_equal(tally_set_memory_fraction(1.0, 0), 0);
 }
 
 static void test_large_split_and_merge(void **state)
@@ -802,6 +821,7 @@ int main(void)
         cmocka_unit_test_setup(test_rounding_pools_and_segment_sizes, setup_clean),
         cmocka_unit_test_setup(test_small_split_merge_and_segment_reuse, setup_clean),
         cmocka_unit_test_setup(test_small_best_fit_picks_smallest_hole, setup_clean),
+        cmocka_unit_test_setup(test_small_best_fit_the_same_under_a_memory_fraction, setup_clean),
         cmocka_unit_test_setup(test_large_split_and_merge, setup_clean),
         cmocka_unit_test_setup(test_large_split_needs_remainder_over_1MiB, setup_clean),
         cmocka_unit_test_setup(test_best_fit_smallest_then_lowest_address, setup_clean),

@@ -349,6 +349,21 @@ static void test_out_of_metadata_with_the_allocation_trace(void **state)
     run(BASE ",trace:true,expandable_segments:true", false);
 }
 
+/* Run body (which _exits with 0 on success) in a fork; the test fails
+ * unless it exits 0. */
+static void in_fork(void (*body)(void))
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        body();
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 /* A name that cannot be stored (no memory for its copy, or for the table
  * growing when it is full) is refused with its message, and the names
  * table stays usable: the same name then goes in. 300 names take the
@@ -380,15 +395,56 @@ static void names_child(void)
 static void test_names_refused_without_memory_then_taken(void **state)
 {
     (void)state;
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0)
-        names_child();
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
+    in_fork(names_child);
+}
+
+/* A cached small block whose hand-out needs the pointer map to grow, with
+ * no memory for it: the allocation is refused with the pointer map named,
+ * the block stays cached, and once memory is back the same block is handed
+ * out (the fast path leaves such a request to the general one, which can
+ * put the block back). Fillers on another stream keep the cached block for
+ * the request. */
+static void map_growth_child(void)
+{
+    tu_conf(BASE);
+    tally_set_sink(sink, NULL);
+    void *s1 = (void *)0x51, *s2 = (void *)0x52;
+    void *cached = tally_malloc(4096, 0, s1);
+    if (!cached)
+        _exit(2);
+    tally_free(cached);
+    tally_device_t *d = tally__g.dev[0];
+    static void *fill[4096];
+    size_t n = 0;
+    while ((d->map.count + 1) * 2 <= d->map.mask + 1 && n < 4096)
+        if (!(fill[n++] = tally_malloc(512, 0, s2)))
+            _exit(3);
+    tally__meta_fail(1, 0);
+    void *p = tally_malloc(4096, 0, s1);
+    tally__meta_fail(0, 0);
+    if (p || !strstr(tally_last_error(), "pointer map")) {
+        fprintf(stderr, "a hand-out needing a map growth without memory gave %p: %s\n", p, tally_last_error());
+        _exit(4);
+    }
+    if (tally_check() != 0) {
+        fprintf(stderr, "after the refusal: %s\n", tally_last_error());
+        _exit(5);
+    }
+    p = tally_malloc(4096, 0, s1);
+    if (p != cached) {
+        fprintf(stderr, "once memory is back: %p, not the cached block %p\n", p, cached);
+        _exit(6);
+    }
+    tally_free(p);
+    for (size_t i = 0; i < n; i++)
+        tally_free(fill[i]);
+    _exit(tally_check() == 0 ? 0 : 7);
+}
+
+static void test_cached_block_refused_cleanly_when_the_pointer_map_cannot_grow(void **state)
+{
+    (void)state;
+    in_fork(map_growth_child);
 }
 
 int main(void)
@@ -401,6 +457,7 @@ int main(void)
         cmocka_unit_test(test_out_of_metadata_with_the_allocation_trace),
         cmocka_unit_test(test_out_of_metadata_inside_the_heap),
         cmocka_unit_test(test_names_refused_without_memory_then_taken),
+        cmocka_unit_test(test_cached_block_refused_cleanly_when_the_pointer_map_cannot_grow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -581,14 +581,22 @@ static inline bool fast_ok(const tally_device_t *d, size_t orig, bool capturing,
 static tally_block_t *malloc_general(tally_device_t *d, size_t orig, void *stream, void *site, tally_gpool_t *priv,
                                      bool capturing);
 
-/* The capture check (a driver query unless captures are announced) and
- * the event queue come first; then the fast path when it applies. */
-tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *stream, void *site)
+/* What every allocation does first: the capture check (a driver query
+ * unless captures are announced), then, outside a capture, the completed
+ * events. Returns whether stream is capturing. */
+static inline bool alloc_begin(tally_device_t *d, void *stream)
 {
     /* While a capture is under way no event is looked at. */
     bool capturing = tally__g.backend->stream_capturing && tally__events_capture_on_locked(d, stream, true);
     if (!capturing && d->events_head)
         tally__events_process_locked(d, false);
+    return capturing;
+}
+
+/* The fast path when it applies, else the general one. */
+tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *stream, void *site)
+{
+    bool capturing = alloc_begin(d, stream);
     if (TALLY_LIKELY(fast_ok(d, orig, capturing, NULL))) {
         tally_block_t *b = small_fast(d, round_size(orig), orig, stream, site);
         if (b)
@@ -602,10 +610,7 @@ tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t orig, voi
 {
     if (!priv)
         return tally__cache_malloc_locked(d, orig, stream, site);
-    bool capturing = tally__g.backend->stream_capturing && tally__events_capture_on_locked(d, stream, true);
-    if (!capturing && d->events_head)
-        tally__events_process_locked(d, false);
-    return malloc_general(d, orig, stream, site, priv, capturing);
+    return malloc_general(d, orig, stream, site, priv, alloc_begin(d, stream));
 }
 
 static tally_block_t *malloc_general(tally_device_t *d, size_t orig, void *stream, void *site, tally_gpool_t *priv,
