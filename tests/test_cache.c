@@ -466,10 +466,10 @@ static void test_segment_size_boundary_at_10MiB(void **state)
 }
 
 /* Among free small blocks of one size the lowest address is taken, however
- * the bin's tree is shaped: 16 holes of 1 KiB are refilled in address order. */
-static void test_small_best_fit_lowest_address_in_a_bin(void **state)
+ * the bin's tree is shaped: 16 holes of 1 KiB are refilled in address order;
+ * on the fast path, and under a memory fraction on the general one. */
+static void small_best_fit_lowest_address_in_a_bin(void)
 {
-    (void)state;
     void *p[32];
     for (int i = 0; i < 32; i++)
         p[i] = tu_malloc(1000, 0, S3);
@@ -483,6 +483,20 @@ static void test_small_best_fit_lowest_address_in_a_bin(void **state)
     }
     tu_ctx("%s", "");
     free_then_empty(p, 32, 2 * MiB);
+}
+
+static void test_small_best_fit_lowest_address_in_a_bin(void **state)
+{
+    (void)state;
+    small_best_fit_lowest_address_in_a_bin();
+}
+
+static void test_small_best_fit_lowest_address_in_a_bin_under_a_memory_fraction(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_set_memory_fraction(0.99, 0), 0);
+    small_best_fit_lowest_address_in_a_bin();
+    assert_int_equal(tally_set_memory_fraction(1.0, 0), 0);
 }
 
 /* The age of a cached block counts look-ups only while garbage collection
@@ -840,6 +854,7 @@ int main(void)
         cmocka_unit_test_setup(test_gc_releases_blocks_at_the_mean_age, setup_clean),
         cmocka_unit_test_setup(test_gc_ages_stand_still_without_a_fraction, setup_clean),
         cmocka_unit_test_setup(test_small_best_fit_lowest_address_in_a_bin, setup_clean),
+        cmocka_unit_test_setup(test_small_best_fit_lowest_address_in_a_bin_under_a_memory_fraction, setup_clean),
     };
     return cmocka_run_group_tests_name("cache", tests, NULL, NULL);
 }
