@@ -921,6 +921,36 @@ static void test_least_memory(void **state)
     tally__json_free(rows);
 }
 
+/* A row that runs out in the device given (--capacity) says it ran out
+ * there, with the least memory found above it: three.csv's default row
+ * needs 52 MiB, so in 51 MiB it runs out at its third allocation (5 MiB,
+ * with 30 MiB + 1000 B live), and the search finds 52 MiB, 1 MiB above.
+ * The search's extra replay a step below the least (for a row that never
+ * ran out) must not move it to 50 MiB, a capacity the user did not give. */
+static void test_least_memory_just_above_the_device_given(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    three_csv(path, sizeof path);
+    run_t r = tune("--json --capacity 51MiB '%s'", path);
+    assert_int_equal(r.rc, 0);
+    tally_json_t *rows = tally__json_parse(r.out, strlen(r.out), NULL, 0, NULL);
+    assert_non_null(rows);
+    run_free(&r);
+    const tally_json_t *def = &rows->items[0];
+    assert_false(jtrue(def, "fits"));
+    assert_string_equal(tally__json_get(def, "setting")->s, "");
+    assert_int_equal(jint(def, "oom_event"), 2);
+    assert_int_equal(jint(def, "min_device_bytes"), 52 * MiB);
+    const tally_json_t *out = tally__json_get(def, "runs_out");
+    assert_non_null(out);
+    assert_int_equal(jint(out, "capacity_bytes"), 51 * MiB);
+    assert_int_equal(jint(out, "event"), 2);
+    assert_int_equal(jint(out, "size"), 5242880);
+    assert_int_equal(jint(out, "live_bytes"), 31457280 + 1000);
+    tally__json_free(rows);
+}
+
 /* tune's refusal when nothing qualifies: status 1, one line on stderr
  * holding want, and no row marked as recommended in the table. */
 static void expect_refusal(run_t r, const char *want)
@@ -1402,6 +1432,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cross_stream_snapshot),
         cmocka_unit_test(test_multistream_trace),
         cmocka_unit_test(test_least_memory),
+        cmocka_unit_test(test_least_memory_just_above_the_device_given),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_max_calls),
         cmocka_unit_test(test_max_driver_time),
