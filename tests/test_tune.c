@@ -1128,11 +1128,10 @@ static int child_workload(void)
     return 0;
 }
 
-static void test_report_input(void **state)
+/* Run the child workload with trace:true, its report written to path. */
+static void record_traced(const char *path)
 {
-    (void)state;
-    char conf[PATH_MAX + 256], path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/traced.json", scratch);
+    char conf[PATH_MAX + 256];
     snprintf(conf, sizeof conf,
              "backend:host,host_mode:virtual,host_capacity:1GiB,trace:true,leak_report:off,stage_report:false,"
              "report_path:%s",
@@ -1147,6 +1146,14 @@ static void test_report_input(void **state)
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+static void test_report_input(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/traced.json", scratch);
+    record_traced(path);
     tune_input_t in;
     char err[512];
     if (tune_input_load(path, -1, &in, err, sizeof err))
@@ -1194,6 +1201,37 @@ static void test_report_input(void **state)
     assert_int_equal(jint(&rows->items[0], "peak_live_bytes"), 36100000);
     tally__json_free(rows);
     expect_one_line_error(tune("--device 3 '%s'", path), 1, "traced.json: alloc_trace has no device 3");
+}
+
+/* A traced report whose stats are damaged (a key misspelt) is refused in the
+ * shape the other commands use, "byte N: devices[0].stats: why", N the byte
+ * of the damage: tune's message ends exactly as tally summary's does. */
+static void test_damaged_report_is_named_as_summary_names_it(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32], bad[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/traced-ok.json", scratch);
+    snprintf(bad, sizeof bad, "%s/traced-bad.json", scratch);
+    record_traced(path);
+    char *text = slurp(path);
+    assert_non_null(text);
+    char *key = strstr(text, "\"active.all.allocated\"");
+    assert_non_null(key);
+    memmove(key + 13, key + 14, strlen(key + 14) + 1); /* "active.all.alocated" */
+    write_text(bad, text);
+    free(text);
+    char args[PATH_MAX + 64];
+    snprintf(args, sizeof args, "summary '%s'", bad);
+    run_t s = run_tool(tally_bin, scratch, args);
+    const char *shape = strstr(s.err, ": byte ");
+    if (s.rc == 0 || !shape || !strstr(shape, ": devices[0].stats: unknown key \"active.all.alocated\""))
+        fail_msg("tally summary: status %d, stderr '%s'", s.rc, s.err);
+    run_t t = tune("'%s'", bad);
+    const char *tail = strstr(t.err, ": byte ");
+    if (t.rc == 0 || !tail || strcmp(tail, shape) != 0 || !strstr(t.err, "not a valid tally report"))
+        fail_msg("tally tune: status %d, stderr '%s'; tally summary's ends '%s'", t.rc, t.err, shape);
+    run_free(&t);
+    run_free(&s);
 }
 
 /* Tracing switched on at run time: frees of blocks allocated before it
@@ -1438,6 +1476,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_max_driver_time),
         cmocka_unit_test(test_api_bad_input),
         cmocka_unit_test(test_report_input),
+        cmocka_unit_test(test_damaged_report_is_named_as_summary_names_it),
         cmocka_unit_test(test_report_trace_started_late),
         cmocka_unit_test(test_report_busiest_device_ties_go_to_the_first),
         cmocka_unit_test(test_report_without_trace),
