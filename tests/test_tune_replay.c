@@ -182,6 +182,10 @@ static void test_out_of_host_memory_while_seeding_is_an_error(void **state)
         long total = model_callocs;
         assert_true(total >= 6); /* the pointers, a segment, its head, three splits */
         assert_int_equal(r.peak_reserved, 60 << 20);
+        for (size_t i = 0; i < nev; i++) /* the recorded state's 60 MiB; freeing and 30 MiB map nothing more */
+            if (reserved[i] != 60 << 20)
+                fail_msg("%zu events: %lld MiB mapped after event %zu, expected 60", nev,
+                         (long long)(reserved[i] >> 20), i);
         for (long k = 0; k <= total; k++) {
             model_fail_at = k;
             model_callocs = 0;
