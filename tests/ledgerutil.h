@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "orphan.h" /* tu_die_with_parent */
 #include "testutil.h"
 
 #include <dirent.h>
@@ -26,8 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -406,22 +405,10 @@ typedef struct lu_child {
     char out_path[300], err_path[300];
 } lu_child_t;
 
-/* Call in a child right after fork, with the pid of the process that forked
- * it (taken before the fork): the child is killed (SIGKILL) when that process
- * dies, so a suite stopped by a timeout's SIGKILL, which no clean-up of its
- * own sees, leaves no child running on (the setting survives the exec of
- * lu_child_start). If the parent died before the setting took effect, the
- * child is already someone else's (getppid() differs) and leaves at once. */
-static inline void lu_die_with_parent(pid_t parent)
-{
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
-        _exit(125);
-}
-
 /* Start /proc/self/exe --child role with TALLY_CONF=conf and env entries
  * "NAME=value" (NULL-terminated list; may be NULL). RANK, LOCAL_RANK and
  * WORLD_SIZE are cleared unless env sets them. stdout and stderr go to files.
- * The child dies with the process that started it (lu_die_with_parent). */
+ * The child dies with the process that started it (tu_die_with_parent). */
 static inline void lu_child_start(lu_child_t *c, const char *role, const char *conf, const char *const *env)
 {
     static int serial;
@@ -435,7 +422,7 @@ static inline void lu_child_start(lu_child_t *c, const char *role, const char *c
     if (pid < 0)
         fail_msg("fork: %s", strerror(errno));
     if (pid == 0) {
-        lu_die_with_parent(parent);
+        tu_die_with_parent(parent);
         int o = open(c->out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         int e = open(c->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (o < 0 || e < 0)

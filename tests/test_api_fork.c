@@ -6,7 +6,7 @@
  *
  * Every case runs in a child process (tests/ledgerutil.h), which forks
  * grandchildren. Each child and grandchild dies with its parent
- * (lu_die_with_parent), so a run stopped by a timeout's SIGKILL leaves no
+ * (tu_die_with_parent), so a run stopped by a timeout's SIGKILL leaves no
  * fork-hammer spinning; test_children_die_with_a_suite_killed_outright
  * checks it. */
 #include "ledgerutil.h"
@@ -101,7 +101,7 @@ static int child_fork_hammer(void)
         pid_t pid = fork();
         LU_REQUIRE(pid >= 0);
         if (pid == 0) {
-            lu_die_with_parent(self);
+            tu_die_with_parent(self);
             _exit(hammered_grandchild());
         }
         int st = 0;
@@ -234,7 +234,7 @@ static int child_fork_idle(void)
     pid_t pid = fork();
     LU_REQUIRE(pid >= 0);
     if (pid == 0) {
-        lu_die_with_parent(self);
+        tu_die_with_parent(self);
         int rc = fork_grandchild();
         fflush(NULL);
         _exit(rc);
@@ -280,7 +280,7 @@ static int child_fork_leaks(void)
     pid_t pid = fork();
     LU_REQUIRE(pid >= 0);
     if (pid == 0) {
-        lu_die_with_parent(self);
+        tu_die_with_parent(self);
         /* The child leaks 3 MiB of its own and forks a grandchild that leaks
          * 1 MiB; each exits normally, so each prints its exit report. */
         LU_REQUIRE(leak_in("child-leak", 3 * MB) != NULL);
@@ -288,7 +288,7 @@ static int child_fork_leaks(void)
         pid_t child = getpid();
         pid_t g = fork();
         if (g == 0) {
-            lu_die_with_parent(child);
+            tu_die_with_parent(child);
             LU_REQUIRE(leak_in("grandkid-leak", MB) != NULL);
             exit(0);
         }
@@ -323,7 +323,7 @@ static int child_fork_device(void)
     pid_t pid = fork();
     LU_REQUIRE(pid >= 0);
     if (pid == 0) {
-        lu_die_with_parent(self);
+        tu_die_with_parent(self);
         alarm(10);
         void *p = tally_malloc(MB, 1, NULL);
         char first[300];
