@@ -26,6 +26,12 @@ lacks "no stage of 0 s" "$tmp/out" '^[0-9]+ +(load|train|eval) +0\.000 '
 has "leak report at exit" "$tmp/err" '^tally: 71644160 bytes \(68\.3 MiB\) in 24 blocks: tag model-init, stage load, device 0$'
 has "the planted leak is the only one" "$tmp/err" '^tally: SUMMARY: 71644160 bytes leaked in 24 blocks$'
 lacks "every other block freed once" "$tmp/err" 'tally_free'
+# The summary counts the demo's workload, as tools/demo.c makes it: load 2 x
+# (12 weights + 12 biases) + the staging buffer = 49; train 20 steps x (12
+# activations + 12 gradients) + 24 optimizer blocks = 504; eval 5 passes x 2
+# = 10: 563 allocations, 491 freed (the staging buffer, activations,
+# gradients and eval's), 72 live at the end (the two models, the optimizer).
+has "summary counts the demo's allocations" "$tmp/out" '^\| Allocations +\| +72 +\| +85 +\| +563 +\| +491 +\|$'
 
 TALLY_CONF=backend:host,leak_report:off,persistent_tags:weights "$demo" >"$tmp/out" 2>"$tmp/err"
 lacks "TALLY_CONF leak_report:off wins" "$tmp/err" 'leak report|SUMMARY'

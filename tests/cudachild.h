@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "cudautil.h"
+#include "orphan.h" /* tu_die_with_parent */
 #include "skip.h"
 #include "tally.h"
 
@@ -54,9 +55,11 @@ static inline void child_env(const char *conf)
 static inline void in_child(const char *conf, void (*body)(void))
 {
     fflush(NULL);
+    pid_t parent = getpid();
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        tu_die_with_parent(parent);
         child_env(conf);
         body();
         _exit(0);

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "orphan.h" /* tu_die_with_parent */
 #include "testutil.h"
 
 #include <dirent.h>
@@ -406,7 +407,8 @@ typedef struct lu_child {
 
 /* Start /proc/self/exe --child role with TALLY_CONF=conf and env entries
  * "NAME=value" (NULL-terminated list; may be NULL). RANK, LOCAL_RANK and
- * WORLD_SIZE are cleared unless env sets them. stdout and stderr go to files. */
+ * WORLD_SIZE are cleared unless env sets them. stdout and stderr go to files.
+ * The child dies with the process that started it (tu_die_with_parent). */
 static inline void lu_child_start(lu_child_t *c, const char *role, const char *conf, const char *const *env)
 {
     static int serial;
@@ -415,10 +417,12 @@ static inline void lu_child_start(lu_child_t *c, const char *role, const char *c
     snprintf(c->err_path, sizeof c->err_path, "%s/child-%d-%d.err", lu_tmpdir(), (int)getpid(), serial);
     serial++;
     fflush(NULL);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0)
         fail_msg("fork: %s", strerror(errno));
     if (pid == 0) {
+        tu_die_with_parent(parent);
         int o = open(c->out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         int e = open(c->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (o < 0 || e < 0)

@@ -121,6 +121,37 @@ static void test_configure_before_init_rejects_bad_values(void **state)
     /* Still not initialised: the real configuration is untouched. */
 }
 
+/* An integer option's bounds are its own values: expandable_grow_chunk_mb
+ * takes 2 (only a block's own pages) to 1024, and refuses 1 and 1025 naming
+ * the key and the value; each accepted value is what the options then say. */
+static void test_integer_option_takes_its_bounds(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *value;
+        bool ok;
+    } cases[] = {{"2", true}, {"1024", true}, {"1", false}, {"1025", false}, {"20", true}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char conf[64], want[64];
+        snprintf(conf, sizeof conf, "expandable_grow_chunk_mb:%s", cases[i].value);
+        cap_begin();
+        int rc = tally_configure(conf);
+        cap_end();
+        if (cases[i].ok != (rc == 0))
+            fail_msg("tally_configure(\"%s\") returned %d: %s", conf, rc, tally_last_error());
+        if (!cases[i].ok) {
+            snprintf(want, sizeof want, "'%s'", cases[i].value);
+            HAS(tally_last_error(), "expandable_grow_chunk_mb");
+            HAS(tally_last_error(), want);
+            continue;
+        }
+        char *opts = tu_options_text();
+        snprintf(want, sizeof want, "expandable_grow_chunk_mb:%s", cases[i].value);
+        HAS(opts, want);
+        free(opts);
+    }
+}
+
 /* ---- after initialisation --------------------------------------------------- */
 
 static void test_initialises_with_the_env_conf(void **state)
@@ -562,6 +593,7 @@ int main(void)
         cmocka_unit_test(test_configure_before_init_rejects_bad_values),
         cmocka_unit_test(test_initialises_with_the_env_conf),
         cmocka_unit_test(test_configure_after_init_rejects_bad_values),
+        cmocka_unit_test(test_integer_option_takes_its_bounds),
         cmocka_unit_test(test_malloc_size_zero_is_null_without_error),
         cmocka_unit_test(test_malloc_negative_size_is_rejected),
         cmocka_unit_test(test_malloc_unknown_device_is_rejected),

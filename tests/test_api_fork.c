@@ -5,7 +5,10 @@
  * backend with one line, while the host backend keeps working.
  *
  * Every case runs in a child process (tests/ledgerutil.h), which forks
- * grandchildren. */
+ * grandchildren. Each child and grandchild dies with its parent
+ * (tu_die_with_parent), so a run stopped by a timeout's SIGKILL leaves no
+ * fork-hammer spinning; test_children_die_with_a_suite_killed_outright
+ * checks it. */
 #include "ledgerutil.h"
 #include "cache/cache.h" /* tally__g and the host backend's table (tests link libtally.a) */
 
@@ -94,10 +97,13 @@ static int child_fork_hammer(void)
     for (int k = 0; k < FORKS; k++) {
         struct timespec pause = {0, 2000000};
         nanosleep(&pause, NULL); /* let the hammers get going */
+        pid_t self = getpid();
         pid_t pid = fork();
         LU_REQUIRE(pid >= 0);
-        if (pid == 0)
+        if (pid == 0) {
+            tu_die_with_parent(self);
             _exit(hammered_grandchild());
+        }
         int st = 0;
         LU_REQUIRE(waitpid(pid, &st, 0) == pid);
         if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
@@ -224,9 +230,11 @@ static int child_fork_idle(void)
     snprintf(hex, sizeof hex, "%llx", (unsigned long long)(uintptr_t)a);
     setenv("FORK_BLOCK", hex, 1);
     fflush(NULL);
+    pid_t self = getpid();
     pid_t pid = fork();
     LU_REQUIRE(pid >= 0);
     if (pid == 0) {
+        tu_die_with_parent(self);
         int rc = fork_grandchild();
         fflush(NULL);
         _exit(rc);
@@ -268,15 +276,19 @@ static int child_fork_leaks(void)
     void *mine = leak_in("parent-leak", 2 * MB);
     LU_REQUIRE(mine != NULL);
     fflush(NULL);
+    pid_t self = getpid();
     pid_t pid = fork();
     LU_REQUIRE(pid >= 0);
     if (pid == 0) {
+        tu_die_with_parent(self);
         /* The child leaks 3 MiB of its own and forks a grandchild that leaks
          * 1 MiB; each exits normally, so each prints its exit report. */
         LU_REQUIRE(leak_in("child-leak", 3 * MB) != NULL);
         fflush(NULL);
+        pid_t child = getpid();
         pid_t g = fork();
         if (g == 0) {
+            tu_die_with_parent(child);
             LU_REQUIRE(leak_in("grandkid-leak", MB) != NULL);
             exit(0);
         }
@@ -307,9 +319,11 @@ static int child_fork_device(void)
     device_like.name = "cuda";
     tally__g.backend = &device_like;
     fflush(NULL);
+    pid_t self = getpid();
     pid_t pid = fork();
     LU_REQUIRE(pid >= 0);
     if (pid == 0) {
+        tu_die_with_parent(self);
         alarm(10);
         void *p = tally_malloc(MB, 1, NULL);
         char first[300];
@@ -332,6 +346,17 @@ static int child_fork_device(void)
     LU_REQUIRE(tally_check() == 0);
     printf("parent ok, child status %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
     return WIFEXITED(st) ? WEXITSTATUS(st) : 50;
+}
+
+/* ---- child: waits for a signal, never for its work to end --------------------------------- */
+
+/* What fork-hammer's child does when a grandchild hangs: it would go on for
+ * minutes. Here it only waits; the alarm ends it should nothing else. */
+static int child_wait_forever(void)
+{
+    alarm(60);
+    pause(); /* returns only for a signal that is caught, and none is */
+    return 97;
 }
 
 /* ---- the tests (the parent) ----------------------------------------------------------------- */
@@ -410,11 +435,65 @@ static void test_forked_child_refuses_a_device_backend(void **state)
     lu_child_free(&c);
 }
 
+/* A suite killed outright (a mutation run's timeout sends SIGKILL, which no
+ * clean-up of the suite sees) leaves no child running: a child started by
+ * lu_child_start dies with the process that started it. The test stands in
+ * for the suite with a process of its own (the middle one), which starts a
+ * child that would wait a minute and is then killed with SIGKILL; this
+ * process adopts the orphan (a subreaper) and must see it killed at once. */
+static void test_children_die_with_a_suite_killed_outright(void **state)
+{
+    (void)state;
+    assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    pid_t middle = fork();
+    assert_true(middle >= 0);
+    if (middle == 0) {
+        close(fds[0]);
+        lu_child_t c;
+        lu_child_start(&c, "wait-forever", BASE ",leak_report:off", NULL);
+        if (write(fds[1], &c.pid, sizeof c.pid) != (ssize_t)sizeof c.pid)
+            _exit(1);
+        struct timespec settle = {0, 100000000}; /* the child is waiting by now */
+        nanosleep(&settle, NULL);
+        raise(SIGKILL);
+    }
+    close(fds[1]);
+    pid_t orphan = -1;
+    assert_int_equal(read(fds[0], &orphan, sizeof orphan), (ssize_t)sizeof orphan);
+    close(fds[0]);
+    int st = 0;
+    assert_int_equal(waitpid(middle, &st, 0), middle);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    /* The orphan is this process's now; it must be gone within 5 seconds
+     * (it is killed the moment its parent dies). */
+    pid_t got = 0;
+    for (int i = 0; i < 500 && got == 0; i++) {
+        got = waitpid(orphan, &st, WNOHANG);
+        if (got == 0) {
+            struct timespec tick = {0, 10000000};
+            nanosleep(&tick, NULL);
+        }
+    }
+    if (got == 0) {
+        kill(orphan, SIGKILL);
+        waitpid(orphan, &st, 0);
+        fail_msg("the child of a process killed with SIGKILL was still running 5 s later");
+    }
+    assert_int_equal(got, orphan);
+    assert_true(WIFSIGNALED(st));
+    assert_int_equal(WTERMSIG(st), SIGKILL);
+    assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
+}
+
 static const lu_role_t roles[] = {
     {"fork-hammer", child_fork_hammer},
     {"fork-idle", child_fork_idle},
     {"fork-leaks", child_fork_leaks},
     {"fork-device", child_fork_device},
+    {"wait-forever", child_wait_forever},
     {NULL, NULL},
 };
 
@@ -427,6 +506,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_forked_child_keeps_working),
         cmocka_unit_test(test_leak_report_of_a_forked_child_leaves_out_inherited_blocks),
         cmocka_unit_test(test_forked_child_refuses_a_device_backend),
+        cmocka_unit_test(test_children_die_with_a_suite_killed_outright),
     };
     int failed = cmocka_run_group_tests_name("fork", tests, NULL, NULL);
     lu_tmpdir_cleanup();

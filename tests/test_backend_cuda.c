@@ -58,8 +58,21 @@ static bool is_cuda(void)
 
 /* ---- basic use -------------------------------------------------------------- */
 
+/* Lines tally wrote on its sink (diagnostics). */
+static atomic_int sink_lines;
+static void count_sink(void *arg, const char *text, size_t len)
+{
+    (void)arg;
+    (void)text;
+    (void)len;
+    atomic_fetch_add(&sink_lines, 1);
+}
+
+/* Allocation, reuse from the cache and release: all silent, no error set
+ * (a driver call that worked is not a failure). */
 static void body_malloc_free(void)
 {
+    tally_set_sink(count_sink, NULL);
     driver_up();
     EXPECT(tally_init() == 0);
     CUstream s = make_stream(0);
@@ -73,6 +86,14 @@ static void body_malloc_free(void)
     tally_free(b);
     EXPECT(tally_check() == 0);
     CU_EXPECT(cu.cuStreamSynchronize(s));
+    size_t released = tally_empty_cache(0);
+    if (is_cuda())
+        EXPECT(released == 20 << 20); /* the 3 MiB block's 20 MiB segment: cuMemFree */
+    EXPECT(tally_check() == 0);
+    if (atomic_load(&sink_lines) != 0 || tally_last_error()[0]) {
+        fprintf(stderr, "%d lines on the sink; last error '%s'\n", atomic_load(&sink_lines), tally_last_error());
+        exit(1);
+    }
 }
 
 static void body_streams(void)

@@ -660,6 +660,70 @@ static void test_plot_burst_in_one_column_shows_a_pixel_wide(void **state)
     free(svg);
 }
 
+/* The highest point (least y) of the tag area titled title in svg. */
+static double area_top(const char *svg, const char *title)
+{
+    char want[64];
+    snprintf(want, sizeof want, "<title>%s</title>", title);
+    for (const char *at = strstr(svg, "<path class=\"tag\""); at; at = strstr(at + 1, "<path class=\"tag\"")) {
+        const char *t = strstr(at, "<title>");
+        if (!t || strncmp(t, want, strlen(want)) != 0)
+            continue;
+        static pts_t pts;
+        read_pts(strstr(at, " d=\"") + 4, &pts);
+        assert_true(pts.n >= 4);
+        double top = pts.y[0];
+        for (int i = 1; i < pts.n; i++)
+            top = pts.y[i] < top ? pts.y[i] : top;
+        return top;
+    }
+    fail_msg("no tag area titled %s", title);
+    return 0;
+}
+
+/* More tags than the plot draws on their own (PLOT_TAGS, 9): eleven tags
+ * t0..t10 of 1..11 MiB, allocated one after the other and kept. The nine
+ * largest get areas of their own, stacked t2 (3 MiB) at the bottom to t10;
+ * t0 and t1 go to "other tags" on top, 3 MiB, so the stack ends at 66 MiB:
+ * 22 times t2's height, and "other tags" as tall as t2. */
+static void test_plot_other_tags_on_top_of_nine(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16], out[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/eleven.json", dir);
+    snprintf(out, sizeof out, "%s/eleven.svg", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
+          "\"devices\":[],\"ledger\":[],\"stages\":[],\"leaks\":[],\"timeline\":[\n",
+          f);
+    size_t allocated = 0;
+    for (int k = 0; k < 11; k++) {
+        allocated += (size_t)(k + 1) * MiB;
+        fprintf(f,
+                "%s{\"device\":0,\"time_us\":%d,\"action\":\"alloc\",\"addr\":%zu,\"size\":%zu,\"stream\":0,"
+                "\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"t%d\",\"stage\":\"s\"}\n",
+                k ? "," : "", 1000 * (k + 1), (size_t)(k + 1) * 64 * MiB, (size_t)(k + 1) * MiB, allocated,
+                128 * MiB, k);
+    }
+    fputs("]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("plot '%s' -o '%s'", path, out);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "eleven.svg: device 0, 11 events, 10 tag groups, peak allocated 66.0 MiB\n");
+    run_free(&r);
+    double zero_y;
+    char *svg = slurp_plot(out, &zero_y);
+    HAS(svg, "other tags (peaks add to 3.0 MiB)");
+    double unit = zero_y - area_top(svg, "t2"); /* 3 MiB */
+    double all = zero_y - area_top(svg, "other tags"), below = zero_y - area_top(svg, "t10");
+    assert_true(unit > 1);
+    if (fabs(all / unit - 22) > 0.1 || fabs((all - below) / unit - 1) > 0.1)
+        fail_msg("the stack's top is %.2f x t2's 3 MiB (want 22), other tags %.2f x (want 1)", all / unit,
+                 (all - below) / unit);
+    free(svg);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -675,6 +739,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_default_device_is_busiest_when_home_has_none),
         cmocka_unit_test(test_plot_default_device_without_allocations_is_the_timelines),
         cmocka_unit_test(test_plot_burst_in_one_column_shows_a_pixel_wide),
+        cmocka_unit_test(test_plot_other_tags_on_top_of_nine),
     };
     return CLI_MAIN("cli_plot", tests);
 }

@@ -105,6 +105,42 @@ static void test_divisions_single_number_in_a_child(void **state)
                    sizeof cases / sizeof cases[0]);
 }
 
+/* A division list is read up to 255 characters between its brackets; 256
+ * are refused as too long, naming the key. The list is
+ * [1:4] with its size written with leading zeros to the length wanted. */
+static void test_divisions_list_of_255_characters_read_256_refused(void **state)
+{
+    (void)state;
+    char conf[400], list[300];
+    memset(list, '0', sizeof list);
+    list[0] = '[';
+    memcpy(list + 1 + 252, "1:4]", 5); /* 252 zeros, "1:4": 255 characters */
+    assert_int_equal(strlen(list), 257);
+    snprintf(conf, sizeof conf, "backend:host,host_mode:virtual,roundup_power2_divisions:%s", list);
+    static const child_case_t cases[] = {
+        {700 * KiB, 768 * KiB}, /* at or below 1 MiB: 4 divisions, step 128 KiB */
+        {3000, 3072},           /* step 2048 / 4 = 512 */
+    };
+    child_rounding(conf, cases, sizeof cases / sizeof cases[0]);
+    memset(list, '0', sizeof list);
+    list[0] = '[';
+    memcpy(list + 1 + 253, "1:4]", 5); /* 256 characters */
+    snprintf(conf, sizeof conf, "roundup_power2_divisions:%s", list);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        tu_conf("backend:host,host_mode:virtual");
+        CHILD_REQUIRE(tally_configure(conf) == -TALLY_ECONF);
+        CHILD_REQUIRE(strcmp(tally_last_error(), "config: roundup_power2_divisions: value too long") == 0);
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("a division list of 256 characters was not refused as too long (child status %d)", status);
+}
+
 /* host_capacity's units: KB, MB, GB, TB are powers of 1000; KiB, MiB, GiB,
  * TiB (and K, M, G, T) powers of 1024. Each child initialises with one value
  * and reports the device total the backend gives. */
@@ -536,7 +572,8 @@ int main(void)
 {
     tu_conf(CONF_MAIN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_divisions_single_number_in_a_child), /* first: fork before init */
+        cmocka_unit_test(test_divisions_single_number_in_a_child),
+        cmocka_unit_test(test_divisions_list_of_255_characters_read_256_refused), /* first: fork before init */
         cmocka_unit_test(test_host_capacity_units_in_children), /* also before init */
         cmocka_unit_test(test_divisions_list_first_entry_covers_smaller_sizes),
         cmocka_unit_test_setup(test_divisions_list_rounds_per_interval, setup_clean),

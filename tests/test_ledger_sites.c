@@ -559,6 +559,40 @@ static void test_pattern_matching(void **state)
     assert_false(tally__sup_pattern_match("x", NULL));
 }
 
+/* A pattern anchored at the end, whose last character also comes earlier in
+ * the name: the first try runs out of pattern while the name goes on, and the
+ * match must start again one character on, never read past the pattern. The
+ * pattern is copied into a buffer on the stack; a long pattern first leaves
+ * its characters there, past where the short one ends, so a match that read
+ * on would meet them (the same character as the name's next one). */
+static void test_pattern_ending_early_while_the_name_goes_on(void **state)
+{
+    (void)state;
+    static const char chars[] = "a_m.";
+    for (const char *c = chars; *c; c++) {
+        char primer[301], one[3], two[4], name[8], ends[8], not_ends[8];
+        memset(primer, *c, 300);
+        primer[300] = 0;
+        snprintf(one, sizeof one, "%c$", *c);            /* "c$" */
+        snprintf(two, sizeof two, "%c%c$", *c, *c);      /* "cc$" */
+        snprintf(name, sizeof name, "x%c%c", *c, *c);    /* "xcc" */
+        snprintf(ends, sizeof ends, "x%c%c%c", *c, *c, *c);       /* "xccc" */
+        snprintf(not_ends, sizeof not_ends, "x%c%cy%c", *c, *c, *c); /* "xccyc" */
+        assert_false(tally__sup_pattern_match(primer, name)); /* the primer is longer than the name */
+        if (!tally__sup_pattern_match(one, name))
+            fail_msg("pattern %s does not match %s", one, name);
+        assert_false(tally__sup_pattern_match(primer, name));
+        if (!tally__sup_pattern_match(two, ends))
+            fail_msg("pattern %s does not match %s", two, ends);
+        assert_false(tally__sup_pattern_match(primer, name));
+        if (tally__sup_pattern_match(two, not_ends))
+            fail_msg("pattern %s matches %s", two, not_ends);
+        assert_false(tally__sup_pattern_match(primer, name));
+        if (!tally__sup_pattern_match(one, not_ends))
+            fail_msg("pattern %s does not match %s", one, not_ends);
+    }
+}
+
 /* ---- main ------------------------------------------------------------------------- */
 
 static const lu_role_t roles[] = {
@@ -593,6 +627,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_suppressions_file_is_one_line),
         cmocka_unit_test(test_sites_from_many_threads_while_reports_are_written),
         cmocka_unit_test(test_pattern_matching),
+        cmocka_unit_test(test_pattern_ending_early_while_the_name_goes_on),
     };
     int failed = cmocka_run_group_tests_name("sites", tests, NULL, NULL);
     lu_tmpdir_cleanup();

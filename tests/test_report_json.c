@@ -251,6 +251,41 @@ static void test_json_report_path_expands_pid_and_rank(void **state)
     assert_true(lu_exists(want));
 }
 
+/* rank, local_rank and world_size are the launcher's variables as set, from 0
+ * to 2^20; anything else (negative, too large, not a number, empty) is taken
+ * as unset: 0, 0 and 1 (docs/reports.md). WORLD_SIZE=0 is 0, not unset. */
+static void test_json_report_launcher_variables_as_set_within_bounds(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name, *value, *key;
+        int want;
+    } cases[] = {
+        {"WORLD_SIZE", "0", "world_size", 0},
+        {"WORLD_SIZE", "1048576", "world_size", 1048576},
+        {"WORLD_SIZE", "1048577", "world_size", 1},
+        {"WORLD_SIZE", "-1", "world_size", 1},
+        {"WORLD_SIZE", "4x", "world_size", 1},
+        {"WORLD_SIZE", "", "world_size", 1},
+        {"RANK", "0", "rank", 0},
+        {"RANK", "1048576", "rank", 1048576},
+        {"RANK", "1048577", "rank", 0},
+        {"RANK", "-3", "rank", 0},
+        {"LOCAL_RANK", "7", "local_rank", 7},
+        {"LOCAL_RANK", "-1", "local_rank", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        setenv(cases[i].name, cases[i].value, 1);
+        tally_json_t *root = lu_report_json("launcher.json");
+        unsetenv(cases[i].name);
+        int64_t got = lu_jint(root, cases[i].key);
+        tally__json_free(root);
+        if (got != cases[i].want)
+            fail_msg("%s=\"%s\": %s %lld in the report, expected %d", cases[i].name, cases[i].value, cases[i].key,
+                     (long long)got, cases[i].want);
+    }
+}
+
 /* ---- timeline ------------------------------------------------------------------- */
 
 static int has_event(const tally_json_t *tl, const char *action, const char *tag, int device)
@@ -340,6 +375,7 @@ int main(int argc, char **argv)
         LU_T(test_json_report_marks_suppressed_leaks),
         LU_T(test_json_report_unwritable_path_fails_cleanly),
         LU_T(test_json_report_path_expands_pid_and_rank),
+        LU_T(test_json_report_launcher_variables_as_set_within_bounds),
         LU_T(test_timeline_records_events),
     };
     return LU_LEDGER_RUN("json_report", tests);

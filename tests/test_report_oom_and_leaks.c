@@ -247,6 +247,43 @@ static void test_leak_report_names_every_one_of_forty_groups(void **state)
         tally_free(p[i]);
 }
 
+/* Groups of equal size are listed device by device, lower first, whatever
+ * their tags: two tags, each with one 3 MiB block on each device, allocated
+ * in an order that puts a device 1 block first. */
+static void test_leak_groups_of_equal_size_go_by_device(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *tag;
+        int device;
+    } order[] = {{"eq-first", 1}, {"eq-second", 0}, {"eq-first", 0}, {"eq-second", 1}};
+    void *p[4];
+    for (int i = 0; i < 4; i++) {
+        LU_OK(tally_tag_push(order[i].tag));
+        p[i] = lu_malloc(3 * MB, order[i].device);
+        LU_OK(tally_tag_pop());
+    }
+    lu_buf_t buf = {0};
+    LU_OK(tally_write_leaks(1, lu_buf_write, &buf));
+    const char *t = lu_buf_str(&buf);
+    static const char group[] = "tally: 3145728 bytes (3.0 MiB) in 1 block: tag eq-";
+    char devices[8] = "";
+    int n = 0;
+    for (const char *at = strstr(t, group); at && n < 7; at = strstr(at + 1, group)) {
+        const char *eol = strchr(at, '\n');
+        assert_non_null(eol);
+        if (eol - at < 10 || strncmp(eol - 10, ", device ", 9) != 0)
+            fail_msg("a group line that does not end with its device:\n%s", t);
+        devices[n++] = eol[-1];
+    }
+    devices[n] = 0;
+    if (strcmp(devices, "0011") != 0)
+        fail_msg("groups of 3 MiB by device %s, expected 0011:\n%s", devices, t);
+    lu_buf_free(&buf);
+    for (int i = 0; i < 4; i++)
+        tally_free(p[i]);
+}
+
 /* ---- main ------------------------------------------------------------------------- */
 
 static const lu_role_t roles[] = {
@@ -264,6 +301,7 @@ int main(int argc, char **argv)
         LU_T(test_one_frame_sites_are_the_callers),
         LU_T(test_leak_report_without_sites_groups_by_owner),
         LU_T(test_leak_report_names_every_one_of_forty_groups),
+        LU_T(test_leak_groups_of_equal_size_go_by_device),
     };
     return LU_LEDGER_RUN("oom_and_leak_reports", tests);
 }

@@ -76,6 +76,52 @@ static void test_stage_survivors_grouped_largest_first(void **state)
     LU_CHECK_OK();
 }
 
+/* Survivors of equal size are listed device by device, lower first,
+ * whatever their tags: in each of two stages one tag leaves 5 MiB on device
+ * 0 and the other 5 MiB on device 1, the tags swapped in the second stage
+ * (so whichever tag sorts first, one stage has it on device 1). The text
+ * lines and the JSON history's survivors read device 0, then device 1. */
+static void test_stage_survivors_of_equal_size_go_by_device(void **state)
+{
+    (void)state;
+    static const char *const tags[2][2] = {{"tie-second", "tie-first"}, {"tie-first", "tie-second"}};
+    LU_OK(tally_tag_push("tie-first")); /* named in this order */
+    LU_OK(tally_tag_push("tie-second"));
+    LU_OK(tally_tag_pop());
+    LU_OK(tally_tag_pop());
+    for (int round = 0; round < 2; round++) {
+        void *p[2];
+        lu_cap_begin();
+        LU_OK(tally_stage_begin("ties"));
+        for (int dev = 1; dev >= 0; dev--) { /* device 1's block first */
+            LU_OK(tally_tag_push(tags[round][dev]));
+            p[dev] = lu_malloc(5 * MB, dev);
+            LU_OK(tally_tag_pop());
+        }
+        LU_OK(tally_stage_end("ties"));
+        lu_cap_end();
+        const char *t = lu_cap_text();
+        char l0[160], l1[160];
+        snprintf(l0, sizeof l0, "tally: stage ties ended with 5.0 MiB still live under tag %s on device 0 (1 block)\n",
+                 tags[round][0]);
+        snprintf(l1, sizeof l1, "tally: stage ties ended with 5.0 MiB still live under tag %s on device 1 (1 block)\n",
+                 tags[round][1]);
+        LU_HAS(t, l0);
+        LU_HAS(t, l1);
+        if (lu_pos(t, l0) > lu_pos(t, l1))
+            fail_msg("round %d: device 1's survivor listed before device 0's:\n%s", round, t);
+        tally_json_t *root = lu_report_json("ties.json");
+        const tally_json_t *stages = lu_jarr(root, "stages");
+        const tally_json_t *sv = lu_jarr(&stages->items[stages->len - 1], "survivors");
+        LU_EQ(sv->len, 2);
+        LU_EQ(lu_jint(&sv->items[0], "device"), 0);
+        LU_EQ(lu_jint(&sv->items[1], "device"), 1);
+        tally__json_free(root);
+        lu_free_all(p, 2);
+    }
+    LU_CHECK_OK();
+}
+
 static void test_persistent_tags_are_runtime_configurable(void **state)
 {
     (void)state;
@@ -357,6 +403,7 @@ int main(int argc, char **argv)
     (void)argv;
     const struct CMUnitTest tests[] = {
         LU_T(test_stage_survivors_grouped_largest_first),
+        LU_T(test_stage_survivors_of_equal_size_go_by_device),
         LU_T(test_persistent_tags_are_runtime_configurable),
         LU_T(test_ledger_rows_are_per_tag_and_stage),
         LU_T(test_text_reports_size_units),

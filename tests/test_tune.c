@@ -921,6 +921,82 @@ static void test_least_memory(void **state)
     tally__json_free(rows);
 }
 
+/* A row that runs out in the device given (--capacity) says it ran out
+ * there, with the least memory found above it: three.csv's default row
+ * needs 52 MiB, so in 51 MiB it runs out at its third allocation (5 MiB,
+ * with 30 MiB + 1000 B live), and the search finds 52 MiB, 1 MiB above.
+ * The search's extra replay a step below the least (for a row that never
+ * ran out) must not move it to 50 MiB, a capacity the user did not give. */
+static void test_least_memory_just_above_the_device_given(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    three_csv(path, sizeof path);
+    run_t r = tune("--json --capacity 51MiB '%s'", path);
+    assert_int_equal(r.rc, 0);
+    tally_json_t *rows = tally__json_parse(r.out, strlen(r.out), NULL, 0, NULL);
+    assert_non_null(rows);
+    run_free(&r);
+    const tally_json_t *def = &rows->items[0];
+    assert_false(jtrue(def, "fits"));
+    assert_string_equal(tally__json_get(def, "setting")->s, "");
+    assert_int_equal(jint(def, "oom_event"), 2);
+    assert_int_equal(jint(def, "min_device_bytes"), 52 * MiB);
+    const tally_json_t *out = tally__json_get(def, "runs_out");
+    assert_non_null(out);
+    assert_int_equal(jint(out, "capacity_bytes"), 51 * MiB);
+    assert_int_equal(jint(out, "event"), 2);
+    assert_int_equal(jint(out, "size"), 5242880);
+    assert_int_equal(jint(out, "live_bytes"), 31457280 + 1000);
+    tally__json_free(rows);
+}
+
+/* The least memory a row reports is a device it runs in: run again with
+ * --capacity set to that figure, the row fits, without running out. The
+ * trace (found by shrinking random ones) has a row that needs more than its
+ * own peak: tally's expandable segments with idle pages that may move
+ * (expandable_move_budget:-1) reserve 198 MiB at most, yet run out in a
+ * device of 198 MiB (the 188 MiB block's pages need the room moving takes);
+ * the search must not take the peak as the least without trying it. */
+static void test_least_memory_of_every_row_is_a_device_it_runs_in(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/needs-more-than-its-peak.csv", scratch);
+    write_text(path, "op,id,size,stream\na,7,9071340,0\na,17,9209257,0\nf,7,0,0\na,18,197261323,0\n");
+    run_t r = tune("--json '%s'", path);
+    assert_int_equal(r.rc, 0);
+    tally_json_t *rows = tally__json_parse(r.out, strlen(r.out), NULL, 0, NULL);
+    assert_non_null(rows);
+    run_free(&r);
+    int checked = 0;
+    for (size_t i = 0; i < rows->len; i++) {
+        const tally_json_t *row = &rows->items[i];
+        const tally_json_t *least = tally__json_get(row, "min_device_bytes");
+        if (!least || least->type == TALLY_JSON_NULL)
+            continue;
+        const char *setting = tally__json_get(row, "setting")->s, *alloc = tally__json_get(row, "allocator")->s;
+        run_t again = tune("--json --capacity %lld '%s'", (long long)jint(row, "min_device_bytes"), path);
+        assert_int_equal(again.rc == 0 || again.rc == 1, 1); /* 1: no row fits for PyTorch's or tally's pick */
+        tally_json_t *in = tally__json_parse(again.out, strlen(again.out), NULL, 0, NULL);
+        assert_non_null(in);
+        const tally_json_t *same = row_of(in, setting, alloc);
+        if (!jtrue(same, "fits") || tally__json_get(same, "oom_event"))
+            fail_msg("row '%s' (%s) reports a least of %lld bytes, but does not run in a device of that size", setting,
+                     alloc, (long long)jint(row, "min_device_bytes"));
+        tally__json_free(in);
+        run_free(&again);
+        checked++;
+    }
+    assert_true(checked >= 10);
+    const tally_json_t *moving = row_of(rows, "expandable_segments:True,expandable_move_budget:-1", "tally");
+    if (!(jint(moving, "min_device_bytes") > jint(moving, "peak_reserved_bytes")))
+        fail_msg("the moving row no longer needs more than its peak (%lld, least %lld): this trace does not test "
+                 "the search's check of the peak any more",
+                 (long long)jint(moving, "peak_reserved_bytes"), (long long)jint(moving, "min_device_bytes"));
+    tally__json_free(rows);
+}
+
 /* tune's refusal when nothing qualifies: status 1, one line on stderr
  * holding want, and no row marked as recommended in the table. */
 static void expect_refusal(run_t r, const char *want)
@@ -1098,11 +1174,10 @@ static int child_workload(void)
     return 0;
 }
 
-static void test_report_input(void **state)
+/* Run the child workload with trace:true, its report written to path. */
+static void record_traced(const char *path)
 {
-    (void)state;
-    char conf[PATH_MAX + 256], path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/traced.json", scratch);
+    char conf[PATH_MAX + 256];
     snprintf(conf, sizeof conf,
              "backend:host,host_mode:virtual,host_capacity:1GiB,trace:true,leak_report:off,stage_report:false,"
              "report_path:%s",
@@ -1117,6 +1192,14 @@ static void test_report_input(void **state)
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+static void test_report_input(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/traced.json", scratch);
+    record_traced(path);
     tune_input_t in;
     char err[512];
     if (tune_input_load(path, -1, &in, err, sizeof err))
@@ -1164,6 +1247,37 @@ static void test_report_input(void **state)
     assert_int_equal(jint(&rows->items[0], "peak_live_bytes"), 36100000);
     tally__json_free(rows);
     expect_one_line_error(tune("--device 3 '%s'", path), 1, "traced.json: alloc_trace has no device 3");
+}
+
+/* A traced report whose stats are damaged (a key misspelt) is refused in the
+ * shape the other commands use, "byte N: devices[0].stats: why", N the byte
+ * of the damage: tune's message ends exactly as tally summary's does. */
+static void test_damaged_report_is_named_as_summary_names_it(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32], bad[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/traced-ok.json", scratch);
+    snprintf(bad, sizeof bad, "%s/traced-bad.json", scratch);
+    record_traced(path);
+    char *text = slurp(path);
+    assert_non_null(text);
+    char *key = strstr(text, "\"active.all.allocated\"");
+    assert_non_null(key);
+    memmove(key + 13, key + 14, strlen(key + 14) + 1); /* "active.all.alocated" */
+    write_text(bad, text);
+    free(text);
+    char args[PATH_MAX + 64];
+    snprintf(args, sizeof args, "summary '%s'", bad);
+    run_t s = run_tool(tally_bin, scratch, args);
+    const char *shape = strstr(s.err, ": byte ");
+    if (s.rc == 0 || !shape || !strstr(shape, ": devices[0].stats: unknown key \"active.all.alocated\""))
+        fail_msg("tally summary: status %d, stderr '%s'", s.rc, s.err);
+    run_t t = tune("'%s'", bad);
+    const char *tail = strstr(t.err, ": byte ");
+    if (t.rc == 0 || !tail || strcmp(tail, shape) != 0 || !strstr(t.err, "not a valid tally report"))
+        fail_msg("tally tune: status %d, stderr '%s'; tally summary's ends '%s'", t.rc, t.err, shape);
+    run_free(&t);
+    run_free(&s);
 }
 
 /* Tracing switched on at run time: frees of blocks allocated before it
@@ -1402,11 +1516,14 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cross_stream_snapshot),
         cmocka_unit_test(test_multistream_trace),
         cmocka_unit_test(test_least_memory),
+        cmocka_unit_test(test_least_memory_just_above_the_device_given),
+        cmocka_unit_test(test_least_memory_of_every_row_is_a_device_it_runs_in),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_max_calls),
         cmocka_unit_test(test_max_driver_time),
         cmocka_unit_test(test_api_bad_input),
         cmocka_unit_test(test_report_input),
+        cmocka_unit_test(test_damaged_report_is_named_as_summary_names_it),
         cmocka_unit_test(test_report_trace_started_late),
         cmocka_unit_test(test_report_busiest_device_ties_go_to_the_first),
         cmocka_unit_test(test_report_without_trace),

@@ -3,10 +3,26 @@
  * (tools/pt_expand.c, compiled in) merging a freed block with its free
  * neighbours, and through the command itself (the built ../bin/tally) the
  * pages a tally row maps, as priced in its driver time, and a recorded
- * state's 512-byte remainder kept free. Expected figures are worked out by
- * hand in the comments. */
+ * state's 512-byte remainder kept free; the model seeded from a recorded
+ * state (exact figures, and the host's memory failing at each allocation in
+ * turn). Expected figures are worked out by hand in the comments. */
 #include "../bench/trace.c"
+
+#include <stdlib.h>
+
+/* The model's allocations can be made to fail: the one numbered
+ * model_fail_at (0: the first; -1: none) returns NULL, as when the host is
+ * out of memory; model_callocs counts them. Only pt_expand.c's callocs. */
+static long model_fail_at = -1, model_callocs;
+static void *model_calloc(size_t n, size_t size)
+{
+    if (model_callocs++ == model_fail_at)
+        return NULL;
+    return calloc(n, size);
+}
+#define calloc model_calloc
 #include "../tools/pt_expand.c"
+#undef calloc
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -85,6 +101,108 @@ static void test_pytorch_expandable_model_merges_freed_neighbours(void **state)
         assert_int_equal(r.segments, 1);
         assert_int_equal(r.oom_event, -1);
     }
+}
+
+/* The model started from a recorded state: ranges of the large pool of
+ * stream 0 and the live blocks in them (each the allocation of the trace's
+ * event of the same number, its first nlive events); the window is the
+ * events after them. On an 80 GiB device with 20 MiB pages. Returns
+ * ptx_replay's status; err gets its message. */
+static int seeded_replay(const ptx_range_t *ranges, size_t nranges, const ptx_live_t *live, size_t nlive,
+                         const hand_ev_t *ev, size_t nev, ptx_result_t *r, int64_t *reserved, char *err,
+                         size_t errlen)
+{
+    trace_builder_t b;
+    trace_t t;
+    assert_int_equal(trace_begin(&b, &t, "seeded", err, errlen), 0);
+    for (size_t i = 0; i < nev; i++)
+        if (trace_add(&b, ev[i].op, ev[i].id, ev[i].size, 0, err, errlen))
+            fail_msg("event %zu: %s", i, err);
+    trace_end(&b);
+    ptx_opts_t o = {.capacity = 80ull << 30};
+    ptx_start_t st = {ranges, nranges, live, nlive, nlive};
+    int rc = ptx_replay(&t, &o, &st, r, reserved, err, errlen);
+    trace_free(&t);
+    return rc;
+}
+
+/* A recorded range at the start of its segment, all free: 20 MiB at 1 GiB.
+ * A request of 30 MiB does not fit in it, so the segment grows from it:
+ * one more 20 MiB page is mapped right after the range, in one run, and the
+ * block of 30 MiB starts at the range's start (the range and the new page
+ * are one free block first). Worked by hand: 1 page mapped in 1 run (the
+ * range's own page was mapped before the window: not counted), 40 MiB
+ * reserved, one segment. A seed that left an empty block before the range
+ * grows from that block, mapping it (nothing) as a run of its own: 2 runs. */
+static void test_recorded_range_at_the_segment_start_grows_in_one_run(void **state)
+{
+    (void)state;
+    static const ptx_range_t range[] = {{1ull << 30, 20u << 20, 0, false}};
+    static const hand_ev_t ev[] = {{'a', 1, 30u << 20}};
+    ptx_result_t r;
+    int64_t reserved[1];
+    char err[256];
+    if (seeded_replay(range, 1, NULL, 0, ev, 1, &r, reserved, err, sizeof err))
+        fail_msg("ptx_replay: %s", err);
+    if (r.map_calls != 1 || r.pages_mapped != 1)
+        fail_msg("%lld pages mapped in %lld runs, expected 1 page in 1 run", (long long)r.pages_mapped,
+                 (long long)r.map_calls);
+    assert_int_equal(reserved[0], 40 << 20);
+    assert_int_equal(r.peak_reserved, 40 << 20);
+    assert_int_equal(r.pages_unmapped, 0);
+    assert_int_equal(r.unmap_calls, 0);
+    assert_int_equal(r.segments, 1);
+    assert_int_equal(r.oom_event, -1);
+}
+
+/* The host running out of memory anywhere while the model seeds a recorded
+ * state or replays the window is an error ("out of memory", status -1), never
+ * a result: each of the model's allocations is made to fail in turn. The
+ * state: a range of 40 MiB at 1 GiB with a live block of 2 MiB at 2 MiB into
+ * it (so the seed splits free space off before and after it), and one of 20
+ * MiB 20 MiB past its end (split off the unmapped rest); the window is
+ * empty (the recording began after the last event), or frees the block and
+ * allocates 30 MiB. Once the failure comes after the last allocation, the
+ * replay succeeds with the figures of a run without failures. */
+static void test_out_of_host_memory_while_seeding_is_an_error(void **state)
+{
+    (void)state;
+    static const ptx_range_t range[] = {{1ull << 30, 40u << 20, 0, false},
+                                        {(1ull << 30) + (60u << 20), 20u << 20, 0, false}};
+    static const ptx_live_t live[] = {{(1ull << 30) + (2u << 20), 2u << 20, 0}};
+    static const hand_ev_t window[] = {{'a', 1, 2u << 20}, {'f', 1, 0}, {'a', 2, 30u << 20}};
+    for (size_t nev = 1; nev <= 3; nev += 2) {
+        ptx_result_t r;
+        int64_t reserved[3];
+        char err[256];
+        model_fail_at = -1;
+        model_callocs = 0;
+        if (seeded_replay(range, 2, live, 1, window, nev, &r, reserved, err, sizeof err))
+            fail_msg("%zu events: ptx_replay without failures: %s", nev, err);
+        long total = model_callocs;
+        assert_true(total >= 6); /* the pointers, a segment, its head, three splits */
+        assert_int_equal(r.peak_reserved, 60 << 20);
+        for (size_t i = 0; i < nev; i++) /* the recorded state's 60 MiB; freeing and 30 MiB map nothing more */
+            if (reserved[i] != 60 << 20)
+                fail_msg("%zu events: %lld MiB mapped after event %zu, expected 60", nev,
+                         (long long)(reserved[i] >> 20), i);
+        for (long k = 0; k <= total; k++) {
+            model_fail_at = k;
+            model_callocs = 0;
+            err[0] = 0;
+            ptx_result_t f;
+            int rc = seeded_replay(range, 2, live, 1, window, nev, &f, reserved, err, sizeof err);
+            if (k < total && (rc != -1 || strcmp(err, "out of memory") != 0))
+                fail_msg("%zu events, allocation %ld of %ld failing: status %d, \"%s\"; expected -1, \"out of "
+                         "memory\"",
+                         nev, k, total, rc, err);
+            if (k == total && (rc != 0 || f.peak_reserved != r.peak_reserved || f.map_calls != r.map_calls))
+                fail_msg("%zu events, no allocation failing: status %d, peak %lld, %lld runs; expected 0, %lld, %lld",
+                         nev, rc, (long long)f.peak_reserved, (long long)f.map_calls, (long long)r.peak_reserved,
+                         (long long)r.map_calls);
+        }
+    }
+    model_fail_at = -1;
 }
 
 /* ---- the command ------------------------------------------------------------------ */
@@ -214,6 +332,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pytorch_expandable_model_merges_freed_neighbours),
+        cmocka_unit_test(test_recorded_range_at_the_segment_start_grows_in_one_run),
+        cmocka_unit_test(test_out_of_host_memory_while_seeding_is_an_error),
         cmocka_unit_test(test_tally_row_prices_the_pages_it_maps),
         cmocka_unit_test(test_recorded_state_keeps_a_512_byte_remainder_free),
         cmocka_unit_test(test_split_candidates_are_quantiles_of_the_large_allocations),

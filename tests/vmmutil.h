@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "cudautil.h"
+#include "orphan.h" /* tu_die_with_parent */
 #include "backend/cuda/vmm.h"
 #include "tally.h"
 
@@ -53,9 +54,11 @@ static inline int run_child(const char *const *env, void (*body)(int fd), void *
     int fds[2];
     assert_int_equal(pipe(fds), 0);
     fflush(NULL);
+    pid_t parent = getpid();
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        tu_die_with_parent(parent);
         close(fds[0]);
         for (size_t i = 0; env[i]; i += 2)
             setenv(env[i], env[i + 1], 1);

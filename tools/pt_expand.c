@@ -400,9 +400,13 @@ int ptx_replay(const trace_t *t, const ptx_opts_t *o, const ptx_start_t *start, 
         if (reserved)
             reserved[i] = (int64_t)m.reserved;
     }
-    if (reserved && start)
+    if (reserved && start) {
+        /* The events the recorded state stands for: what was mapped after
+         * the first event of the window, or, with none, the state's own. */
+        int64_t first = start->skip < t->nev ? reserved[start->skip] : (int64_t)m.reserved;
         for (size_t i = 0; i < start->skip && i < t->nev; i++)
-            reserved[i] = reserved[start->skip < t->nev ? start->skip : 0];
+            reserved[i] = first;
+    }
     r->peak_reserved = (int64_t)m.peak;
     r->pages_mapped = m.pages;
     r->pages_unmapped = m.unpages;

@@ -291,6 +291,10 @@ class CliTest(unittest.TestCase):
         cases = [
             ('"active.all.allocated"', '"active.all.alocated"',
              'devices[0].stats: unknown key "active.all.alocated" (did you mean "active.all.allocated"?)'),
+            # two edits away is still a likely typing slip; three is not named
+            ('"active.all.allocated"', '"active.all.alocatd"',
+             'devices[0].stats: unknown key "active.all.alocatd" (did you mean "active.all.allocated"?)'),
+            ('"active.all.allocated"', '"active.all.alcatd"', 'devices[0].stats: unknown key "active.all.alcatd"'),
             ('"num_ooms": 0, ', "", 'devices[0].stats: key "num_ooms" is missing'),
             (f'"segment.all.allocated": {current},', f'"segment.all.allocated": {current + 1},',
              f'devices[0].stats: "segment.all.allocated" is {current + 1}, but small_pool + large_pool is {current}'),
