@@ -155,6 +155,30 @@ static void test_memory_fraction_caps_mapped_pages(void **state)
     assert_int_equal(tally_set_memory_fraction(1.0, 1), 0);
 }
 
+/* A stream's range is 1 1/8 of the device (as PyTorch's): a block placed
+ * past a hole whose pages moved away still finds addresses. In the 256 MiB
+ * device, 120 MiB then 4 MiB, the 120 MiB freed, then 150 MiB: it does not
+ * fit the hole, so it goes at 124 MiB and ends at 274 MiB, past the device's
+ * size but inside the range; its pages (154 MiB with the 4 MiB) fit. */
+static void test_block_past_a_moved_hole_finds_addresses_in_the_range(void **state)
+{
+    (void)state;
+    void *s = (void *)0x700;
+    void *a = tally_malloc(120 * MiB, 0, s), *b = tally_malloc(4 * MiB, 0, s);
+    assert_non_null(a);
+    assert_non_null(b);
+    EQ((uintptr_t)b, (uintptr_t)a + 120 * MiB);
+    tally_free(a);
+    void *c = tally_malloc(150 * MiB, 0, s);
+    assert_non_null(c);
+    EQ((uintptr_t)c, (uintptr_t)b + 4 * MiB);
+    assert_true(stats(0).reserved_bytes[0].current <= (int64_t)(256 * MiB));
+    CHECK_OK();
+    tally_free(b);
+    tally_free(c);
+    tally_empty_cache(0);
+}
+
 /* Reserved memory can fall below its high-water mark without empty_cache:
  * garbage collection (run for a small-pool request) gives back a whole free
  * region. Up to the mark, new pages are then mapped without taking the idle
@@ -779,6 +803,7 @@ int main(void)
             "expandable_grow_chunk_mb:2,leak_report:off");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_large_block_maps_only_its_pages, reset),
+        cmocka_unit_test_setup(test_block_past_a_moved_hole_finds_addresses_in_the_range, reset),
         cmocka_unit_test_setup(test_holes_are_reused_without_raising_the_peak, reset),
         cmocka_unit_test_setup(test_empty_cache_unmaps_idle_pages, reset),
         cmocka_unit_test_setup(test_streams_get_their_own_region, reset),

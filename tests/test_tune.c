@@ -953,17 +953,19 @@ static void test_least_memory_just_above_the_device_given(void **state)
 
 /* The least memory a row reports is a device it runs in: run again with
  * --capacity set to that figure, the row fits, without running out. The
- * trace (found by shrinking random ones) has a row that needs more than its
- * own peak: tally's expandable segments with idle pages that may move
- * (expandable_move_budget:-1) reserve 198 MiB at most, yet run out in a
- * device of 198 MiB (the 188 MiB block's pages need the room moving takes);
- * the search must not take the peak as the least without trying it. */
+ * trace has a row that needs more than its own peak: tally's expandable
+ * segments with idle pages that may move (expandable_move_budget:-1)
+ * reserve 102 MiB at most (the 60 MiB block's pages move to the 100 MiB
+ * one), but the 100 MiB block goes past the 60 MiB hole, at 62 MiB, and the
+ * stream's address range is 1 1/8 of the device: 102 MiB of memory hold the
+ * pages, and only a device of 144 MiB has the addresses. The search must
+ * not take the peak as the least without trying it. */
 static void test_least_memory_of_every_row_is_a_device_it_runs_in(void **state)
 {
     (void)state;
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/needs-more-than-its-peak.csv", scratch);
-    write_text(path, "op,id,size,stream\na,7,9071340,0\na,17,9209257,0\nf,7,0,0\na,18,197261323,0\n");
+    write_text(path, "op,id,size,stream\na,7,62914560,0\na,17,2097152,0\nf,7,0,0\na,18,104857600,0\n");
     run_t r = tune("--json '%s'", path);
     assert_int_equal(r.rc, 0);
     tally_json_t *rows = tally__json_parse(r.out, strlen(r.out), NULL, 0, NULL);

@@ -1,6 +1,8 @@
 /* Expandable segments (expandable_segments:true): the large pool of each
- * stream lives in one reserved address range the size of the device, and
- * physical memory is mapped into it in 2 MiB pages only where blocks are in
+ * stream lives in one reserved address range of 1 1/8 times the device's
+ * memory (as PyTorch's: room for a block placed past a hole whose pages
+ * moved away, so a device that holds the pages is never refused for want of
+ * addresses at the range's end), and physical memory is mapped into it in 2 MiB pages only where blocks are in
  * use. Blocks split and merge as usual, so holes merge across what would
  * have been segment boundaries; and a page that no live block touches is
  * "idle". When new pages would take reserved memory above its high-water
@@ -134,7 +136,7 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
             return 0;
     size_t free_b = 0, total = 0;
     tally__g.backend->mem_info(d->id, &free_b, &total);
-    size_t va = (total + PAGE - 1) / PAGE * PAGE;
+    size_t va = (total + total / 8 + PAGE - 1) / PAGE * PAGE;
     void *base = NULL;
     int rc = tally__g.backend->reserve(d->id, va, &base, why, whylen);
     if (rc)
