@@ -392,6 +392,35 @@ static void test_failure_releases_the_cache_then_retries(void **state)
     tally_set_sink(NULL, NULL);
 }
 
+/* With expandable segments (run in the child below): a map call that fails
+ * while idle pages are cached unmaps them, retries once and succeeds; the
+ * retry is counted, and no OOM. */
+static void test_expandable_map_failure_unmaps_idle_pages_then_retries(void **state)
+{
+    (void)state;
+    sink_reset();
+    void *p[8];
+    for (int i = 0; i < 8; i++)
+        assert_non_null(p[i] = tally_malloc(3 * MiB, 0, NULL));
+    for (int i = 0; i < 8; i++)
+        tally_free(p[i]);
+    tally_stats_t s0 = tu_stats(0);
+    assert_true(s0.reserved_bytes[0].current > 0); /* idle pages stay mapped */
+    assert_int_equal(tally_host_fail_alloc(1, 0), 0);
+    void *big = tally_malloc(100 * MiB, 0, NULL); /* more pages than are mapped */
+    assert_int_equal(tally_host_fail_alloc(0, 0), 0);
+    assert_non_null(big);
+    tally_stats_t s1 = tu_stats(0);
+    EQ(s1.num_alloc_retries - s0.num_alloc_retries, 1);
+    EQ(s1.num_ooms - s0.num_ooms, 0);
+    EQ(sink_state.lines, 0); /* a retry that succeeds is silent */
+    CHECK_OK();
+    tally_free(big);
+    memset(&M, 0, sizeof M);
+    expect_empty_devices("expandable: release then retry");
+    tally_set_sink(NULL, NULL);
+}
+
 /* The same workloads with expandable_segments:true (lib/cache/expand.c): the
  * large pool maps 2 MiB pages into one reserved range per stream, and the
  * injected failures hit those map calls. expandable_segments is read at
@@ -430,6 +459,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fail_every_nth_with_expandable_segments),
     };
     const struct CMUnitTest expandable_tests[] = {
+        cmocka_unit_test(test_expandable_map_failure_unmaps_idle_pages_then_retries),
         cmocka_unit_test(test_fail_every_nth_backend_call),
         cmocka_unit_test(test_injected_and_real_ooms_mixed),
     };

@@ -398,6 +398,24 @@ static void test_names_refused_without_memory_then_taken(void **state)
     in_fork(names_child);
 }
 
+/* A block of 4 KiB cached on stream s1 (allocated and freed), then device
+ * 0's pointer map filled with 512 B blocks on stream s2 (kept in fill, *n of
+ * them) up to its next growth: the next hand-out needs the map to grow.
+ * Returns the cached block's address. */
+static void *cache_then_fill_map(void *s1, void *s2, void **fill, size_t max, size_t *n)
+{
+    void *cached = tally_malloc(4096, 0, s1);
+    if (!cached)
+        _exit(2);
+    tally_free(cached);
+    tally_device_t *d = tally__g.dev[0];
+    *n = 0;
+    while ((d->map.count + 1) * 2 <= d->map.mask + 1 && *n < max)
+        if (!(fill[(*n)++] = tally_malloc(512, 0, s2)))
+            _exit(3);
+    return cached;
+}
+
 /* A cached small block whose hand-out needs the pointer map to grow, with
  * no memory for it: the allocation is refused with the pointer map named,
  * the block stays cached, and once memory is back the same block is handed
@@ -408,17 +426,10 @@ static void map_growth_child(void)
 {
     tu_conf(BASE);
     tally_set_sink(sink, NULL);
-    void *s1 = (void *)0x51, *s2 = (void *)0x52;
-    void *cached = tally_malloc(4096, 0, s1);
-    if (!cached)
-        _exit(2);
-    tally_free(cached);
-    tally_device_t *d = tally__g.dev[0];
+    void *s1 = (void *)0x51;
     static void *fill[4096];
-    size_t n = 0;
-    while ((d->map.count + 1) * 2 <= d->map.mask + 1 && n < 4096)
-        if (!(fill[n++] = tally_malloc(512, 0, s2)))
-            _exit(3);
+    size_t n;
+    void *cached = cache_then_fill_map(s1, (void *)0x52, fill, 4096, &n);
     tally__meta_fail(1, 0);
     void *p = tally_malloc(4096, 0, s1);
     tally__meta_fail(0, 0);
@@ -447,6 +458,49 @@ static void test_cached_block_refused_cleanly_when_the_pointer_map_cannot_grow(v
     in_fork(map_growth_child);
 }
 
+/* Through PyTorch's entry point, an allocation refused for want of host
+ * memory (metadata) is raised as an out-of-memory error, with PyTorch's
+ * wording, like one refused for want of device memory: code that catches
+ * torch.cuda.OutOfMemoryError (batch-size finders) sees both. */
+static int raised_oom = -1;
+static char raised_msg[1024];
+static void raiser(int oom, const char *message)
+{
+    raised_oom = oom;
+    snprintf(raised_msg, sizeof raised_msg, "%s", message);
+}
+
+/* The refusal whose message starts "out of host memory" (the pointer map
+ * cannot grow to take a cached block), through tally_torch_alloc. */
+static void torch_child(void)
+{
+    tu_conf(BASE);
+    tally_set_sink(discard, NULL);
+    tally_torch_set_oom_raiser(raiser);
+    void *s1 = (void *)0x61;
+    static void *fill[4096];
+    size_t n;
+    cache_then_fill_map(s1, (void *)0x62, fill, 4096, &n);
+    tally__meta_fail(1, 0);
+    void *p = tally_torch_alloc(4096, 0, s1);
+    tally__meta_fail(0, 0);
+    if (p || raised_oom != 1 ||
+        strcmp(raised_msg, "CUDA out of memory. Tried to allocate 4.00 KiB on device 0. tally: out of host memory for "
+                           "the pointer map (the holders by tag and stage were written to tally's diagnostics)")) {
+        fprintf(stderr, "a metadata failure gave %p, raised oom=%d: '%s'\n", p, raised_oom, raised_msg);
+        _exit(4);
+    }
+    for (size_t i = 0; i < n; i++)
+        tally_free(fill[i]);
+    _exit(tally_check() == 0 ? 0 : 5);
+}
+
+static void test_out_of_host_memory_through_pytorch_raises_an_oom(void **state)
+{
+    (void)state;
+    in_fork(torch_child);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -458,6 +512,7 @@ int main(void)
         cmocka_unit_test(test_out_of_metadata_inside_the_heap),
         cmocka_unit_test(test_names_refused_without_memory_then_taken),
         cmocka_unit_test(test_cached_block_refused_cleanly_when_the_pointer_map_cannot_grow),
+        cmocka_unit_test(test_out_of_host_memory_through_pytorch_raises_an_oom),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

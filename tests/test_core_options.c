@@ -141,6 +141,22 @@ static void test_divisions_list_of_255_characters_read_256_refused(void **state)
         fail_msg("a division list of 256 characters was not refused as too long (child status %d)", status);
 }
 
+/* max_split_size_mb with expandable segments: a stream's region is one
+ * free block far above any max_split_size, yet its pieces are never
+ * oversize (PyTorch's expandable segments split them as any other), so a
+ * request under the limit and one over it are both served from it. */
+static void test_max_split_size_leaves_expandable_blocks_alone_in_a_child(void **state)
+{
+    (void)state;
+    static const child_case_t cases[] = {
+        {3 * MiB, 3 * MiB},
+        {30 * MiB, 30 * MiB},
+        {21 * MiB + 1, 21 * MiB + 512},
+    };
+    child_rounding("backend:host,host_mode:virtual,host_capacity:8GiB,expandable_segments:true,max_split_size_mb:20",
+                   cases, sizeof cases / sizeof cases[0]);
+}
+
 /* host_capacity's units: KB, MB, GB, TB are powers of 1000; KiB, MiB, GiB,
  * TiB (and K, M, G, T) powers of 1024. Each child initialises with one value
  * and reports the device total the backend gives. */
@@ -575,6 +591,7 @@ int main(void)
         cmocka_unit_test(test_divisions_single_number_in_a_child),
         cmocka_unit_test(test_divisions_list_of_255_characters_read_256_refused), /* first: fork before init */
         cmocka_unit_test(test_host_capacity_units_in_children), /* also before init */
+        cmocka_unit_test(test_max_split_size_leaves_expandable_blocks_alone_in_a_child), /* before init */
         cmocka_unit_test(test_divisions_list_first_entry_covers_smaller_sizes),
         cmocka_unit_test_setup(test_divisions_list_rounds_per_interval, setup_clean),
         cmocka_unit_test_setup(test_write_options_shows_the_effective_config, setup_clean),

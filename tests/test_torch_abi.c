@@ -203,14 +203,19 @@ static void test_free_trusts_the_record(void **state)
     void *a = t.alloc(3000, 0, NULL);
     void *b = t.alloc(5000, 0, NULL);
     void *c = t.alloc(7000, 0, NULL);
+    void *e = t.alloc(9000, 0, NULL), *f = t.alloc(11000, 0, NULL);
     assert_non_null(a);
     assert_non_null(b);
     assert_non_null(c);
+    assert_non_null(e);
+    assert_non_null(f);
 
     capture_start();
     t.free(a, 3001, 1, NULL); /* wrong size, wrong device */
     t.free(b, 1, 1, NULL);    /* wrong again: not reported a second time */
     t.free(c, 7000, 0, NULL); /* right */
+    t.free(e, 9000, 7, NULL); /* a device past the last: looked for on every device */
+    t.free(f, 11000, -3, NULL);
     capture_stop();
 
     assert_int_equal(count_of(captured, "PyTorch passed 3001 bytes"), 1);
