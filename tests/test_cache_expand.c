@@ -155,6 +155,37 @@ static void test_memory_fraction_caps_mapped_pages(void **state)
     assert_int_equal(tally_set_memory_fraction(1.0, 1), 0);
 }
 
+/* When the best fit would need new pages, a slightly larger free block whose
+ * pages are all mapped is taken instead (no map call). A 4 MiB, B 2 MiB, C
+ * 3 MiB, D 2 MiB; C freed and empty_cache unmaps its one whole page; A freed
+ * (its pages stay mapped): a 3 MiB request fits C's hole best but would map
+ * a page, so it takes A's. */
+static void test_mapped_larger_block_preferred_to_a_best_fit_needing_pages(void **state)
+{
+    (void)state;
+    void *s = (void *)0x800;
+    void *a = tally_malloc(4 * MiB, 0, s), *b = tally_malloc(2 * MiB, 0, s);
+    void *c = tally_malloc(3 * MiB, 0, s), *d = tally_malloc(2 * MiB, 0, s);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(c);
+    assert_non_null(d);
+    EQ((uintptr_t)c, (uintptr_t)a + 6 * MiB);
+    tally_free(c);
+    tally_empty_cache(0);
+    tally_free(a);
+    tally_stats_t before = stats(0);
+    void *q = tally_malloc(3 * MiB, 0, s);
+    assert_ptr_equal(q, a);
+    EQ(stats(0).num_device_alloc, before.num_device_alloc); /* no map call */
+    EQ(stats(0).reserved_bytes[0].current, before.reserved_bytes[0].current);
+    CHECK_OK();
+    tally_free(q);
+    tally_free(b);
+    tally_free(d);
+    tally_empty_cache(0);
+}
+
 /* A stream's range is 1 1/8 of the device (as PyTorch's): a block placed
  * past a hole whose pages moved away still finds addresses. In the 256 MiB
  * device, 120 MiB then 4 MiB, the 120 MiB freed, then 150 MiB: it does not
@@ -804,6 +835,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_large_block_maps_only_its_pages, reset),
         cmocka_unit_test_setup(test_block_past_a_moved_hole_finds_addresses_in_the_range, reset),
+        cmocka_unit_test_setup(test_mapped_larger_block_preferred_to_a_best_fit_needing_pages, reset),
         cmocka_unit_test_setup(test_holes_are_reused_without_raising_the_peak, reset),
         cmocka_unit_test_setup(test_empty_cache_unmaps_idle_pages, reset),
         cmocka_unit_test_setup(test_streams_get_their_own_region, reset),
