@@ -135,7 +135,10 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
         if (s->ex && s->stream == stream)
             return 0;
     size_t free_b = 0, total = 0;
-    tally__g.backend->mem_info(d->id, &free_b, &total);
+    if (tally__g.backend->mem_info(d->id, &free_b, &total) || total == 0) {
+        snprintf(why, whylen, "cannot read the memory of device %d for an expandable segment", d->id);
+        return TALLY_EBACKEND;
+    }
     size_t va = (total + total / 8 + PAGE - 1) / PAGE * PAGE;
     void *base = NULL;
     int rc = tally__g.backend->reserve(d->id, va, &base, why, whylen);
