@@ -396,6 +396,24 @@ static void test_check_names_a_wrong_pointer_map_count(void **state)
     CHECK_OK();
 }
 
+/* The map's capacity is a power of two (its probes wrap with the mask) and
+ * the map at most half full. */
+static void test_check_names_a_pointer_map_of_the_wrong_shape(void **state)
+{
+    (void)state;
+    tally_device_t *d = dev();
+    size_t mask = d->map.mask, count = d->map.count;
+    d->map.mask = mask - 1;
+    EXPECT_FAIL("is not a power of two");
+    d->map.mask = mask;
+    d->map.count = (mask + 1) / 2 + 1;
+    EXPECT_FAIL("more than half full");
+    d->map.count = (mask + 1) / 2; /* half full passes this check (the recount then differs) */
+    EXPECT_FAIL("pointer map holds");
+    d->map.count = count;
+    CHECK_OK();
+}
+
 /* A block freed while its use on a held stream is outstanding: pending,
  * with one event queued. */
 static void *make_pending(void)
@@ -855,6 +873,7 @@ int main(void)
         T(test_check_names_a_broken_large_pool),
         T(test_check_names_a_broken_graph_pool),
         T(test_check_names_a_broken_private_pool),
+        T(test_check_names_a_pointer_map_of_the_wrong_shape),
         T(test_check_names_a_wrong_pointer_map_count),
         T(test_check_names_a_pending_block_without_events),
         T(test_check_names_an_event_for_a_block_not_pending),

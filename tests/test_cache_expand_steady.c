@@ -8,6 +8,8 @@
  * when present. Each case runs in a child (vmmutil.h). */
 #include "vmmutil.h"
 
+#include "cache/cache.h"
+
 #include <dlfcn.h>
 #include <sys/stat.h>
 
@@ -397,6 +399,38 @@ static void test_random_workload_without_moves_keeps_invariants(void **state)
     expect_child_ok(env, body_random);
 }
 
+/* The step detector (lib/cache/expand_move.c) fed directly: a job of 40
+ * allocations a step (each size and live figure its own). Its period is
+ * found once the first 8 sizes come round again, but the job counts as
+ * steady only after a whole step has held; a change ends it. */
+static void body_detector(int fd)
+{
+    (void)fd;
+    NEED(tally_configure("backend:host,host_mode:virtual,expandable_segments:true,leak_report:off") == 0);
+    NEED(tally_init() == 0);
+    tally_device_t *d = tally__g.dev[0];
+    enum { P = 40 };
+    uint64_t n = 0;
+    for (int step = 0; step < 4; step++)
+        for (int k = 0; k < P; k++, n++) {
+            tally__expand_note_alloc_locked(d, (size_t)(k + 1) << 20, (uint64_t)k * 4096);
+            if (n == P + 8) /* the period was found at the 8th repeat */
+                NEED(!tally__expand_steady(d));
+        }
+    NEED(tally__expand_steady(d));
+    NEED(tally__expand_period(d) == P);
+    tally__expand_note_alloc_locked(d, 999 << 20, 0); /* off the step */
+    NEED(!tally__expand_steady(d));
+    NEED(tally__expand_period(d) == 0);
+}
+
+static void test_step_detector_steady_after_a_whole_step(void **state)
+{
+    (void)state;
+    const char *const env[] = {"TALLY_CONF", "", NULL};
+    expect_child_ok(env, body_detector);
+}
+
 /* The key: runtime, shown by tally_write_options, -1 to 2^30 only. */
 static char options_text[16384];
 static size_t options_len;
@@ -443,6 +477,7 @@ int main(void)
         cmocka_unit_test(test_budget_pays_for_moves_up_to_its_cost),
         cmocka_unit_test(test_random_workload_without_moves_keeps_invariants),
         cmocka_unit_test(test_move_budget_key),
+        cmocka_unit_test(test_step_detector_steady_after_a_whole_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

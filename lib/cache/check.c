@@ -79,6 +79,12 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
     int64_t graph_free = 0; /* free blocks of graph pools' segments */
     uint64_t msplit = tally__opt.max_split_size;
     size_t nseg = 0;
+    /* The pointer map's probing wraps with its mask: a power of two, at
+     * most half full (ptrmap.c). */
+    if ((d->map.mask + 1) & d->map.mask)
+        FAIL("pointer map capacity %zu is not a power of two", d->map.mask + 1);
+    if (d->map.count * 2 > d->map.mask + 1)
+        FAIL("pointer map holds %zu entries in %zu slots: more than half full", d->map.count, d->map.mask + 1);
     for (tally_segment_t *s = d->segments; s; s = s->next) {
         nseg++;
         recount_t *r = &rc[s->pool];
