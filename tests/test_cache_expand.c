@@ -186,6 +186,33 @@ static void test_mapped_larger_block_preferred_to_a_best_fit_needing_pages(void 
     tally_empty_cache(0);
 }
 
+/* Among holes whose pages are all mapped, the best fit is the smallest that
+ * fits: A 4 MiB, B 2 MiB, C 6 MiB, D 2 MiB, A and C freed (their pages stay
+ * mapped): a 3 MiB request takes A's hole, not C's. */
+static void test_best_fit_among_mapped_holes_is_the_smallest(void **state)
+{
+    (void)state;
+    void *s = (void *)0x900;
+    void *a = tally_malloc(4 * MiB, 0, s), *b = tally_malloc(2 * MiB, 0, s);
+    void *c = tally_malloc(6 * MiB, 0, s), *d = tally_malloc(2 * MiB, 0, s);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(c);
+    assert_non_null(d);
+    tally_free(a);
+    tally_free(c);
+    void *q = tally_malloc(3 * MiB, 0, s);
+    assert_ptr_equal(q, a);
+    void *r = tally_malloc(5 * MiB, 0, s); /* C's hole is next */
+    assert_ptr_equal(r, c);
+    CHECK_OK();
+    tally_free(q);
+    tally_free(r);
+    tally_free(b);
+    tally_free(d);
+    tally_empty_cache(0);
+}
+
 /* A stream's range is 1 1/8 of the device (as PyTorch's): a block placed
  * past a hole whose pages moved away still finds addresses. In the 256 MiB
  * device, 120 MiB then 4 MiB, the 120 MiB freed, then 150 MiB: it does not
@@ -836,6 +863,7 @@ int main(void)
         cmocka_unit_test_setup(test_large_block_maps_only_its_pages, reset),
         cmocka_unit_test_setup(test_block_past_a_moved_hole_finds_addresses_in_the_range, reset),
         cmocka_unit_test_setup(test_mapped_larger_block_preferred_to_a_best_fit_needing_pages, reset),
+        cmocka_unit_test_setup(test_best_fit_among_mapped_holes_is_the_smallest, reset),
         cmocka_unit_test_setup(test_holes_are_reused_without_raising_the_peak, reset),
         cmocka_unit_test_setup(test_empty_cache_unmaps_idle_pages, reset),
         cmocka_unit_test_setup(test_streams_get_their_own_region, reset),

@@ -501,6 +501,58 @@ static void test_out_of_host_memory_through_pytorch_raises_an_oom(void **state)
     in_fork(torch_child);
 }
 
+/* A private tag's segment (reserved and mapped whole) whose block record
+ * cannot be had goes back at once: unmapped, unreserved, nothing counted.
+ * The spare block records are dropped first so that the record is
+ * allocated; from each metadata allocation of the attempt in turn, every
+ * one fails. The
+ * tag's small pool keeps its cached segment (private pools are not emptied
+ * by empty_cache), so the requests are large ones. */
+static void private_segment_child(void)
+{
+    tu_conf("backend:host,host_capacity:1GiB,host_mode:virtual,leak_report:off,private_tags:seg-priv");
+    tally_set_sink(discard, NULL);
+    if (tally_tag_push("seg-priv") != 0)
+        _exit(2);
+    void *warm = tally_malloc(4096, 0, NULL); /* the tag's pool exists from here */
+    if (!warm)
+        _exit(2);
+    tally_free(warm);
+    tally_empty_cache(0);
+    tally_device_t *d = tally__g.dev[0];
+    int failures = 0;
+    for (uint64_t nth = 1; nth < 64; nth++) {
+        d->spare_blocks = NULL; /* the next block record needs metadata */
+        tally__meta_fail(nth, 1); /* from the nth on: the retry after release fails too */
+        void *p = tally_malloc(30 << 20, 0, NULL); /* a new segment of the tag's large pool */
+        tally__meta_fail(0, 0);
+        if (p) {
+            tally_free(p);
+            break;
+        }
+        failures++;
+        tally_stats_t st;
+        size_t free_b = 0, total = 0;
+        if (tally_check() != 0 || tally_get_stats(0, &st) != 0 || st.reserved_bytes[0].current != 0 ||
+            st.segment[0].current != 0 || tally_mem_get_info(0, &free_b, &total) != 0 || free_b != total) {
+            fprintf(stderr, "failure %llu left state behind: %s\n", (unsigned long long)nth, tally_last_error());
+            _exit(3);
+        }
+    }
+    tally_empty_cache(0);
+    if (failures < 2 || tally_check() != 0) {
+        fprintf(stderr, "%d failures before the allocation went through: %s\n", failures, tally_last_error());
+        _exit(4);
+    }
+    _exit(0);
+}
+
+static void test_private_segment_whose_record_cannot_be_had_goes_back(void **state)
+{
+    (void)state;
+    in_fork(private_segment_child);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -513,6 +565,7 @@ int main(void)
         cmocka_unit_test(test_names_refused_without_memory_then_taken),
         cmocka_unit_test(test_cached_block_refused_cleanly_when_the_pointer_map_cannot_grow),
         cmocka_unit_test(test_out_of_host_memory_through_pytorch_raises_an_oom),
+        cmocka_unit_test(test_private_segment_whose_record_cannot_be_had_goes_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
