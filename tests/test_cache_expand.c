@@ -213,6 +213,44 @@ static void test_best_fit_among_mapped_holes_is_the_smallest(void **state)
     tally_empty_cache(0);
 }
 
+static char held_text[1024];
+static void held_sink(void *arg, const char *text, size_t len)
+{
+    (void)arg;
+    size_t have = strlen(held_text);
+    if (have + len < sizeof held_text) {
+        memcpy(held_text + have, text, len);
+        held_text[have + len] = 0;
+    }
+}
+
+/* empty_cache while a capture is announced unmaps nothing (an unmap would
+ * synchronise the capturing stream), returns 0 and says nothing; the next
+ * empty_cache after the capture gives the idle pages back. */
+static void test_empty_cache_during_a_capture_keeps_idle_pages_mapped(void **state)
+{
+    (void)state;
+    void *s = (void *)0xa00, *p[3];
+    for (int i = 0; i < 3; i++)
+        assert_non_null(p[i] = tally_malloc(2 * MiB, 0, s));
+    for (int i = 0; i < 3; i++)
+        tally_free(p[i]);
+    int64_t mapped = stats(0).reserved_bytes[0].current;
+    assert_true(mapped >= (int64_t)(6 * MiB));
+    held_text[0] = 0;
+    tally_set_sink(held_sink, NULL);
+    assert_int_equal(tally_graph_pool_begin(0, 0, 77, NULL, NULL), 0);
+    EQ(tally_empty_cache(0), 0);
+    EQ(stats(0).reserved_bytes[0].current, mapped);
+    assert_int_equal(tally_graph_pool_end(0, 0, 77), 0);
+    tally_set_sink(NULL, NULL);
+    assert_string_equal(held_text, "");
+    assert_int_equal(tally_graph_pool_release(0, 0, 77), 0);
+    EQ(tally_empty_cache(0), (size_t)mapped);
+    EQ(stats(0).reserved_bytes[0].current, 0);
+    CHECK_OK();
+}
+
 /* A stream's range is 1 1/8 of the device (as PyTorch's): a block placed
  * past a hole whose pages moved away still finds addresses. In the 256 MiB
  * device, 120 MiB then 4 MiB, the 120 MiB freed, then 150 MiB: it does not
@@ -864,6 +902,7 @@ int main(void)
         cmocka_unit_test_setup(test_block_past_a_moved_hole_finds_addresses_in_the_range, reset),
         cmocka_unit_test_setup(test_mapped_larger_block_preferred_to_a_best_fit_needing_pages, reset),
         cmocka_unit_test_setup(test_best_fit_among_mapped_holes_is_the_smallest, reset),
+        cmocka_unit_test_setup(test_empty_cache_during_a_capture_keeps_idle_pages_mapped, reset),
         cmocka_unit_test_setup(test_holes_are_reused_without_raising_the_peak, reset),
         cmocka_unit_test_setup(test_empty_cache_unmaps_idle_pages, reset),
         cmocka_unit_test_setup(test_streams_get_their_own_region, reset),

@@ -425,16 +425,11 @@ void tally__expand_unref_locked(tally_block_t *b)
  * capture is under way (the next release after it does). */
 size_t tally__expand_trim_locked(tally_device_t *d)
 {
-    if (tally__expand_unmap_held_locked(d)) {
-        size_t held = 0;
-        for (const tally_segment_t *s = d->segments; s; s = s->next)
-            held += s->ex ? s->ex->spare : 0;
-        if (held)
-            tally__diag("device %d: %zu idle pages (%zu MiB) stay mapped while a CUDA graph is captured; "
-                        "the next empty_cache after the capture gives them back",
-                        d->id, held, held * (PAGE >> 20));
+    /* tally__cache_release_all_locked, its only caller, releases nothing
+     * during a capture and never gets here then; this keeps any other
+     * caller from unmapping under a capture. */
+    if (tally__expand_unmap_held_locked(d))
         return 0;
-    }
     size_t bytes = tally__expand_unmap_idle_locked(d, SIZE_MAX, NULL, 0, 0) * PAGE;
     /* An explicit release also resets the mark idle pages are kept under. */
     high_water[d->id] = d->reserved;
