@@ -7,7 +7,20 @@
  * CSV converted from it and against reference.json. */
 /* The readers under test first: cmocka.h defines a macro named fail. */
 #include "../tools/pickle.c"
+/* tune_input.c's callocs can be made to fail: the one numbered input_fail_at
+ * (0: the first; -1: none) returns NULL, as when the host is out of memory;
+ * input_callocs counts them. */
+#include <stdlib.h>
+static long input_fail_at = -1, input_callocs;
+static void *input_calloc(size_t n, size_t size)
+{
+    if (input_callocs++ == input_fail_at)
+        return NULL;
+    return calloc(n, size);
+}
+#define calloc input_calloc
 #include "../tools/tune_input.c"
+#undef calloc
 #include "../bench/trace.c"
 /* pt_expand.c has static helpers of the same names as pickle.c's. */
 #define grow ptx_test_grow
@@ -382,6 +395,41 @@ static void test_snapshot_rules(void **state)
 }
 
 /* The table of `tally tune FIXTURE` (status 0) holds both texts. */
+
+/* A snapshot read while the host is out of memory, failing at each of
+ * tune_input.c's allocations in turn (the cross-stream bookkeeping's five
+ * tables, the live blocks of the recorded state): the read fails with "out of
+ * memory", never a crash, and reads as before once memory is back. */
+static void test_snapshot_read_out_of_host_memory_is_an_error(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32], err[512];
+    snprintf(path, sizeof path, "%s/small.pickle", fixtures);
+    tune_input_t in;
+    input_callocs = 0;
+    if (tune_input_load(path, -1, &in, err, sizeof err))
+        fail_msg("%s", err);
+    tune_input_free(&in);
+    long total = input_callocs;
+    assert_int_equal(total, 6);
+    for (long k = 0; k < total; k++) {
+        input_fail_at = k;
+        input_callocs = 0;
+        err[0] = 0;
+        int rc = tune_input_load(path, -1, &in, err, sizeof err);
+        input_fail_at = -1;
+        if (rc == 0)
+            fail_msg("allocation %ld of %ld failed, yet the snapshot was read", k, total);
+        if (!strstr(err, "out of memory"))
+            fail_msg("allocation %ld of %ld failed: '%s'", k, total, err);
+        tune_input_free(&in);
+    }
+    input_callocs = 0;
+    if (tune_input_load(path, -1, &in, err, sizeof err))
+        fail_msg("%s", err);
+    assert_int_equal(in.trace.nev, 7);
+    tune_input_free(&in);
+}
 static void expect_table(const char *fixture, const char *want1, const char *want2)
 {
     run_t r = tune("'%s/%s'", fixtures, fixture);
@@ -1501,6 +1549,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pickle_stack_opcodes),
         cmocka_unit_test(test_pytorch_expandable_model_counts_pages),
         cmocka_unit_test(test_snapshot_rules),
+        cmocka_unit_test(test_snapshot_read_out_of_host_memory_is_an_error),
         cmocka_unit_test(test_snapshot_command),
         cmocka_unit_test(test_rows_give_peak_reserved),
         cmocka_unit_test(test_snapshot_recorded_setting),
