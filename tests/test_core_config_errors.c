@@ -244,6 +244,32 @@ static void test_printed_configuration_is_what_was_configured(void **state)
     free(text);
 }
 
+/* A configuration of exactly 4096 characters is read to its last item (4096
+ * blanks and commas before it, padding the string to the limit), one of 4097
+ * is refused and changes nothing. */
+static void test_configuration_of_4096_characters_read_4097_refused(void **state)
+{
+    (void)state;
+    static const char item[] = "max_split_size_mb:64";
+    static char conf[4098];
+    size_t pad = 4096 - (sizeof item - 1);
+    for (size_t i = 0; i < pad; i++)
+        conf[i] = i % 2 ? ' ' : ',';
+    memcpy(conf + pad, item, sizeof item);
+    assert_int_equal(strlen(conf), 4096);
+    tally_options_t o;
+    tally__options_default(&o);
+    EQ(tally__options_parse(&o, conf, false, NULL), 0);
+    EQ(o.max_split_size, 64ull << 20);
+    memmove(conf + 1, conf, 4097);
+    conf[0] = ' ';
+    assert_int_equal(strlen(conf), 4097);
+    tally_options_t again;
+    tally__options_default(&again);
+    EQ(tally__options_parse(&again, conf, false, NULL), -TALLY_ECONF);
+    EQ(again.max_split_size, UINT64_MAX);
+}
+
 /* Sizes print in the largest binary unit that divides them, up to TiB: a
  * PiB prints as 1024TiB (there is no larger unit to write), and a size no
  * unit divides prints in bytes. */
@@ -290,6 +316,7 @@ int main(void)
         cmocka_unit_test(test_report_path_refuses_unknown_escapes),
         cmocka_unit_test(test_printed_configuration_is_what_was_configured),
         cmocka_unit_test(test_printed_sizes_stop_at_tib),
+        cmocka_unit_test(test_configuration_of_4096_characters_read_4097_refused),
     };
     return cmocka_run_group_tests_name("config errors", tests, NULL, NULL);
 }
