@@ -107,6 +107,38 @@ static void test_ledger_rows_tied_but_for_device_go_by_device(void **state)
     run_free(&r);
 }
 
+/* The ledger table's tag and stage columns are as wide as the longest tag
+ * and stage of any row (at least 20), wherever that row is in the report: a
+ * report written by hand (no devices listed) whose third row has a tag of
+ * 30 characters and a stage of 24. */
+static void test_ledger_columns_fit_the_longest_tag_and_stage(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/wide_rows.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    static const char row[] = "{\"tag\":\"%s\",\"stage\":\"%s\",\"device\":0,\"foreign\":false,\"current_bytes\":%d,"
+                              "\"peak_bytes\":%d,\"live_blocks\":1}%s\n";
+    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
+          "\"devices\":[],\"ledger\":[\n",
+          f);
+    fprintf(f, row, "a", "s", 3145728, 3145728, ",");
+    fprintf(f, row, "b", "s", 2097152, 2097152, ",");
+    fprintf(f, row, "a-tag-of-thirty-characters-xyz", "a-stage-of-24-characters", 1048576, 1048576, "");
+    fputs("],\"stages\":[],\"leaks\":[]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("ledger '%s'", path);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "device tag                            stage                         current         peak     blocks\n"
+               "0      a                              s                             3.0 MiB      3.0 MiB          1\n"
+               "0      b                              s                             2.0 MiB      2.0 MiB          1\n"
+               "0      a-tag-of-thirty-characters-xyz a-stage-of-24-characters      1.0 MiB      1.0 MiB          1\n"
+               "\n");
+    expect_text(r.err, "");
+    run_free(&r);
+}
+
 /* Merge's totals by stage and by tag: the most current bytes first, then
  * the highest peak, then by name, whatever order the rows came in. */
 static void test_merge_totals_in_order_of_bytes_then_name(void **state)
@@ -446,6 +478,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ledger_one_live_block_is_singular),
         cmocka_unit_test(test_ledger_rejects_stats),
         cmocka_unit_test(test_ledger_rows_tied_but_for_device_go_by_device),
+        cmocka_unit_test(test_ledger_columns_fit_the_longest_tag_and_stage),
 
         cmocka_unit_test(test_merge_totals_in_order_of_bytes_then_name),
         cmocka_unit_test(test_merge_four_ranks),
