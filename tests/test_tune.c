@@ -999,6 +999,35 @@ static void test_least_memory_just_above_the_device_given(void **state)
     tally__json_free(rows);
 }
 
+/* A row that runs out in the device given and in twice that says it ran
+ * out in the larger of the two, the largest capacity found too small: one
+ * allocation of 30 MiB + 1000 B (segments of 32 MiB) with --capacity of
+ * 15.75 MiB runs out there and in 31.5 MiB (above its 30 MiB + 1000 B of
+ * live bytes, so replayed), fits in 63 MiB; the search finds 32 MiB, with
+ * no capacity it tries between 31.5 and 32 MiB (2 MiB steps). */
+static void test_least_memory_runs_out_in_the_largest_capacity_tried(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/one-block.csv", scratch);
+    write_text(path, "op,id,size,stream\na,1,31458280,0\n");
+    run_t r = tune("--json --capacity 16515072 '%s'", path);
+    assert_int_equal(r.rc, 1); /* nothing fits 15.75 MiB */
+    tally_json_t *rows = tally__json_parse(r.out, strlen(r.out), NULL, 0, NULL);
+    assert_non_null(rows);
+    run_free(&r);
+    const tally_json_t *def = &rows->items[0];
+    assert_string_equal(tally__json_get(def, "setting")->s, "");
+    assert_int_equal(jint(def, "oom_event"), 0);
+    assert_int_equal(jint(def, "min_device_bytes"), 32 * MiB);
+    const tally_json_t *out = tally__json_get(def, "runs_out");
+    assert_non_null(out);
+    assert_int_equal(jint(out, "capacity_bytes"), 33030144);
+    assert_int_equal(jint(out, "event"), 0);
+    assert_int_equal(jint(out, "size"), 31458280);
+    tally__json_free(rows);
+}
+
 /* The least memory a row reports is a device it runs in: run again with
  * --capacity set to that figure, the row fits, without running out. The
  * trace (found by shrinking random ones) has a row that needs more than its
@@ -1566,6 +1595,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_multistream_trace),
         cmocka_unit_test(test_least_memory),
         cmocka_unit_test(test_least_memory_just_above_the_device_given),
+        cmocka_unit_test(test_least_memory_runs_out_in_the_largest_capacity_tried),
         cmocka_unit_test(test_least_memory_of_every_row_is_a_device_it_runs_in),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_max_calls),
