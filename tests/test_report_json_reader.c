@@ -312,6 +312,19 @@ static void test_json_object_separator_error_names_the_byte_found(void **state)
     JSON_ERR("{\"a\":\"s\"]", 8, "byte 8: expected ',' or '}' in an object, found ']'");
 }
 
+/* An unexpected byte is quoted when printable ASCII, from ' ' to '~', and
+ * written in hex otherwise (below ' ', DEL and above). */
+static void test_json_error_quotes_printable_bytes_and_hex_for_others(void **state)
+{
+    (void)state;
+    JSON_ERR(" ~", 1, "byte 1: unexpected '~' (expected a value)");
+    JSON_ERR("[1 ~]", 3, "byte 3: expected ',' or ']' in an array, found '~'");
+    JSON_ERR("\x7f", 0, "byte 0: unexpected 0x7f (expected a value)");
+    JSON_ERR("\x1f", 0, "byte 0: unexpected 0x1f (expected a value)");
+    JSON_ERR("\x80", 0, "byte 0: unexpected 0x80 (expected a value)");
+    JSON_ERR("{\"a\" !}", 5, "byte 5: expected ':' after the key \"a\", found '!'");
+}
+
 /* tally__json_int of a member that is not there (tally__json_get's NULL) is
  * "not a number", so callers may pass a lookup straight in. */
 static void test_json_int_of_a_missing_member_is_not_a_number(void **state)
@@ -404,6 +417,7 @@ int main(void)
         cmocka_unit_test(test_json_errors),
         cmocka_unit_test(test_json_object_separator_error_names_the_byte_found),
         cmocka_unit_test(test_json_int_of_a_missing_member_is_not_a_number),
+        cmocka_unit_test(test_json_error_quotes_printable_bytes_and_hex_for_others),
         cmocka_unit_test(test_json_depth_limit),
         cmocka_unit_test(test_json_mangled_input),
     };
