@@ -338,6 +338,20 @@ static void test_pickle_refuses_bad_input(void **state)
     expect_pickle_error(unknown, sizeof unknown, "opcode 0xff is not one plain-data pickles of protocol 2 to 5 use");
 }
 
+/* A memo slot below the highest stored one that was itself never stored
+ * (BINPUT 2, then BINGET 1) is refused as never stored, like one past the end. */
+static void test_pickle_memo_slot_in_a_gap_was_never_stored(void **state)
+{
+    (void)state;
+    static const unsigned char memo_gap[] = {0x80, 0x04, 'N', 'q', 2, '0', 'h', 1, '.'};
+    expect_pickle_error(memo_gap, sizeof memo_gap, "memo index 1 was never stored");
+    static const unsigned char stored[] = {0x80, 0x04, 'N', 'q', 2, '0', 'h', 2, '.'};
+    pk_doc_t doc;
+    parse_inline(stored, sizeof stored, &doc);
+    assert_int_equal(doc.root->type, PK_NONE);
+    pk_free(&doc);
+}
+
 /* ---- the snapshot rules ---------------------------------------------------------- */
 
 /* tests/fixtures/tune/small.pickle (made with Python's pickle from a dict):
@@ -1574,6 +1588,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pickle_plain_data),
         cmocka_unit_test(test_pickle_refuses_bad_input),
+        cmocka_unit_test(test_pickle_memo_slot_in_a_gap_was_never_stored),
         cmocka_unit_test(test_pickle_dict_from_marked_items),
         cmocka_unit_test(test_pickle_stack_opcodes),
         cmocka_unit_test(test_pytorch_expandable_model_counts_pages),
