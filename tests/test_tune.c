@@ -534,6 +534,40 @@ static void test_snapshot_unsupported_setting(void **state)
                  "tally: expandable_segments:True");
 }
 
+/* The same in --json: the row of the setting tally cannot run has an
+ * "error" (and is the only one: a row that ran has none), and since the
+ * replay of the recorded setting from the recorded state failed, no row
+ * gives that replay's peak; each gives the recorded peak (24 MiB). */
+static void test_snapshot_unsupported_setting_json_errors_only_where_a_row_failed(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/small_unsupported.pickle", fixtures);
+    run_t r = tune("--json '%s'", path);
+    assert_int_equal(r.rc, 0);
+    tally_json_t *rows = tally__json_parse(r.out, strlen(r.out), NULL, 0, NULL);
+    assert_non_null(rows);
+    run_free(&r);
+    assert_int_equal(rows->type, TALLY_JSON_ARRAY);
+    assert_true(rows->len > 10);
+    size_t errors = 0;
+    for (size_t k = 0; k < rows->len; k++) {
+        const tally_json_t *row = &rows->items[k];
+        const char *setting = tally__json_get(row, "setting")->s;
+        const tally_json_t *e = tally__json_get(row, "error");
+        if (e) {
+            errors++;
+            assert_string_equal(setting, "pinned_use_cuda_host_register:True");
+            assert_non_null(strstr(e->s, "is not supported by tally"));
+        }
+        if (tally__json_get(row, "recorded_replay_peak_reserved_bytes"))
+            fail_msg("row '%s' gives the peak of a replay that failed", setting);
+        assert_int_equal(jint(row, "recorded_peak_reserved_bytes"), 24 * MiB);
+    }
+    assert_int_equal(errors, 1);
+    tally__json_free(rows);
+}
+
 /* --plot draws the default and the recommendation, named in the legend. */
 /* A step of 1, 2 or 5 times a power of ten. */
 static bool round_step(double step)
@@ -1598,6 +1632,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_rows_give_peak_reserved),
         cmocka_unit_test(test_snapshot_recorded_setting),
         cmocka_unit_test(test_snapshot_unsupported_setting),
+        cmocka_unit_test(test_snapshot_unsupported_setting_json_errors_only_where_a_row_failed),
         cmocka_unit_test(test_plot),
         cmocka_unit_test(test_two_recommendations),
         cmocka_unit_test(test_torch_version),
