@@ -199,6 +199,35 @@ static void test_several_tags_in_one_call(void **state)
     LU_CHECK_OK();
 }
 
+/* TALLY_SLEEP_SYNC_DEVICE waits for each whole device once per tag, and the
+ * statistics say so: num_sync_all_streams grows by one on every device the
+ * tag sleeps on (it sleeps on all, holding memory there or not), and by
+ * nothing without the flag; a sleep maps nothing, so num_device_alloc stays. */
+static void test_sleep_sync_device_counts_one_device_sync_per_device(void **state)
+{
+    (void)state;
+    void *k = tagged("kv", 10 * MB, 0);
+    tally_stats_t a0 = lu_stats(0), a1 = lu_stats(1);
+    LU_OK(tally_sleep(KV, 1, TALLY_SLEEP_SYNC_DEVICE));
+    tally_stats_t b0 = lu_stats(0), b1 = lu_stats(1);
+    LU_EQ(b0.num_sync_all_streams - a0.num_sync_all_streams, 1);
+    LU_EQ(b1.num_sync_all_streams - a1.num_sync_all_streams, 1);
+    LU_EQ(b0.num_device_alloc - a0.num_device_alloc, 0);
+    LU_EQ(b1.num_device_alloc - a1.num_device_alloc, 0);
+    LU_OK(tally_wake(KV, 1));
+    a0 = lu_stats(0);
+    a1 = lu_stats(1);
+    LU_OK(tally_sleep(KV, 1, 0));
+    b0 = lu_stats(0);
+    b1 = lu_stats(1);
+    LU_EQ(b0.num_sync_all_streams - a0.num_sync_all_streams, 0);
+    LU_EQ(b1.num_sync_all_streams - a1.num_sync_all_streams, 0);
+    LU_EQ(b0.num_device_alloc - a0.num_device_alloc, 0);
+    LU_OK(tally_wake(KV, 1));
+    tally_free(k);
+    LU_CHECK_OK();
+}
+
 static void test_sleep_releases_free_segments(void **state)
 {
     (void)state;
@@ -612,6 +641,7 @@ int main(int argc, char **argv)
         T(test_discard_unmaps_and_wake_maps_back),
         T(test_offload_restores_every_byte),
         T(test_several_tags_in_one_call),
+        T(test_sleep_sync_device_counts_one_device_sync_per_device),
         T(test_sleep_releases_free_segments),
         T(test_segments_freed_while_asleep),
         T(test_second_sleep_and_wake_do_nothing),

@@ -111,6 +111,20 @@ static void test_vmm_backend_map_unmap(void **state)
     expect_child_ok(env_cuda, body_backend_map_unmap);
 }
 
+/* The same on a driver whose cuMemUnmap takes one whole mapping per call
+ * (the stand-in with CUDA_STANDIN_VMM_UNMAP_ONE=1 refuses a range of several
+ * with CUDA_ERROR_INVALID_VALUE): each run is unmapped a handle at a time,
+ * with the same mapped bytes, driver memory and refusals. */
+static void test_vmm_backend_map_unmap_one_mapping_per_call(void **state)
+{
+    (void)state;
+    if (getenv("TALLY_REAL_CUDA") && strcmp(getenv("TALLY_REAL_CUDA"), "1") == 0)
+        SKIP("the real driver unmaps several mappings in one call");
+    static const char *const one[] = {"CUDA_STANDIN_DEVICES", "1", "CUDA_STANDIN_VMM_UNMAP_ONE", "1", "TALLY_CONF",
+                                      "backend:cuda,leak_report:off", NULL};
+    expect_child_ok(one, body_backend_map_unmap);
+}
+
 /* Without expandable_segments the async backend (no page mapping) is still
  * refused at initialisation; cuda is accepted. */
 static void body_async_refused(int fd)
@@ -541,6 +555,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vmm_backend_map_unmap),
+        cmocka_unit_test(test_vmm_backend_map_unmap_one_mapping_per_call),
         cmocka_unit_test(test_vmm_backend_accepted_by_cuda_only),
         cmocka_unit_test(test_vmm_unsupported_device_refused),
         cmocka_unit_test(test_vmm_peer_access),

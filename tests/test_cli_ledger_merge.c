@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "skip.h"
@@ -104,6 +105,73 @@ static void test_ledger_rows_tied_but_for_device_go_by_device(void **state)
                "2      weights              train                     1.0 MiB      2.0 MiB          1  foreign\n"
                "\n");
     expect_text(r.err, "");
+    run_free(&r);
+}
+
+/* The ledger table's tag and stage columns are as wide as the longest tag
+ * and stage of any row (at least 20), wherever that row is in the report: a
+ * report written by hand (no devices listed) whose third row has a tag of
+ * 30 characters and a stage of 24. */
+static void test_ledger_columns_fit_the_longest_tag_and_stage(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/wide_rows.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    static const char row[] = "{\"tag\":\"%s\",\"stage\":\"%s\",\"device\":0,\"foreign\":false,\"current_bytes\":%d,"
+                              "\"peak_bytes\":%d,\"live_blocks\":1}%s\n";
+    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
+          "\"devices\":[],\"ledger\":[\n",
+          f);
+    fprintf(f, row, "a", "s", 3145728, 3145728, ",");
+    fprintf(f, row, "b", "s", 2097152, 2097152, ",");
+    fprintf(f, row, "a-tag-of-thirty-characters-xyz", "a-stage-of-24-characters", 1048576, 1048576, "");
+    fputs("],\"stages\":[],\"leaks\":[]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("ledger '%s'", path);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "device tag                            stage                         current         peak     blocks\n"
+               "0      a                              s                             3.0 MiB      3.0 MiB          1\n"
+               "0      b                              s                             2.0 MiB      2.0 MiB          1\n"
+               "0      a-tag-of-thirty-characters-xyz a-stage-of-24-characters      1.0 MiB      1.0 MiB          1\n"
+               "\n");
+    expect_text(r.err, "");
+    run_free(&r);
+}
+
+/* Merge reads each report and closes it before the next: 48 reports (ranks
+ * 0 to 47 of 48, written by hand) merge with the command's open files
+ * limited to 32, which a file left open per report would run out of. */
+static void test_merge_closes_each_report_it_reads(void **state)
+{
+    (void)state;
+    enum { N = 48 };
+    static char args[N * (PATH_MAX + 40) + 64];
+    snprintf(args, sizeof args, "merge");
+    size_t len = strlen(args);
+    for (int i = 0; i < N; i++) {
+        char path[PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/r%02d.json", dir, i);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fprintf(f,
+                "{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"rank\":%d,\"world_size\":%d,"
+                "\"home_device\":0,\"backend\":\"host\",\"devices\":[],\"ledger\":[],\"stages\":[],\"leaks\":[]}\n",
+                i, N);
+        assert_int_equal(fclose(f), 0);
+        len += (size_t)snprintf(args + len, sizeof args - len, " '%s'", path);
+    }
+    struct rlimit was, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &was), 0);
+    low = was;
+    low.rlim_cur = 32;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    run_t r = tally_run("%s", args);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &was), 0);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "tally merge: 48 reports, ranks 0, 1, 2,");
+    HAS(r.out, ", 47 (world size 48)\n");
     run_free(&r);
 }
 
@@ -446,6 +514,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ledger_one_live_block_is_singular),
         cmocka_unit_test(test_ledger_rejects_stats),
         cmocka_unit_test(test_ledger_rows_tied_but_for_device_go_by_device),
+        cmocka_unit_test(test_ledger_columns_fit_the_longest_tag_and_stage),
+        cmocka_unit_test(test_merge_closes_each_report_it_reads),
 
         cmocka_unit_test(test_merge_totals_in_order_of_bytes_then_name),
         cmocka_unit_test(test_merge_four_ranks),

@@ -573,6 +573,42 @@ static void test_plot_default_device_is_busiest_when_home_has_none(void **state)
     free(svg);
 }
 
+/* By event number the x axis says how many events the device has, the
+ * count the command prints, also when there are more events than pixel
+ * columns (870) times two and the points drawn are per column, far fewer:
+ * a report written by hand with 1000 allocations of 1 MiB, each freed at
+ * once, one microsecond apart (2000 events). */
+static void test_plot_by_events_axis_counts_the_devices_events(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16], out[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/ev2k.json", dir);
+    snprintf(out, sizeof out, "%s/ev2k.svg", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
+          "\"devices\":[],\"ledger\":[],\"stages\":[],\"leaks\":[],\"timeline\":[\n",
+          f);
+    static const char ev[] = "%s{\"device\":0,\"time_us\":%lld,\"action\":\"%s\",\"addr\":%zu,\"size\":%zu,"
+                             "\"stream\":0,\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"pair\",\"stage\":\"train\"}\n";
+    for (int i = 0; i < 2000; i++) {
+        bool alloc = i % 2 == 0;
+        fprintf(f, ev, i ? "," : "", 1000LL + i, alloc ? "alloc" : "free_requested", 4 * MiB, MiB,
+                alloc ? MiB : 0, 32 * MiB);
+    }
+    fputs("]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("plot '%s' --x events -o '%s'", path, out);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "ev2k.svg: device 0, 2000 events, 1 tag group");
+    run_free(&r);
+    char *svg = slurp(out);
+    assert_non_null(svg);
+    HAS(svg, ">event number (of 2000 on this device)</text>");
+    free(svg);
+    assert_int_equal(xml_check(out), 0);
+}
+
 /* Without --device, a timeline with no allocations at all (only stage
  * events, all on device 1: train.json cut to them) is drawn for the device
  * it is on, not for device 0, which has nothing to draw. */
@@ -737,6 +773,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_without_timeline),
         cmocka_unit_test(test_plot_stage_band_starts_at_stage_begin),
         cmocka_unit_test(test_plot_default_device_is_busiest_when_home_has_none),
+        cmocka_unit_test(test_plot_by_events_axis_counts_the_devices_events),
         cmocka_unit_test(test_plot_default_device_without_allocations_is_the_timelines),
         cmocka_unit_test(test_plot_burst_in_one_column_shows_a_pixel_wide),
         cmocka_unit_test(test_plot_other_tags_on_top_of_nine),

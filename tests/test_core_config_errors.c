@@ -244,6 +244,49 @@ static void test_printed_configuration_is_what_was_configured(void **state)
     free(text);
 }
 
+/* A split size below 20 MiB is refused with its bounds; only
+ * max_split_size_mb adds that "none" is taken too (max_non_split_rounding_mb
+ * has no such value). */
+static void test_split_size_refusal_offers_none_only_for_max_split_size(void **state)
+{
+    (void)state;
+    tally_options_t o;
+    tally__options_default(&o);
+    EQ(tally__options_parse(&o, "max_split_size_mb:19", false, NULL), -TALLY_ECONF);
+    assert_string_equal(tally_last_error(), "config: max_split_size_mb: '19' must be an integer >= 20 (MiB), or none");
+    EQ(tally__options_parse(&o, "max_non_split_rounding_mb:19", false, NULL), -TALLY_ECONF);
+    assert_string_equal(tally_last_error(), "config: max_non_split_rounding_mb: '19' must be an integer >= 20 (MiB)");
+    EQ(tally__options_parse(&o, "max_non_split_rounding_mb:none", false, NULL), -TALLY_ECONF);
+    assert_string_equal(tally_last_error(),
+                        "config: max_non_split_rounding_mb: 'none' must be an integer >= 20 (MiB)");
+}
+
+/* A configuration of exactly 4096 characters is read to its last item (4096
+ * blanks and commas before it, padding the string to the limit), one of 4097
+ * is refused and changes nothing. */
+static void test_configuration_of_4096_characters_read_4097_refused(void **state)
+{
+    (void)state;
+    static const char item[] = "max_split_size_mb:64";
+    static char conf[4098];
+    size_t pad = 4096 - (sizeof item - 1);
+    for (size_t i = 0; i < pad; i++)
+        conf[i] = i % 2 ? ' ' : ',';
+    memcpy(conf + pad, item, sizeof item);
+    assert_int_equal(strlen(conf), 4096);
+    tally_options_t o;
+    tally__options_default(&o);
+    EQ(tally__options_parse(&o, conf, false, NULL), 0);
+    EQ(o.max_split_size, 64ull << 20);
+    memmove(conf + 1, conf, 4097);
+    conf[0] = ' ';
+    assert_int_equal(strlen(conf), 4097);
+    tally_options_t again;
+    tally__options_default(&again);
+    EQ(tally__options_parse(&again, conf, false, NULL), -TALLY_ECONF);
+    EQ(again.max_split_size, UINT64_MAX);
+}
+
 /* Sizes print in the largest binary unit that divides them, up to TiB: a
  * PiB prints as 1024TiB (there is no larger unit to write), and a size no
  * unit divides prints in bytes. */
@@ -290,6 +333,8 @@ int main(void)
         cmocka_unit_test(test_report_path_refuses_unknown_escapes),
         cmocka_unit_test(test_printed_configuration_is_what_was_configured),
         cmocka_unit_test(test_printed_sizes_stop_at_tib),
+        cmocka_unit_test(test_configuration_of_4096_characters_read_4097_refused),
+        cmocka_unit_test(test_split_size_refusal_offers_none_only_for_max_split_size),
     };
     return cmocka_run_group_tests_name("config errors", tests, NULL, NULL);
 }

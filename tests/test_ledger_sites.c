@@ -240,6 +240,22 @@ static void test_python_stack_without_an_interpreter_records_nothing(void **stat
     lu_child_free(&c);
 }
 
+/* Without Python in the process the interpreter is looked for once, and
+ * every later allocation still finds it missing: three allocations (the
+ * two-sites child) with python_stack and native frames run and report their
+ * two sites as without it, with no Python frame. */
+static void test_python_stack_without_an_interpreter_stays_off_for_later_allocations(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    lu_child_run(&c, "two-sites", SITES ",python_stack:8", NULL);
+    LU_CHILD_EXIT(&c, 0);
+    LU_HAS(c.err, "tally: Direct leak of 8388608 bytes (8.0 MiB) in 2 blocks allocated from:\n");
+    LU_HAS(c.err, "tally: Direct leak of 1048576 bytes (1.0 MiB) in 1 block allocated from:\n");
+    LU_LACKS(c.err, "(python)");
+    lu_child_free(&c);
+}
+
 static void test_sites_grouped_biggest_first_frames_once(void **state)
 {
     (void)state;
@@ -617,6 +633,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_each_unwinder_names_the_caller),
         cmocka_unit_test(test_frame_pointer_walk_survives_garbage),
         cmocka_unit_test(test_python_stack_without_an_interpreter_records_nothing),
+        cmocka_unit_test(test_python_stack_without_an_interpreter_stays_off_for_later_allocations),
         cmocka_unit_test(test_sites_grouped_biggest_first_frames_once),
         cmocka_unit_test(test_json_report_has_whole_sites),
         cmocka_unit_test(test_stage_survivors_grouped_by_site),

@@ -302,6 +302,44 @@ static void test_json_errors(void **state)
     assert_null(tally__json_parse("[", 1, NULL, 0, NULL));
 }
 
+/* A bad separator after an object's member is named as the byte found there,
+ * not the byte before it ("1" of the value, or the space before "x"). */
+static void test_json_object_separator_error_names_the_byte_found(void **state)
+{
+    (void)state;
+    JSON_ERR("{\"a\":1x}", 6, "byte 6: expected ',' or '}' in an object, found 'x'");
+    JSON_ERR("{\"a\":12 :}", 8, "byte 8: expected ',' or '}' in an object, found ':'");
+    JSON_ERR("{\"a\":\"s\"]", 8, "byte 8: expected ',' or '}' in an object, found ']'");
+}
+
+/* An unexpected byte is quoted when printable ASCII, from ' ' to '~', and
+ * written in hex otherwise (below ' ', DEL and above). */
+static void test_json_error_quotes_printable_bytes_and_hex_for_others(void **state)
+{
+    (void)state;
+    JSON_ERR(" ~", 1, "byte 1: unexpected '~' (expected a value)");
+    JSON_ERR("[1 ~]", 3, "byte 3: expected ',' or ']' in an array, found '~'");
+    JSON_ERR("\x7f", 0, "byte 0: unexpected 0x7f (expected a value)");
+    JSON_ERR("\x1f", 0, "byte 0: unexpected 0x1f (expected a value)");
+    JSON_ERR("\x80", 0, "byte 0: unexpected 0x80 (expected a value)");
+    JSON_ERR("{\"a\" !}", 5, "byte 5: expected ':' after the key \"a\", found '!'");
+}
+
+/* tally__json_int of a member that is not there (tally__json_get's NULL) is
+ * "not a number", so callers may pass a lookup straight in. */
+static void test_json_int_of_a_missing_member_is_not_a_number(void **state)
+{
+    (void)state;
+    tally_json_t *v = parse_ok("{\"a\":5}");
+    int64_t x = 77;
+    assert_int_equal(tally__json_int(tally__json_get(v, "b"), &x), -1);
+    assert_int_equal(x, 77);
+    assert_int_equal(tally__json_int(NULL, &x), -1);
+    assert_int_equal(tally__json_int(tally__json_get(v, "a"), &x), 0);
+    assert_int_equal(x, 5);
+    tally__json_free(v);
+}
+
 static void test_json_depth_limit(void **state)
 {
     (void)state;
@@ -377,6 +415,9 @@ int main(void)
         cmocka_unit_test(test_json_number_grammar),
         cmocka_unit_test(test_json_numbers_end_at_the_given_length),
         cmocka_unit_test(test_json_errors),
+        cmocka_unit_test(test_json_object_separator_error_names_the_byte_found),
+        cmocka_unit_test(test_json_int_of_a_missing_member_is_not_a_number),
+        cmocka_unit_test(test_json_error_quotes_printable_bytes_and_hex_for_others),
         cmocka_unit_test(test_json_depth_limit),
         cmocka_unit_test(test_json_mangled_input),
     };

@@ -7,7 +7,20 @@
  * CSV converted from it and against reference.json. */
 /* The readers under test first: cmocka.h defines a macro named fail. */
 #include "../tools/pickle.c"
+/* tune_input.c's callocs can be made to fail: the one numbered input_fail_at
+ * (0: the first; -1: none) returns NULL, as when the host is out of memory;
+ * input_callocs counts them. */
+#include <stdlib.h>
+static long input_fail_at = -1, input_callocs;
+static void *input_calloc(size_t n, size_t size)
+{
+    if (input_callocs++ == input_fail_at)
+        return NULL;
+    return calloc(n, size);
+}
+#define calloc input_calloc
 #include "../tools/tune_input.c"
+#undef calloc
 #include "../bench/trace.c"
 /* pt_expand.c has static helpers of the same names as pickle.c's. */
 #define grow ptx_test_grow
@@ -325,6 +338,20 @@ static void test_pickle_refuses_bad_input(void **state)
     expect_pickle_error(unknown, sizeof unknown, "opcode 0xff is not one plain-data pickles of protocol 2 to 5 use");
 }
 
+/* A memo slot below the highest stored one that was itself never stored
+ * (BINPUT 2, then BINGET 1) is refused as never stored, like one past the end. */
+static void test_pickle_memo_slot_in_a_gap_was_never_stored(void **state)
+{
+    (void)state;
+    static const unsigned char memo_gap[] = {0x80, 0x04, 'N', 'q', 2, '0', 'h', 1, '.'};
+    expect_pickle_error(memo_gap, sizeof memo_gap, "memo index 1 was never stored");
+    static const unsigned char stored[] = {0x80, 0x04, 'N', 'q', 2, '0', 'h', 2, '.'};
+    pk_doc_t doc;
+    parse_inline(stored, sizeof stored, &doc);
+    assert_int_equal(doc.root->type, PK_NONE);
+    pk_free(&doc);
+}
+
 /* ---- the snapshot rules ---------------------------------------------------------- */
 
 /* tests/fixtures/tune/small.pickle (made with Python's pickle from a dict):
@@ -382,6 +409,41 @@ static void test_snapshot_rules(void **state)
 }
 
 /* The table of `tally tune FIXTURE` (status 0) holds both texts. */
+
+/* A snapshot read while the host is out of memory, failing at each of
+ * tune_input.c's allocations in turn (the cross-stream bookkeeping's five
+ * tables, the live blocks of the recorded state): the read fails with "out of
+ * memory", never a crash, and reads as before once memory is back. */
+static void test_snapshot_read_out_of_host_memory_is_an_error(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32], err[512];
+    snprintf(path, sizeof path, "%s/small.pickle", fixtures);
+    tune_input_t in;
+    input_callocs = 0;
+    if (tune_input_load(path, -1, &in, err, sizeof err))
+        fail_msg("%s", err);
+    tune_input_free(&in);
+    long total = input_callocs;
+    assert_int_equal(total, 6);
+    for (long k = 0; k < total; k++) {
+        input_fail_at = k;
+        input_callocs = 0;
+        err[0] = 0;
+        int rc = tune_input_load(path, -1, &in, err, sizeof err);
+        input_fail_at = -1;
+        if (rc == 0)
+            fail_msg("allocation %ld of %ld failed, yet the snapshot was read", k, total);
+        if (!strstr(err, "out of memory"))
+            fail_msg("allocation %ld of %ld failed: '%s'", k, total, err);
+        tune_input_free(&in);
+    }
+    input_callocs = 0;
+    if (tune_input_load(path, -1, &in, err, sizeof err))
+        fail_msg("%s", err);
+    assert_int_equal(in.trace.nev, 7);
+    tune_input_free(&in);
+}
 static void expect_table(const char *fixture, const char *want1, const char *want2)
 {
     run_t r = tune("'%s/%s'", fixtures, fixture);
@@ -470,6 +532,40 @@ static void test_snapshot_unsupported_setting(void **state)
     expect_table("small_unsupported.pickle",
                  "replay of the same setting from the recorded state failed: config: key 'pinned_use_cuda_host_register'",
                  "tally: expandable_segments:True");
+}
+
+/* The same in --json: the row of the setting tally cannot run has an
+ * "error" (and is the only one: a row that ran has none), and since the
+ * replay of the recorded setting from the recorded state failed, no row
+ * gives that replay's peak; each gives the recorded peak (24 MiB). */
+static void test_snapshot_unsupported_setting_json_errors_only_where_a_row_failed(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/small_unsupported.pickle", fixtures);
+    run_t r = tune("--json '%s'", path);
+    assert_int_equal(r.rc, 0);
+    tally_json_t *rows = tally__json_parse(r.out, strlen(r.out), NULL, 0, NULL);
+    assert_non_null(rows);
+    run_free(&r);
+    assert_int_equal(rows->type, TALLY_JSON_ARRAY);
+    assert_true(rows->len > 10);
+    size_t errors = 0;
+    for (size_t k = 0; k < rows->len; k++) {
+        const tally_json_t *row = &rows->items[k];
+        const char *setting = tally__json_get(row, "setting")->s;
+        const tally_json_t *e = tally__json_get(row, "error");
+        if (e) {
+            errors++;
+            assert_string_equal(setting, "pinned_use_cuda_host_register:True");
+            assert_non_null(strstr(e->s, "is not supported by tally"));
+        }
+        if (tally__json_get(row, "recorded_replay_peak_reserved_bytes"))
+            fail_msg("row '%s' gives the peak of a replay that failed", setting);
+        assert_int_equal(jint(row, "recorded_peak_reserved_bytes"), 24 * MiB);
+    }
+    assert_int_equal(errors, 1);
+    tally__json_free(rows);
 }
 
 /* --plot draws the default and the recommendation, named in the legend. */
@@ -948,6 +1044,35 @@ static void test_least_memory_just_above_the_device_given(void **state)
     assert_int_equal(jint(out, "event"), 2);
     assert_int_equal(jint(out, "size"), 5242880);
     assert_int_equal(jint(out, "live_bytes"), 31457280 + 1000);
+    tally__json_free(rows);
+}
+
+/* A row that runs out in the device given and in twice that says it ran
+ * out in the larger of the two, the largest capacity found too small: one
+ * allocation of 30 MiB + 1000 B (segments of 32 MiB) with --capacity of
+ * 15.75 MiB runs out there and in 31.5 MiB (above its 30 MiB + 1000 B of
+ * live bytes, so replayed), fits in 63 MiB; the search finds 32 MiB, with
+ * no capacity it tries between 31.5 and 32 MiB (2 MiB steps). */
+static void test_least_memory_runs_out_in_the_largest_capacity_tried(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/one-block.csv", scratch);
+    write_text(path, "op,id,size,stream\na,1,31458280,0\n");
+    run_t r = tune("--json --capacity 16515072 '%s'", path);
+    assert_int_equal(r.rc, 1); /* nothing fits 15.75 MiB */
+    tally_json_t *rows = tally__json_parse(r.out, strlen(r.out), NULL, 0, NULL);
+    assert_non_null(rows);
+    run_free(&r);
+    const tally_json_t *def = &rows->items[0];
+    assert_string_equal(tally__json_get(def, "setting")->s, "");
+    assert_int_equal(jint(def, "oom_event"), 0);
+    assert_int_equal(jint(def, "min_device_bytes"), 32 * MiB);
+    const tally_json_t *out = tally__json_get(def, "runs_out");
+    assert_non_null(out);
+    assert_int_equal(jint(out, "capacity_bytes"), 33030144);
+    assert_int_equal(jint(out, "event"), 0);
+    assert_int_equal(jint(out, "size"), 31458280);
     tally__json_free(rows);
 }
 
@@ -1499,14 +1624,17 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pickle_plain_data),
         cmocka_unit_test(test_pickle_refuses_bad_input),
+        cmocka_unit_test(test_pickle_memo_slot_in_a_gap_was_never_stored),
         cmocka_unit_test(test_pickle_dict_from_marked_items),
         cmocka_unit_test(test_pickle_stack_opcodes),
         cmocka_unit_test(test_pytorch_expandable_model_counts_pages),
         cmocka_unit_test(test_snapshot_rules),
+        cmocka_unit_test(test_snapshot_read_out_of_host_memory_is_an_error),
         cmocka_unit_test(test_snapshot_command),
         cmocka_unit_test(test_rows_give_peak_reserved),
         cmocka_unit_test(test_snapshot_recorded_setting),
         cmocka_unit_test(test_snapshot_unsupported_setting),
+        cmocka_unit_test(test_snapshot_unsupported_setting_json_errors_only_where_a_row_failed),
         cmocka_unit_test(test_plot),
         cmocka_unit_test(test_two_recommendations),
         cmocka_unit_test(test_torch_version),
@@ -1519,6 +1647,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_multistream_trace),
         cmocka_unit_test(test_least_memory),
         cmocka_unit_test(test_least_memory_just_above_the_device_given),
+        cmocka_unit_test(test_least_memory_runs_out_in_the_largest_capacity_tried),
         cmocka_unit_test(test_least_memory_of_every_row_is_a_device_it_runs_in),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_max_calls),

@@ -155,6 +155,33 @@ static void test_recorded_range_at_the_segment_start_grows_in_one_run(void **sta
     assert_int_equal(r.oom_event, -1);
 }
 
+/* A recorded range that runs past the end of the model's address space for
+ * its pool (the device's 80 GiB and an eighth: 90 GiB of 20 MiB pages from
+ * the pool's lowest range, at 1 GiB) is refused as exceeding the device,
+ * not mapped in part: 40 MiB starting 20 MiB before that end. */
+static void test_recorded_range_past_the_device_is_refused(void **state)
+{
+    (void)state;
+    static const ptx_range_t range[] = {{1ull << 30, 20u << 20, 0, false},
+                                        {(1ull << 30) + (90ull << 30) - (20u << 20), 40u << 20, 0, false}};
+    static const hand_ev_t window[] = {{'a', 1, 2u << 20}};
+    ptx_result_t r;
+    int64_t reserved[1];
+    char err[256] = "";
+    model_fail_at = -1;
+    assert_int_equal(seeded_replay(range, 2, NULL, 0, window, 1, &r, reserved, err, sizeof err), -1);
+    char want[160];
+    snprintf(want, sizeof want, "expandable range at %llu overlaps another or exceeds the device",
+             (unsigned long long)range[1].addr);
+    assert_string_equal(err, want);
+    /* 20 MiB less, it ends at the end and is taken: 20 + 20 MiB mapped. */
+    static const ptx_range_t fits[] = {{1ull << 30, 20u << 20, 0, false},
+                                       {(1ull << 30) + (90ull << 30) - (20u << 20), 20u << 20, 0, false}};
+    if (seeded_replay(fits, 2, NULL, 0, window, 1, &r, reserved, err, sizeof err))
+        fail_msg("%s", err);
+    assert_int_equal(reserved[0], 40 << 20);
+}
+
 /* The host running out of memory anywhere while the model seeds a recorded
  * state or replays the window is an error ("out of memory", status -1), never
  * a result: each of the model's allocations is made to fail in turn. The
@@ -333,6 +360,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pytorch_expandable_model_merges_freed_neighbours),
         cmocka_unit_test(test_recorded_range_at_the_segment_start_grows_in_one_run),
+        cmocka_unit_test(test_recorded_range_past_the_device_is_refused),
         cmocka_unit_test(test_out_of_host_memory_while_seeding_is_an_error),
         cmocka_unit_test(test_tally_row_prices_the_pages_it_maps),
         cmocka_unit_test(test_recorded_state_keeps_a_512_byte_remainder_free),

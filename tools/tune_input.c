@@ -87,6 +87,8 @@ static int snap_defer(snap_events_t *s)
     s->fire = calloc(n ? n : 1, 1);
     if (!keys || !req || !mark || !s->defer || !s->fire) {
         free(keys), free(req), free(mark);
+        free(s->defer), free(s->fire);
+        s->defer = s->fire = NULL;
         return -1;
     }
     size_t relevant = 0, deferred = 0;

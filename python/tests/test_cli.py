@@ -101,6 +101,25 @@ class CliTest(unittest.TestCase):
         self.assertIn("no leaks", r.stderr)
         self.assertIn("tally ledger", r.stderr)
 
+    def test_run_puts_the_scripts_folder_first_on_the_path(self):
+        # As `python job/main.py` does: the script's folder is sys.path[0],
+        # so its helper module wins over one of the same name in the current
+        # folder (which `python -m tally` puts on the path too).
+        os.mkdir(os.path.join(self.dir, "job"))
+        self.script("helper.py", "WHO = 'current folder'\n")
+        self.script(os.path.join("job", "helper.py"), "WHO = 'script folder'\n")
+        path = self.script(os.path.join("job", "main.py"), textwrap.dedent(
+            """\
+            import os, sys
+            import helper
+            print("helper from", helper.WHO)
+            print("first", sys.path[0] == os.path.dirname(os.path.abspath(__file__)))
+            """))
+        r = self.tally("run", "--quiet", path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("helper from script folder\n", r.stdout)
+        self.assertIn("first True\n", r.stdout)
+
     def test_run_exit_status_and_errors(self):
         r = self.tally("run", self.script("exit3.py", "import sys\nsys.exit(3)\n"))
         self.assertEqual(r.returncode, 3, r.stderr)

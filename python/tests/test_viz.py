@@ -198,6 +198,17 @@ class VizTest(unittest.TestCase):
         # No segment is in a CUDA graph's pool: PyTorch's id for that is (0, 0).
         self.assertEqual({tuple(s["segment_pool_id"]) for s in self.snap["segments"]}, {(0, 0)})
 
+    def test_device_traces_cover_a_device_known_only_by_its_segments(self):
+        # A report whose devices list leaves out device 1 (a report cut by
+        # hand), yet with segments there: device_traces still has one entry
+        # per device up to the highest a segment is on, two, not more.
+        report = viz.load_report(self.path)
+        report["devices"] = [d for d in report["devices"] if int(d["device"]) == 0]
+        self.assertIn(1, {int(s["device"]) for s in report["segments"]})
+        snap = viz.to_snapshot(report)
+        self.assertEqual(len(snap["device_traces"]), 2)
+        self.assertEqual({s["device"] for s in snap["segments"]}, {0, 1})
+
     def test_pickle_readable_by_viewer(self):
         out = os.path.join(self.tmp, "snap.pickle")
         viz.write_snapshot(self.snap, out)

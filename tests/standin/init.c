@@ -13,6 +13,9 @@
  *   CUDA_STANDIN_VMM_RDMA        what the device reports for
  *                                CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
  *                                (default 1)
+ *   CUDA_STANDIN_VMM_UNMAP_ONE   1: cuMemUnmap takes one whole mapping per
+ *                                call, a range of several is refused
+ *                                (default 0; vmm.c)
  * A malformed CUDA_STANDIN_* value makes cuInit fail with
  * CUDA_ERROR_INVALID_VALUE and one line on stderr.
  *
@@ -180,6 +183,13 @@ static CUresult si_configure(void)
         return CUDA_ERROR_INVALID_VALUE;
     }
     si_config.vmm_rdma = (int)rdma;
+    const char *u = getenv("CUDA_STANDIN_VMM_UNMAP_ONE");
+    long unmap_one = u ? si_parse_int(u, 0, 1) : 0;
+    if (unmap_one < 0) {
+        fprintf(stderr, "cuda stand-in: bad configuration: CUDA_STANDIN_VMM_UNMAP_ONE=%s (0 or 1)\n", u);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    si_config.vmm_unmap_one = unmap_one == 1;
     if (physical < 0 || memory == 0 || version < 0) {
         fprintf(stderr, "cuda stand-in: bad configuration: CUDA_STANDIN_DEVICES=%s CUDA_STANDIN_MEMORY=%s "
                         "CUDA_STANDIN_DRIVER_VERSION=%s\n", d ? d : "(unset)", m ? m : "(unset)", v ? v : "(unset)");

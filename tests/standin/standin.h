@@ -78,6 +78,7 @@ struct si_config {
     int driver_version;     /* what cuDriverGetVersion reports */
     bool stream_device_in_capture; /* CUDA_STANDIN_STREAM_GET_DEVICE_IN_CAPTURE=1 */
     int vmm_rdma;           /* CUDA_STANDIN_VMM_RDMA: the device attribute's value */
+    int vmm_unmap_one;      /* CUDA_STANDIN_VMM_UNMAP_ONE: cuMemUnmap takes one whole mapping per call */
 };
 extern struct si_config si_config;
 

@@ -287,7 +287,10 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     SI_ENTER();
     pthread_mutex_lock(&si_lock);
     uintptr_t lo = (uintptr_t)ptr, hi = lo + size;
-    if (!si_covered_by_mappings(lo, size, true)) {
+    int inside = 0; /* CUDA_STANDIN_VMM_UNMAP_ONE: a driver that takes one whole mapping per call */
+    for (struct si_mapping *m = si_mappings; m && si_config.vmm_unmap_one; m = m->next)
+        inside += m->addr >= lo && m->addr + m->size <= hi;
+    if (!si_covered_by_mappings(lo, size, true) || inside > 1) {
         rc = CUDA_ERROR_INVALID_VALUE;
     } else {
         for (struct si_mapping **p = &si_mappings; *p;) {
