@@ -153,6 +153,33 @@ static void test_graph_pool_being_filled_never_takes_the_devices_cached_blocks(v
     in_child("backend:host,host_devices:1,leak_report:off", body_graph_pool_never_takes_eager_cache);
 }
 
+/* With the ledger off (ledger:false) blocks carry no ledger row: tagged
+ * allocations and their frees keep the statistics, and tally_check passes
+ * (a free must not touch a row the block never had). */
+static void body_ledger_off(void)
+{
+    EXPECT(tally_init() == 0);
+    EXPECT(tally_tag_push("off-tag") == 0);
+    void *p[6];
+    for (int i = 0; i < 6; i++)
+        EXPECT((p[i] = tally_malloc(i % 2 ? 30 * MiB : 4096u << i, 0, NULL)) != NULL);
+    EXPECT(tally_check() == 0);
+    for (int i = 0; i < 6; i++)
+        tally_free(p[i]);
+    EXPECT(tally_tag_pop() == 0);
+    tally_stats_t st;
+    EXPECT(tally_get_stats(0, &st) == 0);
+    EXPECT(st.allocation[TALLY_POOL_ALL].current == 0);
+    EXPECT(st.allocation[TALLY_POOL_ALL].allocated == 6);
+    EXPECT(tally_check() == 0);
+}
+
+static void test_ledger_off_allocations_and_frees_keep_the_statistics(void **state)
+{
+    (void)state;
+    in_child("backend:host,host_devices:1,leak_report:off,ledger:false", body_ledger_off);
+}
+
 /* ---- 2. the NULL stream of two devices -------------------------------------- */
 
 /* NULL is each device's default stream: a block used on device 1's NULL
@@ -499,6 +526,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_graph_pools_differing_only_in_second_id_half_share_nothing),
         cmocka_unit_test(test_graph_pool_being_filled_never_takes_the_devices_cached_blocks),
+        cmocka_unit_test(test_ledger_off_allocations_and_frees_keep_the_statistics),
         cmocka_unit_test(test_null_stream_on_two_devices_is_two_uses),
         cmocka_unit_test(test_block_freed_in_capture_returns_when_every_deferred_record_fails),
         cmocka_unit_test(test_leak_groups_keep_ignored_apart_from_leaked_at_one_site),

@@ -553,6 +553,51 @@ static void test_private_segment_whose_record_cannot_be_had_goes_back(void **sta
     in_fork(private_segment_child);
 }
 
+/* Initialisation without memory: each of its metadata allocations in turn
+ * fails (a fresh process each time, since initialisation runs once);
+ * tally_init then returns an error naming host memory, or succeeds where a
+ * failure is tolerated, and never crashes. The last run is the one whose
+ * failure initialisation never reaches. */
+static int init_child(uint64_t nth)
+{
+    tu_conf(BASE);
+    tally_set_sink(discard, NULL);
+    tally__meta_fail(nth, 0);
+    int rc = tally_init();
+    uint64_t hits = tally__meta_fail_hits();
+    tally__meta_fail(0, 0);
+    if (!hits)
+        return 10; /* past initialisation's last allocation */
+    if (rc != 0 && !strstr(tally_last_error(), "out of host memory")) {
+        fprintf(stderr, "allocation %llu of initialisation failing gave %d: %s\n", (unsigned long long)nth, rc,
+                tally_last_error());
+        return 3;
+    }
+    return 0;
+}
+
+static void test_initialisation_without_memory_fails_cleanly(void **state)
+{
+    (void)state;
+    uint64_t nth = 1;
+    for (; nth < 256; nth++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0)
+            _exit(init_child(nth));
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        if (!WIFEXITED(status))
+            fail_msg("allocation %llu of initialisation failing: the process died (signal %d)",
+                     (unsigned long long)nth, WTERMSIG(status));
+        if (WEXITSTATUS(status) == 10)
+            break;
+        assert_int_equal(WEXITSTATUS(status), 0);
+    }
+    assert_true(nth > 2 && nth < 256); /* initialisation allocates, and finishes */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -566,6 +611,7 @@ int main(void)
         cmocka_unit_test(test_cached_block_refused_cleanly_when_the_pointer_map_cannot_grow),
         cmocka_unit_test(test_out_of_host_memory_through_pytorch_raises_an_oom),
         cmocka_unit_test(test_private_segment_whose_record_cannot_be_had_goes_back),
+        cmocka_unit_test(test_initialisation_without_memory_fails_cleanly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
