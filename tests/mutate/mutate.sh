@@ -30,6 +30,17 @@
 #   bash tests/mutate/mutate.sh [REGEX]   only list entries whose file and
 #                                         description match REGEX (bash =~;
 #                                         also MUTATE_ONLY=REGEX, as make passes it)
+# A blind mutant of a C file whose object code (compiled alone at -O2, no
+# debug information) is byte for byte that of the original is "equivalent
+# (same object code)", found mechanically (trivial compiler equivalence) and
+# left out of the score without running a test. A blind survivor that
+# tests/mutate/equivalent.txt names (file, original line, mutated line, the
+# reason; leading blanks not compared) is reported with its reason and left
+# out of the second blind score; the first counts it. MUTATE_SCREEN=1 is a
+# quicker screen, not a score: each mutant meets only the suites coverage.txt
+# names for its file (the Python suites for a Python file) and "survives the
+# screen" when they pass; MUTATE_BLIND_FILE=TSV takes the blind mutants from
+# a file in blind.py's format instead of drawing them.
 # Environment: MUTATE_LIST (the list), MUTATE_LISTED=0 skips the list,
 # MUTATE_BLIND (0: no blind sample), MUTATE_SEED, MUTATE_BLIND_GOAL (percent,
 # default 90), MUTATE_TIMEOUT, MUTATE_KEEP=1 keeps the scratch directory,
@@ -48,6 +59,9 @@ listed=${MUTATE_LISTED:-1}
 blind=${MUTATE_BLIND:-60}
 seed=${MUTATE_SEED:-$(( $(date +%s) % 100000 ))}
 goal=${MUTATE_BLIND_GOAL:-90}
+screen=${MUTATE_SCREEN:-0}
+blind_file=${MUTATE_BLIND_FILE:-}
+equivalent_list=${MUTATE_EQUIVALENT:-$root/tests/mutate/equivalent.txt}
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/tally-mutate.XXXXXX")
 cleanup() { [ "${MUTATE_KEEP:-0}" = 1 ] || rm -rf "$scratch"; }
@@ -146,12 +160,28 @@ order_for() {
     local file=$1 first="" t
     first=$(awk -v f="$file" '$1 == f ":" { $1 = ""; print }' "$coverage" 2>/dev/null)
     case $file in python/*) first="$first $py_tests" ;; esac
-    local seen=" "
-    for t in $first $all_tests; do
+    local seen=" " rest=$all_tests
+    # A screen stops after the named suites (all of them for a file that
+    # coverage.txt does not name).
+    [ "$screen" = 1 ] && [ -n "${first// /}" ] && rest=""
+    for t in $first $rest; do
         case "$seen" in *" $t "*) continue ;; esac
         seen="$seen$t "
         printf '%s ' "$t"
     done
+}
+
+# object_of FILE OUT: FILE (a .c file of the tree in $src) compiled alone
+# into OUT at -O2 without debug information; fails when it does not compile.
+object_of() {
+    (cd "$src" && ${CC:-cc} -std=c11 -D_GNU_SOURCE -O2 -fPIC -fvisibility=hidden -w \
+        -Iinclude -Ilib -Itools -Ibench -Itests -c "$1" -o "$2") >/dev/null 2>&1
+}
+# same_object FILE PRISTINE_OBJECT: whether the mutated FILE compiles to the
+# very bytes of the original's object (trivial compiler equivalence).
+same_object() {
+    case $1 in *.c) ;; *) return 1 ;; esac
+    [ -s "$2" ] && object_of "$1" "$scratch/mutant.o" && cmp -s "$2" "$scratch/mutant.o"
 }
 
 # try_mutant FILE: the tree in $src holds one mutation, in FILE. Builds it
@@ -168,6 +198,10 @@ try_mutant() {
                 return
             fi ;;
     esac
+    if [ -n "${2:-}" ] && same_object "$file" "$2"; then
+        verdict="equivalent (same object code)"
+        return
+    fi
     rm -rf "$src/build-m"
     cp -a "$src/build-base" "$src/build-m"
     touch "$src/$file"
@@ -262,11 +296,34 @@ done <"$list"
 # (comparisons, conditions, constants, dropped unlock / wait / synchronise
 # calls, swapped fields and arguments) with MUTATE_SEED, over lib/, tools/
 # and python/; never chosen by looking at the tests.
-b_total=0 b_killed=0 b_stillborn=0 b_survivors=""
-if [ "$blind" -gt 0 ]; then
-    python3 "$src/tests/mutate/blind.py" "$src" "$blind" "$seed" >"$scratch/blind.tsv" || exit 2
+b_total=0 b_killed=0 b_stillborn=0 b_survivors="" b_tce=0 b_argued=0 b_equivalents=""
+# argued_equivalent FILE ORIG REPL: the reason equivalent.txt gives for this
+# mutant (leading blanks not compared), or nothing.
+argued_equivalent() {
+    [ -f "$equivalent_list" ] || return 0
+    python3 - "$equivalent_list" "$1" "$2" "$3" <<'PY'
+import sys
+path, f, a, b = sys.argv[1], sys.argv[2], sys.argv[3].strip(), sys.argv[4].strip()
+for line in open(path, encoding="utf-8"):
+    if not line.strip() or line.startswith("#"):
+        continue
+    parts = line.rstrip("\n").split("\t")
+    if len(parts) >= 4 and parts[0] == f and parts[1].strip() == a and parts[2].strip() == b:
+        print(parts[3])
+        break
+PY
+}
+if [ "$blind" -gt 0 ] || [ -n "$blind_file" ]; then
+    if [ -n "$blind_file" ]; then
+        cp "$blind_file" "$scratch/blind.tsv" || exit 2
+        drawn_from="from $blind_file"
+    else
+        python3 "$src/tests/mutate/blind.py" "$src" "$blind" "$seed" >"$scratch/blind.tsv" || exit 2
+        drawn_from="(seed $seed)"
+    fi
     echo
-    echo "mutate: blind sample of $(wc -l <"$scratch/blind.tsv") (seed $seed) over lib/, tools/, python/"
+    [ "$screen" = 1 ] && echo "mutate: a screen (only the suites coverage.txt names), not a score"
+    echo "mutate: blind sample of $(wc -l <"$scratch/blind.tsv") $drawn_from over lib/, tools/, python/"
     bn=0
     while IFS=$'\t' read -r file line orig repl kind what; do
         bn=$((bn + 1))
@@ -276,6 +333,8 @@ if [ "$blind" -gt 0 ]; then
             continue
         fi
         cp -p "$src/$file" "$scratch/pristine"
+        rm -f "$scratch/pristine.o"
+        case $file in *.c) [ "$check" = 1 ] || object_of "$file" "$scratch/pristine.o" || rm -f "$scratch/pristine.o" ;; esac
         if ! python3 - "$src/$file" "$line" "$orig" "$repl" <<'PY'
 import sys
 p, n, a, b = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -289,18 +348,28 @@ PY
             echo "$label: the line is not what blind.py read (not counted)"
             continue
         fi
-        try_mutant "$file"
+        try_mutant "$file" "$scratch/pristine.o"
         cp -p "$scratch/pristine" "$src/$file"
         case $verdict in
             stillborn*)
                 b_stillborn=$((b_stillborn + 1))
+                echo "$label: $verdict: not counted" ;;
+            equivalent*)
+                b_tce=$((b_tce + 1))
                 echo "$label: $verdict: not counted" ;;
             ?*)
                 b_total=$((b_total + 1)) b_killed=$((b_killed + 1))
                 echo "$label: $verdict" ;;
             *)
                 b_total=$((b_total + 1))
-                echo "$label: SURVIVED"
+                why=$(argued_equivalent "$file" "$orig" "$repl")
+                if [ -n "$why" ]; then
+                    b_argued=$((b_argued + 1))
+                    echo "$label: survived (equivalent.txt: $why)"
+                    b_equivalents="$b_equivalents$file:$line [$kind] $what"$'\n'"    $why"$'\n'
+                    continue
+                fi
+                echo "$label: $([ "$screen" = 1 ] && echo "SURVIVED the screen" || echo SURVIVED)"
                 b_survivors="$b_survivors$file:$line [$kind] $what"$'\n'"    '$(printf '%s' "$orig" | sed 's/^ *//')' -> '$(printf '%s' "$repl" | sed 's/^ *//')'"$'\n' ;;
         esac
     done <"$scratch/blind.tsv"
@@ -317,8 +386,12 @@ if [ -n "$survivors" ]; then
     echo "survivors:"
     printf '%s' "$survivors"
 fi
+if [ -n "$b_equivalents" ]; then
+    echo "blind survivors that tests/mutate/equivalent.txt shows equivalent:"
+    printf '%s' "$b_equivalents"
+fi
 if [ -n "$b_survivors" ]; then
-    echo "blind survivors (seed $seed):"
+    echo "blind survivors $drawn_from:"
     printf '%s' "$b_survivors"
 fi
 [ "$stale" -gt 0 ] && echo "stale or malformed entries (not counted): $stale"
@@ -336,11 +409,21 @@ else
     echo "mutate: listed: no mutation scored"
     ok=0
 fi
-if [ "$check" != 1 ] && [ "$blind" -gt 0 ]; then
+if [ "$check" != 1 ] && { [ "$blind" -gt 0 ] || [ -n "$blind_file" ]; }; then
+    if [ -n "$blind_file" ]; then how="MUTATE_BLIND_FILE=$blind_file"; else how="seed $seed (MUTATE_SEED=$seed MUTATE_BLIND=$blind)"; fi
+    [ "$screen" = 1 ] && how="$how, a screen (MUTATE_SCREEN=1): not a score"
     if [ "$b_total" -gt 0 ]; then
         echo "mutate: blind:  $b_killed of $b_total killed ($(pct "$b_killed" "$b_total")); $((b_total - b_killed))" \
-            "survived, $b_stillborn stillborn; $((b_total + b_stillborn)) drawn, seed $seed (MUTATE_SEED=$seed MUTATE_BLIND=$blind)"
-        [ $((b_killed * 100)) -ge $((goal * b_total)) ] || ok=0
+            "survived, $b_tce of the same object code left out, $b_stillborn stillborn;" \
+            "$((b_total + b_tce + b_stillborn)) drawn, $how"
+        scored_b=$((b_total - b_argued))
+        if [ "$scored_b" -gt 0 ]; then
+            echo "mutate: blind, leaving out the $b_argued that equivalent.txt shows equivalent:" \
+                "$b_killed of $scored_b killed ($(pct "$b_killed" "$scored_b"))"
+            [ $((b_killed * 100)) -ge $((goal * scored_b)) ] || ok=0
+        else
+            ok=0
+        fi
     else
         echo "mutate: blind: no mutation scored (seed $seed)"
         ok=0
