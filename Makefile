@@ -5,6 +5,7 @@
 #                   scripts (tests/check_*.sh); one line each, then the total
 #   make bench      benchmarks (bench/)
 #   make asan | ubsan | tsan   the test suite under a sanitizer
+#   make mutate     mutation testing; make coverage: the lines no test runs
 #   make cross-aarch64   the library for aarch64 (cross compilers), in build-aarch64/
 #   make install     PREFIX (/usr/local), DESTDIR: the library (libtally.so.0,
 #                    versioned), libtally.a, tally.h, the tally command and
@@ -246,7 +247,7 @@ tsan:
 	$(MAKE) test-c BUILD=build-tsan SAN="-fsanitize=thread" OPT=-O1
 
 clean:
-	rm -rf build build-asan build-ubsan build-tsan build-aarch64
+	rm -rf build build-asan build-ubsan build-tsan build-aarch64 $(COV_BUILD)
 
 # ---- aarch64 (GH200 and other ARM GPU nodes) ----
 # make cross-aarch64   the library built with Debian's cross compilers
@@ -373,3 +374,23 @@ mutate: export MUTATE_BLIND := $(MUTATE_BLIND)
 mutate: export MUTATE_SEED := $(MUTATE_SEED)
 mutate:
 	@nice -n 10 bash tests/mutate/mutate.sh
+
+# ---- line coverage ----
+# make coverage  make test on a build instrumented by gcov (build-cov, -O0;
+#                every program links tests/mutate/gcov_exit.c, so forked
+#                children that leave through _exit count too), then
+#                tests/mutate/unexecuted.py: the blind candidates on lines no
+#                test runs, by file and function, written to
+#                build-cov/unexecuted.tsv. make test's result is not the
+#                point here: check_install's static link fails (an
+#                instrumented libtally.a needs libgcov), and what every
+#                suite ran counts.
+COV_BUILD := build-cov
+.PHONY: coverage
+coverage:
+	@mkdir -p $(COV_BUILD)
+	@find $(COV_BUILD) -name '*.gcda' -delete
+	$(CC) -O0 -fPIC -c tests/mutate/gcov_exit.c -o $(COV_BUILD)/gcov_exit.o
+	-$(MAKE) BUILD=$(COV_BUILD) OPT=-O0 SAN=--coverage \
+		LDLIBS="$(LDLIBS) $(CURDIR)/$(COV_BUILD)/gcov_exit.o -Wl,--wrap=_exit" test
+	python3 tests/mutate/unexecuted.py $(COV_BUILD)

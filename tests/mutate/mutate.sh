@@ -40,7 +40,12 @@
 # quicker screen, not a score: each mutant meets only the suites coverage.txt
 # names for its file (the Python suites for a Python file) and "survives the
 # screen" when they pass; MUTATE_BLIND_FILE=TSV takes the blind mutants from
-# a file in blind.py's format instead of drawing them.
+# a file in blind.py's format instead of drawing them. With MUTATE_SANITIZE=1
+# (the default), a blind survivor in a C file gets a second look, as CI's
+# make asan and make ubsan would give it: built once more with AddressSanitizer
+# and UndefinedBehaviorSanitizer (-O1, leak checking off), it meets the C test
+# binaries coverage.txt names for its file (each first checked to pass on the
+# unmodified tree so built); one that fails is "killed under ASan/UBSan".
 # Environment: MUTATE_LIST (the list), MUTATE_LISTED=0 skips the list,
 # MUTATE_BLIND (0: no blind sample), MUTATE_SEED, MUTATE_BLIND_GOAL (percent,
 # default 90), MUTATE_TIMEOUT, MUTATE_KEEP=1 keeps the scratch directory,
@@ -62,6 +67,8 @@ goal=${MUTATE_BLIND_GOAL:-90}
 screen=${MUTATE_SCREEN:-0}
 blind_file=${MUTATE_BLIND_FILE:-}
 equivalent_list=${MUTATE_EQUIVALENT:-$root/tests/mutate/equivalent.txt}
+sanitize=${MUTATE_SANITIZE:-1}
+san_flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/tally-mutate.XXXXXX")
 cleanup() { [ "${MUTATE_KEEP:-0}" = 1 ] || rm -rf "$scratch"; }
@@ -182,6 +189,58 @@ object_of() {
 same_object() {
     case $1 in *.c) ;; *) return 1 ;; esac
     [ -s "$2" ] && object_of "$1" "$scratch/mutant.o" && cmp -s "$2" "$scratch/mutant.o"
+}
+
+# The second look under sanitizers. san_base builds build-base-san from the
+# unmodified tree, once; san_suite_ok T checks, once per suite, that T passes
+# there (a suite that does not is never used to kill).
+san_state=none san_good=" " san_broken=" "
+san_make() { make -s -j"$jobs" OPT=-O1 SAN="$san_flags" "$@"; }
+san_run() { ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=0 run_suite "$@"; }
+san_base() {
+    [ "$san_state" = none ] || { [ "$san_state" = ready ]; return; }
+    san_state=broken
+    (cd "$src" && san_make BUILD=build-base-san $(libs build-base-san)) >"$scratch/san-base.log" 2>&1 || return 1
+    san_state=ready
+}
+san_suite_ok() {
+    case "$san_good" in *" $1 "*) return 0 ;; esac
+    case "$san_broken" in *" $1 "*) return 1 ;; esac
+    if (cd "$src" && san_make BUILD=build-base-san "build-base-san/tests/$1" && san_run build-base-san "$1") \
+        >"$scratch/san-suite.log" 2>&1; then
+        san_good="$san_good$1 "
+        return 0
+    fi
+    san_broken="$san_broken$1 "
+    echo "mutate: $1 fails under ASan/UBSan on the unmodified tree: not used for the second look"
+    return 1
+}
+# try_sanitized FILE MUTATED: FILE is as in the unmodified tree and MUTATED
+# holds its mutated text, which survived the suites. Checks the suites
+# first, then puts the mutation in, builds build-ms and runs them; sets
+# verdict to "killed under ASan/UBSan by SUITE" or "". The caller restores
+# FILE.
+try_sanitized() {
+    local file=$1 mutated=$2 t rc suites=""
+    verdict=""
+    for t in $(awk -v f="$file" '$1 == f ":" { $1 = ""; print }' "$coverage" 2>/dev/null); do
+        case $t in test_*) [ -f "$src/tests/$t.c" ] && san_suite_ok "$t" && suites="$suites $t" ;; esac
+    done
+    [ -n "$suites" ] || return 0
+    cp "$mutated" "$src/$file"
+    rm -rf "$src/build-ms"
+    cp -a "$src/build-base-san" "$src/build-ms"
+    touch "$src/$file"
+    (cd "$src" && san_make BUILD=build-ms $(libs build-ms)) >"$scratch/ms.log" 2>&1 || return 0
+    for t in $suites; do
+        (cd "$src" && san_make BUILD=build-ms "build-ms/tests/$t") >"$scratch/ms.log" 2>&1 || continue
+        (cd "$src" && san_run build-ms "$t" >"$scratch/ms-test.log" 2>&1)
+        rc=$?
+        if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ]; then
+            verdict="killed under ASan/UBSan by $t"
+            return 0
+        fi
+    done
 }
 
 # try_mutant FILE: the tree in $src holds one mutation, in FILE. Builds it
@@ -349,6 +408,22 @@ PY
             continue
         fi
         try_mutant "$file" "$scratch/pristine.o"
+        if [ -z "$verdict" ] && [ "$sanitize" = 1 ] && [ "$check" != 1 ]; then
+            case $file in
+                *.c | *.h)
+                    # The sanitized base is built from the unmodified tree.
+                    cp -p "$src/$file" "$scratch/mutated"
+                    cp -p "$scratch/pristine" "$src/$file"
+                    if san_base; then
+                        try_sanitized "$file" "$scratch/mutated"
+                        rm -rf "$src/build-ms"
+                    else
+                        echo "mutate: the unmodified tree does not build under ASan/UBSan; no second look:" >&2
+                        tail -5 "$scratch/san-base.log" >&2
+                        sanitize=0
+                    fi ;;
+            esac
+        fi
         cp -p "$scratch/pristine" "$src/$file"
         case $verdict in
             stillborn*)
