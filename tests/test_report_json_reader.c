@@ -243,6 +243,31 @@ static void expect_json_error(const char *text, size_t len, size_t offset, const
 
 #define JSON_ERR(text, offset, message) expect_json_error(text, sizeof text - 1, offset, message)
 
+/* The parser reads only the bytes it is given: every prefix of a document,
+ * passed as the whole text with a shorter length (so the next byte is the
+ * document's own, a ':' or a digit that would let the parse go on), fails
+ * with the same message at the same byte as that prefix copied alone. */
+static void test_json_reads_nothing_past_its_length(void **state)
+{
+    (void)state;
+    static const char doc[] = "{\"a\":1,\"bc\":[2.5,-3e2,true,false,null],\"d\":{\"e\":\"f\\u00e9\"}}";
+    size_t n = sizeof doc - 1;
+    for (size_t k = 0; k < n; k++) {
+        char *copy = malloc(k + 1);
+        assert_non_null(copy);
+        memcpy(copy, doc, k);
+        copy[k] = 0;
+        char err_full[256] = "", err_copy[256] = "";
+        size_t at_full = 1, at_copy = 2;
+        tally_json_t *a = tally__json_parse(doc, k, err_full, sizeof err_full, &at_full);
+        tally_json_t *b = tally__json_parse(copy, k, err_copy, sizeof err_copy, &at_copy);
+        if (a || b || strcmp(err_full, err_copy) != 0 || at_full != at_copy)
+            fail_msg("the first %zu bytes: <%s> at %zu in the longer text, <%s> at %zu alone", k, err_full, at_full,
+                     err_copy, at_copy);
+        free(copy);
+    }
+}
+
 static void test_json_errors(void **state)
 {
     (void)state;
@@ -415,6 +440,7 @@ int main(void)
         cmocka_unit_test(test_json_number_grammar),
         cmocka_unit_test(test_json_numbers_end_at_the_given_length),
         cmocka_unit_test(test_json_errors),
+        cmocka_unit_test(test_json_reads_nothing_past_its_length),
         cmocka_unit_test(test_json_object_separator_error_names_the_byte_found),
         cmocka_unit_test(test_json_int_of_a_missing_member_is_not_a_number),
         cmocka_unit_test(test_json_error_quotes_printable_bytes_and_hex_for_others),
