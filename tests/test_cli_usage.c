@@ -139,10 +139,12 @@ static void test_error_bad_flags(void **state)
         {"summary", "tally summary: FILE.json is missing"},
         {"summary a.json b.json", "one FILE.json expected, got 'a.json' and 'b.json'"},
         {"ledger --json x.json", "tally ledger: unknown option '--json'"},
+        {"ledger a.json b.json", "tally ledger: one FILE.json expected, got 'a.json' and 'b.json'"},
         {"merge", "tally merge: no FILE.json given"},
         {"merge --csv a.json", "unknown option '--csv'"},
         {"plot x.json", "no output given: -o OUT.svg or -o OUT.html"},
         {"plot x.json -o out.png", "the output must end in .svg or .html, not 'out.png'"},
+        {"plot a.json b.json -o x.svg", "tally plot: one FILE.json expected, got 'a.json' and 'b.json'"},
         {"plot x.json -o out.svg --x frames", "--x takes 'time' or 'events', not 'frames'"},
         {"frobnicate", "tally: unknown command 'frobnicate' (commands: summary,"},
         {"sumary x.json", "tally: unknown command 'sumary' (did you mean 'summary'? commands: summary,"},
@@ -158,6 +160,127 @@ static void test_error_bad_flags(void **state)
     }
 }
 
+
+/* ---- damaged reports: each field the commands read, named with its byte ------ */
+
+/* A report written by hand into dir/damaged.json: a minimal valid header,
+ * then body (its devices and ledger members), then empty sections. Its text
+ * in text. */
+static void write_report(const char *body, char *path, size_t len, char *text, size_t tlen)
+{
+    snprintf(text, tlen,
+             "{\"format\":\"tally-report\",\"version\":\"0.1.0\",\"home_device\":0,\"backend\":\"host\",\n%s,\n"
+             "\"stages\":[],\"leaks\":[],\"segments\":[],\"timeline\":[]}\n",
+             body);
+    assert_true((size_t)snprintf(path, len, "%s/damaged.json", dir) < len);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* `tally CMD` on the report of body fails (status 1, nothing on stdout)
+ * with "FILE: not a valid tally report: byte N: WHY", N the offset of the
+ * first occurrence of at in the report's text (0 when at is NULL). */
+static void expect_damaged(const char *cmd, const char *body, const char *at, const char *why)
+{
+    char path[PATH_MAX], text[2048], want[PATH_MAX + 512];
+    write_report(body, path, sizeof path, text, sizeof text);
+    const char *hit = at ? strstr(text, at) : text;
+    if (!hit)
+        fail_msg("'%s' is not in the report:\n%s", at, text);
+    snprintf(want, sizeof want, "%s: not a valid tally report: byte %zu: %s\n", path, (size_t)(hit - text), why);
+    run_t r = tally_run("%s '%s'", cmd, path);
+    if (r.rc != 1 || r.out[0] || !strstr(r.err, want))
+        fail_msg("tally %s on\n%s: status %d, stdout '%s', stderr '%s'; expected status 1 and '%s'", cmd, text, r.rc,
+                 r.out, r.err, want);
+    run_free(&r);
+}
+
+/* A report's body with no devices and one ledger entry: the counts of a
+ * valid entry (30 allocated - 20 freed = 10 current, 7 blocks allocated,
+ * 2 at the peak) but for the tag member and the three counts given. */
+#define ROW(tag, cur, peak, blocks)                                                                                 \
+    "\"devices\":[],\"ledger\":[{" tag "\"stage\":\"load\",\"device\":0,\"foreign\":false,\"current_bytes\":" cur \
+    ",\"peak_bytes\":" peak ",\"allocated_bytes\":30,\"freed_bytes\":20,\"live_blocks\":" blocks                \
+    ",\"peak_blocks\":2,\"allocated_blocks\":7}]"
+#define ENTRY(fields) "\"devices\":[],\"ledger\":[{\"tag\":\"w\",\"stage\":\"s\"," fields "}]"
+
+static void test_error_damaged_ledger_entry_names_field_and_byte(void **state)
+{
+    (void)state;
+    /* Counts that cannot be: the entry is named. */
+    expect_damaged("ledger", ROW("\"tag\":\"w\",", "0", "20", "-1"), "{\"tag\"", "ledger[0]: \"live_blocks\" is below 0");
+    expect_damaged("ledger", ROW("\"tag\":\"w\",", "-1", "20", "0"), "{\"tag\"",
+                   "ledger[0]: \"current_bytes\" is below 0");
+    expect_damaged("ledger", ROW("\"tag\":\"w\",", "10", "3", "1"), "{\"tag\"",
+                   "ledger[0]: current_bytes 10 is above peak_bytes 3");
+    expect_damaged("ledger", ROW("\"tag\":\"w\",", "10", "20", "3"), "{\"tag\"",
+                   "ledger[0]: live_blocks 3 is above peak_blocks 2");
+    /* A field missing (the entry is named) or of the wrong type (the value is). */
+    expect_damaged("ledger", ROW("", "10", "20", "1"), "{\"stage\"", "ledger[0]: missing \"tag\"");
+    expect_damaged("ledger", ROW("\"tag\":7,", "10", "20", "1"), "7,", "ledger[0]: \"tag\" should be a string, not number");
+    expect_damaged("ledger", ENTRY("\"device\":0,\"foreign\":1"), "1}", "ledger[0]: \"foreign\" should be true or false, not number");
+    expect_damaged("ledger", ENTRY("\"device\":0,\"current_bytes\":0"), "{\"tag\"", "ledger[0]: missing \"peak_bytes\"");
+    expect_damaged("ledger", ENTRY("\"device\":-3"), "-3", "ledger[0]: device -3 is out of range");
+}
+
+static void test_error_damaged_report_section_names_field_and_byte(void **state)
+{
+    (void)state;
+    expect_damaged("ledger", "\"devices\":[]", NULL, "report: missing \"ledger\"");
+    expect_damaged("ledger", "\"devices\":[],\"ledger\":{}", "{}", "report: \"ledger\" should be an array, not object");
+    expect_damaged("summary", "\"devices\":[{\"device\":0}],\"ledger\":[]", "{\"device\"", "devices[0]: missing \"stats\"");
+    expect_damaged("summary", "\"devices\":[{\"device\":0,\"stats\":[]}],\"ledger\":[]", "[]}",
+                   "devices[0]: \"stats\" should be an object, not array");
+    expect_damaged("summary", "\"devices\":[{\"device\":0,\"utilisation\":\"x\"}],\"ledger\":[]", "\"x\"",
+                   "devices[0]: \"utilisation\" should be a number, not string");
+    expect_damaged("summary", "\"devices\":[{\"device\":2000000}],\"ledger\":[]", "2000000",
+                   "devices[0]: device 2000000 is out of range");
+}
+
+/* A report without a version (optional: older reports) is read; one
+ * without devices lists none when the one asked for is missing. */
+static void test_report_without_version_or_devices(void **state)
+{
+    (void)state;
+    char path[PATH_MAX], text[2048];
+    write_report(ROW("\"tag\":\"w\",", "10", "20", "1"), path, sizeof path, text, sizeof text);
+    char *v = strstr(text, "\"version\":\"0.1.0\",");
+    memmove(v, v + 18, strlen(v + 18) + 1);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("ledger '%s'", path);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "load");
+    run_free(&r);
+    r = tally_run("summary '%s'", path);
+    EXPECT_RC(r, 1);
+    char want[PATH_MAX + 200];
+    snprintf(want, sizeof want,
+             "%s: no device 0 in the report (the home device, shown by default; pick another with --device; it has "
+             "devices none)\n", path);
+    HAS(r.err, want);
+    run_free(&r);
+}
+
+/* The devices a report has, when the one asked for is not among them: a
+ * run of three or more as first-last, else each. */
+static void test_missing_device_lists_those_the_report_has(void **state)
+{
+    (void)state;
+    run_t r = tally_run("summary --device 7 '%s/rank0.json'", dir);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "rank0.json: no device 7 in the report (it has devices 0-3)\n");
+    run_free(&r);
+    r = tally_run("summary --device 7 '%s/train.json'", dir);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "train.json: no device 7 in the report (it has devices 0, 1)\n");
+    run_free(&r);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -167,6 +290,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_error_malformed_json),
         cmocka_unit_test(test_error_wrong_schema),
         cmocka_unit_test(test_error_bad_flags),
+        cmocka_unit_test(test_error_damaged_ledger_entry_names_field_and_byte),
+        cmocka_unit_test(test_error_damaged_report_section_names_field_and_byte),
+        cmocka_unit_test(test_report_without_version_or_devices),
+        cmocka_unit_test(test_missing_device_lists_those_the_report_has),
     };
     return CLI_MAIN("cli_usage", tests);
 }

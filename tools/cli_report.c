@@ -294,11 +294,12 @@ int cli_report_parse(report_t *r, cli_doc_t *doc, bool want_timeline)
      * refused, naming both versions. Older ones are read (fields added
      * since are optional, docs/reports.md). */
     int vmaj, vmin, vpatch, used = 0, mine_maj = 0, mine_min = 0;
-    if (r->version && (sscanf(r->version, "%d.%d.%d%n", &vmaj, &vmin, &vpatch, &used) != 3 ||
+    bool has_version = tally__json_get(root, "version") != NULL; /* cli_str gives "" when it is absent */
+    if (has_version && (sscanf(r->version, "%d.%d.%d%n", &vmaj, &vmin, &vpatch, &used) != 3 ||
                        r->version[used] != 0)) {
         cli_schema(doc, tally__json_get(root, "version"), "report", "\"version\" '%s' is not a tally version",
                    r->version);
-    } else if (r->version && sscanf(TALLY_VERSION, "%d.%d", &mine_maj, &mine_min) == 2 &&
+    } else if (has_version && sscanf(TALLY_VERSION, "%d.%d", &mine_maj, &mine_min) == 2 &&
                (vmaj > mine_maj || (vmaj == mine_maj && vmin > mine_min))) {
         int rc = cli_fail(EXIT_DATA, "%s: written by tally %s, newer than this tally (%s): read it with tally %d.%d "
                           "or later", doc->path, r->version, TALLY_VERSION, vmaj, vmin);

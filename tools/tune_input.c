@@ -633,8 +633,10 @@ static int convert(const char *path, const tally_json_t *root, int want, tune_in
         char why[400];
         for (size_t i = 0; !rc && i < pre.npre; i++)
             if (trace_add(&b, 'a', pre.pre[i].addr, pre.pre[i].size, pre.pre[i].stream, why, sizeof why))
-                rc = in_fail(err, errlen, "%s: alloc_trace: block %llu freed twice before any allocation of it",
-                             path, (unsigned long long)pre.pre[i].addr);
+                rc = !trace_is_live(&b, pre.pre[i].addr) /* out of memory, not a second free */
+                         ? in_fail(err, errlen, "%s: %s", path, why)
+                         : in_fail(err, errlen, "%s: alloc_trace: block %llu freed twice before any allocation of it",
+                                   path, (unsigned long long)pre.pre[i].addr);
         if (!rc)
             rc = report_feed(path, events, streams, &b, NULL, err, errlen);
         trace_end(&b);

@@ -1,0 +1,596 @@
+/* Tests for tally tune on what goes wrong: the pickle reader on every
+ * opcode it takes or refuses, snapshots and reports with a field missing or
+ * of the wrong type, reading while the host is out of memory (the readers
+ * are compiled in from tools/ with realloc counted, and made to fail at
+ * each call in turn), and the command itself run as a user runs it (the
+ * built ../bin/tally) on bad arguments, outputs that cannot be written and
+ * recorded states that cannot be replayed. Snapshots are written from
+ * Python-like literals (pickle_of below), so each case reads as the data it
+ * holds. */
+#include <stdlib.h>
+/* The realloc numbered realloc_fail_at (0: the first; -1: none) returns
+ * NULL, as when the host is out of memory; reallocs counts them. */
+static long realloc_fail_at = -1, reallocs;
+static void *counted_realloc(void *p, size_t n)
+{
+    if (reallocs++ == realloc_fail_at)
+        return NULL;
+    return realloc(p, n);
+}
+#define realloc counted_realloc
+#include "../tools/pickle.c"
+#include "../tools/tune_input.c"
+#include "../bench/trace.c"
+#undef realloc
+/* pt_expand.c has static helpers of the same names as pickle.c's. */
+#define grow ptx_test_grow
+#include "../tools/pt_expand.c"
+#undef grow
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <ctype.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cliutil.h"
+#include "report/json.h"
+#include "tuneutil.h"
+
+#define MiB ((uint64_t)1 << 20)
+
+/* ---- writing pickles ------------------------------------------------------------ */
+
+typedef struct pbuf {
+    unsigned char *b;
+    size_t n, cap;
+} pbuf_t;
+
+static void put(pbuf_t *o, const void *src, size_t n)
+{
+    if (o->n + n > o->cap) {
+        o->cap = (o->n + n) * 2;
+        o->b = realloc(o->b, o->cap);
+        assert_non_null(o->b);
+    }
+    memcpy(o->b + o->n, src, n);
+    o->n += n;
+}
+
+static void put1(pbuf_t *o, unsigned char c)
+{
+    put(o, &c, 1);
+}
+
+/* One value of the literal at *s: {'k': v, ...}, [v, ...], 'text', an
+ * integer, None, True, False. Written with protocol-2 opcodes: EMPTY_DICT,
+ * MARK, SETITEMS; EMPTY_LIST, MARK, APPENDS; SHORT_BINUNICODE; LONG1 of 8
+ * bytes; NONE, NEWTRUE, NEWFALSE. */
+static void pickle_value(pbuf_t *o, const char **s)
+{
+    while (isspace((unsigned char)**s))
+        (*s)++;
+    const char *p = *s;
+    if (*p == '{' || *p == '[') {
+        bool dict = *p == '{';
+        put1(o, dict ? '}' : ']');
+        put1(o, '(');
+        (*s)++;
+        for (;;) {
+            while (isspace((unsigned char)**s) || **s == ',' || **s == ':')
+                (*s)++;
+            if (**s == (dict ? '}' : ']'))
+                break;
+            assert_true(**s != 0);
+            pickle_value(o, s);
+        }
+        (*s)++;
+        put1(o, dict ? 'u' : 'e');
+    } else if (*p == '\'') {
+        const char *end = strchr(p + 1, '\'');
+        assert_non_null(end);
+        assert_true(end - p - 1 < 256);
+        put1(o, 0x8c);
+        put1(o, (unsigned char)(end - p - 1));
+        put(o, p + 1, (size_t)(end - p - 1));
+        *s = end + 1;
+    } else if (strncmp(p, "None", 4) == 0 || strncmp(p, "True", 4) == 0) {
+        put1(o, *p == 'N' ? 'N' : 0x88);
+        *s += 4;
+    } else if (strncmp(p, "False", 5) == 0) {
+        put1(o, 0x89);
+        *s += 5;
+    } else {
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        assert_true(end != p);
+        put1(o, 0x8a);
+        put1(o, 8);
+        for (int i = 0; i < 8; i++)
+            put1(o, (unsigned char)((unsigned long long)v >> (8 * i)));
+        *s = end;
+    }
+}
+
+/* The pickle of literal (malloc'd; its length in *len). */
+static unsigned char *pickle_of(const char *literal, size_t *len)
+{
+    pbuf_t o = {0};
+    put1(&o, 0x80);
+    put1(&o, 2);
+    pickle_value(&o, &literal);
+    put1(&o, '.');
+    *len = o.n;
+    return o.b;
+}
+
+/* The pickle of literal written to scratch/name; its path in path. */
+static void write_pickle(const char *name, const char *literal, char *path, size_t len)
+{
+    size_t n;
+    unsigned char *data = pickle_of(literal, &n);
+    snprintf(path, len, "%s/%s", scratch, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+    free(data);
+}
+
+/* ---- the pickle reader ---------------------------------------------------------- */
+
+static void expect_pickle_error(const unsigned char *src, size_t len, const char *want)
+{
+    unsigned char *data = malloc(len);
+    memcpy(data, src, len);
+    pk_doc_t doc;
+    char err[512];
+    if (pk_parse(data, len, &doc, "bad.pickle", err, sizeof err) == 0)
+        fail_msg("parsed; expected '%s'", want);
+    if (strcmp(err, want) != 0)
+        fail_msg("error '%s', expected '%s'", err, want);
+}
+
+/* Each opcode that would construct an object is refused by its name. */
+static void test_pickle_names_each_opcode_that_constructs_an_object(void **state)
+{
+    (void)state;
+    static const struct {
+        unsigned char op;
+        const char *name;
+    } ops[] = {{0x93, "STACK_GLOBAL"}, {0x81, "NEWOBJ"}, {0x92, "NEWOBJ_EX"}, {0x82, "EXT"},
+               {0x83, "EXT"},          {0x84, "EXT"},    {'b', "BUILD"},      {'o', "OBJ"}};
+    for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) {
+        const unsigned char src[] = {0x80, 0x02, 'N', 'N', ops[i].op, '.'};
+        char want[256];
+        snprintf(want, sizeof want,
+                 "bad.pickle: not a readable pickle: opcode %s would construct an object; only plain data (dicts, "
+                 "lists, strings, numbers) is read (at byte 4)",
+                 ops[i].name);
+        expect_pickle_error(src, sizeof src, want);
+    }
+}
+
+/* Strings and bytes under each length width: BINUNICODE8 (8-byte length),
+ * SHORT_BINBYTES (1), BINBYTES (4), BINBYTES8 (8), in a list built with
+ * MARK ... LIST. */
+static void test_pickle_reads_strings_and_bytes_of_every_length_width(void **state)
+{
+    (void)state;
+    static const unsigned char src[] = {0x80, 0x04, '(', 0x8d, 2, 0, 0, 0, 0, 0, 0, 0, 'a', 'b',
+                                        'C',  3,    'c', 'd', 'e', 'B', 4, 0, 0, 0, 'f', 'g', 'h', 'i',
+                                        0x8e, 1,    0,   0,   0,   0,   0, 0, 0, 'j', 'l', '.'};
+    unsigned char *data = malloc(sizeof src);
+    memcpy(data, src, sizeof src);
+    pk_doc_t doc;
+    char err[256];
+    if (pk_parse(data, sizeof src, &doc, "widths.pickle", err, sizeof err))
+        fail_msg("%s", err);
+    const pk_value_t *l = doc.root;
+    assert_int_equal(l->type, PK_LIST);
+    assert_int_equal(l->n, 4);
+    static const struct {
+        pk_type_t type;
+        const char *text;
+    } want[] = {{PK_STR, "ab"}, {PK_BYTES, "cde"}, {PK_BYTES, "fghi"}, {PK_BYTES, "j"}};
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(l->items[i]->type, want[i].type);
+        assert_int_equal(l->items[i]->len, strlen(want[i].text));
+        assert_memory_equal(l->items[i]->s, want[i].text, strlen(want[i].text));
+    }
+    pk_free(&doc);
+}
+
+/* The errors of the protocol and of the marks, each with its byte. */
+static void test_pickle_refuses_bad_protocol_and_unmarked_items(void **state)
+{
+    (void)state;
+    static const unsigned char proto1[] = {0x80, 0x01, 'N', '.'};
+    expect_pickle_error(proto1, sizeof proto1, "bad.pickle: not a readable pickle: protocol 1 (2 to 5 are read) (at byte 2)");
+    static const unsigned char proto6[] = {0x80, 0x06, 'N', '.'};
+    expect_pickle_error(proto6, sizeof proto6, "bad.pickle: not a readable pickle: protocol 6 (2 to 5 are read) (at byte 2)");
+    static const unsigned char list[] = {0x80, 0x02, 'N', 'l', '.'};
+    expect_pickle_error(list, sizeof list, "bad.pickle: not a readable pickle: items without a MARK (at byte 4)");
+    static const unsigned char pop_mark[] = {0x80, 0x02, 'N', '1', '.'};
+    expect_pickle_error(pop_mark, sizeof pop_mark, "bad.pickle: not a readable pickle: items without a MARK (at byte 4)");
+}
+
+/* A file that cannot be opened, and one that cannot be read (a folder). */
+static void test_pickle_file_that_cannot_be_opened_or_read(void **state)
+{
+    (void)state;
+    pk_doc_t doc;
+    char err[PATH_MAX + 128], path[PATH_MAX + 32], want[PATH_MAX + 128];
+    snprintf(path, sizeof path, "%s/missing.pickle", scratch);
+    assert_int_not_equal(pk_load(path, &doc, err, sizeof err), 0);
+    snprintf(want, sizeof want, "%s: cannot open: No such file or directory", path);
+    assert_string_equal(err, want);
+    assert_int_not_equal(pk_load(scratch, &doc, err, sizeof err), 0);
+    snprintf(want, sizeof want, "%s: read error", scratch);
+    assert_string_equal(err, want);
+}
+
+/* ---- snapshots ------------------------------------------------------------------- */
+
+/* tune_snapshot_parse on the pickle of literal fails with exactly want
+ * ("hand.pickle: PyTorch snapshot: " before it). */
+static void expect_snapshot_error(const char *literal, const char *want)
+{
+    size_t n;
+    unsigned char *data = pickle_of(literal, &n);
+    tune_input_t in;
+    char err[512], full[600];
+    snprintf(full, sizeof full, "hand.pickle: PyTorch snapshot: %s", want);
+    if (tune_snapshot_parse(data, n, "hand.pickle", &in, err, sizeof err) == 0)
+        fail_msg("read %s; expected '%s'", literal, full);
+    tune_input_free(&in);
+    if (strcmp(err, full) != 0)
+        fail_msg("%s:\nerror '%s'\nexpected '%s'", literal, err, full);
+}
+
+#define TRACE_OF(ev) "'device_traces': [[" ev "]]}"
+#define ONE_ALLOC "{'action': 'alloc', 'addr': 4096, 'size': 512, 'stream': 0}"
+
+/* A segment or block with a field missing or not an integer, and the other
+ * parts a snapshot needs, each named. */
+static void test_snapshot_names_each_bad_segment_field(void **state)
+{
+    (void)state;
+    expect_snapshot_error("{'segments': [{'device': 'x'}], " TRACE_OF(ONE_ALLOC),
+                          "segments[0]: 'device' is a str, not an integer");
+    expect_snapshot_error("{'segments': [{'device': 0}], " TRACE_OF(ONE_ALLOC), "segments[0]: 'total_size' is missing");
+    expect_snapshot_error("{'segments': [{'total_size': 2097152, 'stream': None}], " TRACE_OF(ONE_ALLOC),
+                          "segments[0]: 'stream' is a None, not an integer");
+    expect_snapshot_error("{'segments': [{'total_size': 2097152, 'blocks': 7}], " TRACE_OF(ONE_ALLOC),
+                          "'segments[].blocks' is int, not a list");
+    expect_snapshot_error("{'segments': [{'total_size': 2097152, 'blocks': [{'state': 'active_allocated'}]}], "
+                          TRACE_OF(ONE_ALLOC), "segments[].blocks[0]: 'address' is missing");
+    expect_snapshot_error("{'segments': [{'total_size': 2097152, 'blocks': [{'state': 'active_allocated', "
+                          "'address': 0}]}], " TRACE_OF(ONE_ALLOC),
+                          "segments[].blocks[0]: 'requested_size' is missing");
+    expect_snapshot_error("{'segments': [{'total_size': 2097152, 'blocks': [{'state': 'active_allocated', "
+                          "'address': 0, 'requested_size': 8, 'size': 'big'}]}], " TRACE_OF(ONE_ALLOC),
+                          "segments[].blocks[0]: 'size' is a str, not an integer");
+    /* A segment of another device is not read. */
+    expect_snapshot_error("{'segments': [{'device': 1}], " TRACE_OF(ONE_ALLOC ", {'action': 'alloc'}"),
+                          "device_traces event[1]: 'addr' is missing");
+}
+
+static void test_snapshot_names_bad_traces_and_events(void **state)
+{
+    (void)state;
+    expect_snapshot_error("{'device_traces': []}", "'segments' is missing, not a list");
+    expect_snapshot_error("{'segments': [], 'device_traces': []}", "'device_traces' is empty");
+    expect_snapshot_error("{'segments': [], 'device_traces': [5]}", "'device_traces[]' is int, not a list");
+    expect_snapshot_error("{'segments': [], " TRACE_OF("{'action': 'alloc', 'addr': 0, 'size': 8, 'stream': 'x'}"),
+                          "device_traces event[0]: 'stream' is a str, not an integer");
+}
+
+/* The snapshot of every path through the reader that grows a table: a free
+ * of a block allocated before recording (a live block noted from the
+ * trace), an active block no allocation explains (one noted from the
+ * segments), a map inside a dump segment (cut out of it, leaving a tail),
+ * and an unmap (a release, and a range added back). */
+#define EVERY_TABLE                                                                                             \
+    "{'segments': [{'device': 0, 'address': 16777216, 'total_size': 20971520, 'stream': 0,"                     \
+    " 'segment_type': 'large', 'blocks': [{'address': 16777216, 'size': 4194304, 'requested_size': 4000000,"    \
+    " 'state': 'active_allocated'}]}],"                                                                         \
+    " 'device_traces': [[{'action': 'free_requested', 'addr': 20971520, 'size': 3000000, 'stream': 0},"         \
+    " {'action': 'segment_map', 'addr': 31457280, 'size': 2097152, 'stream': 0},"                               \
+    " {'action': 'alloc', 'addr': 31457280, 'size': 1000, 'stream': 0},"                                        \
+    " {'action': 'free_requested', 'addr': 31457280, 'size': 1000, 'stream': 0},"                               \
+    " {'action': 'segment_unmap', 'addr': 31457280, 'size': 2097152, 'stream': 0}]]}"
+
+/* Each realloc of a read failing in turn (the file's buffer, the pickle's
+ * tables, the trace, the live blocks and ranges of the recorded state):
+ * the read fails with "PATH: ... out of memory", never a crash and never a
+ * trace with something missing; once memory is back it reads as before. */
+static void test_snapshot_read_out_of_host_memory_at_each_realloc(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32], err[PATH_MAX + 512], want[PATH_MAX + 40];
+    write_pickle("every.pickle", EVERY_TABLE, path, sizeof path);
+    tune_input_t in;
+    reallocs = 0;
+    if (tune_input_load(path, -1, &in, err, sizeof err))
+        fail_msg("%s", err);
+    long total = reallocs;
+    assert_true(total >= 10);
+    assert_int_equal(in.prelive, 2);
+    assert_int_equal(in.trace.nev, 6); /* the two live before, the free of one, alloc, free, release */
+    assert_int_equal(in.releases, 1);
+    assert_int_equal(in.start.nranges, 2); /* 16-30 MiB and 32-36 MiB */
+    assert_int_equal(in.start.ranges[0].size, 14 * MiB);
+    assert_int_equal(in.start.ranges[1].addr, 32 * MiB);
+    tune_input_free(&in);
+    snprintf(want, sizeof want, "%s: ", path);
+    for (long k = 0; k < total; k++) {
+        realloc_fail_at = k;
+        reallocs = 0;
+        err[0] = 0;
+        int rc = tune_input_load(path, -1, &in, err, sizeof err);
+        realloc_fail_at = -1;
+        if (rc == 0)
+            fail_msg("realloc %ld of %ld failed, yet the snapshot was read", k, total);
+        if (strncmp(err, want, strlen(want)) != 0 || !strstr(err, "out of memory"))
+            fail_msg("realloc %ld of %ld failed: '%s'", k, total, err);
+        tune_input_free(&in);
+    }
+}
+
+/* ---- reports --------------------------------------------------------------------- */
+
+/* A report recorded with trace:true, written by hand: one block freed
+ * that was allocated before tracing began (id 5), then one allocated and
+ * freed; pad spaces before the closing brace. */
+static void write_traced_report(const char *name, size_t pad, char *path, size_t len)
+{
+    snprintf(path, len, "%s/%s", scratch, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\":\"tally-report\",\"version\":\"0.1.0\",\"alloc_trace\":[{\"device\":0,\"streams\":[0],"
+          "\"events\":\"0,-5,100,0 0,1,1000,0 0,-1,0,0\"}]",
+          f);
+    for (size_t i = 0; i < pad; i++)
+        fputc(' ', f);
+    fputs("}\n", f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* A report longer than the first read (64 KiB) is read whole. */
+static void test_report_longer_than_one_read_is_read_whole(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32], err[PATH_MAX + 256];
+    write_traced_report("long.json", 200000, path, sizeof path);
+    tune_input_t in;
+    if (tune_input_load(path, -1, &in, err, sizeof err))
+        fail_msg("%s", err);
+    assert_string_equal(in.kind, "tally report");
+    assert_int_equal(in.prelive, 1);
+    assert_int_equal(in.trace.nev, 4);
+    tune_input_free(&in);
+}
+
+static void test_report_read_out_of_host_memory_at_each_realloc(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32], err[PATH_MAX + 256], want[PATH_MAX + 64];
+    write_traced_report("long.json", 70000, path, sizeof path);
+    tune_input_t in;
+    reallocs = 0;
+    if (tune_input_load(path, -1, &in, err, sizeof err))
+        fail_msg("%s", err);
+    tune_input_free(&in);
+    long total = reallocs;
+    assert_true(total >= 2);
+    for (long k = 0; k < total; k++) {
+        realloc_fail_at = k;
+        reallocs = 0;
+        int rc = tune_input_load(path, -1, &in, err, sizeof err);
+        realloc_fail_at = -1;
+        assert_int_not_equal(rc, 0);
+        snprintf(want, sizeof want, "%s: ", path);
+        if (strncmp(err, want, strlen(want)) != 0 || !strstr(err, "out of memory"))
+            fail_msg("realloc %ld of %ld failed: '%s'", k, total, err);
+        tune_input_free(&in);
+    }
+}
+
+static void expect_report_error(const char *text, const char *want)
+{
+    tune_input_t in;
+    char err[512];
+    if (tune_report_parse(text, strlen(text), "hand.json", -1, &in, err, sizeof err) == 0)
+        fail_msg("read %s; expected '%s'", text, want);
+    tune_input_free(&in);
+    if (strcmp(err, want) != 0)
+        fail_msg("%s:\nerror '%s'\nexpected '%s'", text, err, want);
+}
+
+static void test_report_names_bad_version_and_trace_entries(void **state)
+{
+    (void)state;
+    expect_report_error("{\"format\":\"tally-report\",\"version\":\"one\"}",
+                        "hand.json: byte 35: \"version\" is not a tally version");
+    expect_report_error("{\"format\":\"tally-report\",\"alloc_trace\":[{\"device\":0,\"events\":\"\"}]}",
+                        "hand.json: alloc_trace: each entry needs device, streams and an events string");
+    /* And a report that is not there. */
+    tune_input_t in;
+    char err[PATH_MAX + 128], path[PATH_MAX + 32], want[PATH_MAX + 128];
+    snprintf(path, sizeof path, "%s/missing.json", scratch);
+    assert_int_not_equal(tune_report_load(path, -1, &in, err, sizeof err), 0);
+    snprintf(want, sizeof want, "%s: cannot open: No such file or directory", path);
+    assert_string_equal(err, want);
+}
+
+/* ---- the command ------------------------------------------------------------------ */
+
+/* An error: the given status, nothing on stdout, and stderr exactly
+ * "tally tune: " want and a newline. */
+static void expect_error(run_t r, int rc, const char *want)
+{
+    char full[PATH_MAX + 512];
+    snprintf(full, sizeof full, "tally tune: %s\n", want);
+    if (r.rc != rc || r.out[0] || strcmp(r.err, full) != 0)
+        fail_msg("status %d (want %d), stdout '%s', stderr '%s' (want '%s')", r.rc, rc, r.out, r.err, full);
+    run_free(&r);
+}
+
+static char small_csv[PATH_MAX + 32];
+
+static void test_command_refuses_bad_arguments(void **state)
+{
+    (void)state;
+    expect_error(tune("--frobnicate '%s'", small_csv), 2, "unknown option '--frobnicate' (tally tune --help lists them)");
+    expect_error(tune("a.csv b.csv"), 2, "one FILE expected, got 'a.csv' and 'b.csv'");
+    expect_error(tune("--capacity 0.5 a.csv"), 2, "--capacity '0.5' is not a size (e.g. 80GiB, 40960MiB, 85899345920)");
+    expect_error(tune("--capacity 2000000TB a.csv"), 2,
+                 "--capacity '2000000TB' is not a size (e.g. 80GiB, 40960MiB, 85899345920)");
+    expect_error(tune("--max-driver-time x a.csv"), 2,
+                 "--max-driver-time 'x' is not a duration (e.g. 250ms, 1.5s, 800us)");
+    expect_error(tune("--torch-version 2.9x a.csv"), 2, "--torch-version '2.9x' is not a torch version (e.g. 2.9.1, 2.11)");
+    /* A development build's version is one. */
+    run_t r = tune("--torch-version 2.10dev0 '%s'", small_csv);
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.out, "torch 2.10dev0"));
+    run_free(&r);
+}
+
+/* Output that cannot be written is an error, not a silent loss: the table
+ * to a full device, the picture to one. */
+static void test_command_output_that_cannot_be_written(void **state)
+{
+    (void)state;
+    char cmd[4 * PATH_MAX], err[PATH_MAX + 16];
+    snprintf(err, sizeof err, "%s/stderr", scratch);
+    snprintf(cmd, sizeof cmd, "'%s' tune -q '%s' >/dev/full 2>'%s'", tally_bin, small_csv, err);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 1);
+    char *text = slurp(err);
+    assert_string_equal(text, "tally tune: writing the output failed\n");
+    free(text);
+    run_t r = tune("--plot /dev/full '%s'", small_csv);
+    assert_int_equal(r.rc, 1);
+    assert_string_equal(r.err, "tally tune: /dev/full: write failed\n");
+    run_free(&r);
+}
+
+/* A picture of a trace whose name is longer than the title has room for
+ * shows its last 67 characters after "...". */
+static void test_plot_title_of_a_long_name_keeps_its_end(void **state)
+{
+    (void)state;
+    char name[128], path[PATH_MAX + 160], svg[PATH_MAX + 32];
+    memset(name, 'n', 80);
+    snprintf(name + 80, sizeof name - 80, "-end.csv");
+    snprintf(path, sizeof path, "%s/%s", scratch, name);
+    write_text(path, "op,id,size,stream\na,1,1000000,0\nf,1,0,0\n");
+    snprintf(svg, sizeof svg, "%s/long.svg", scratch);
+    run_t r = tune("--plot '%s' '%s'", svg, path);
+    assert_int_equal(r.rc, 0);
+    run_free(&r);
+    char *text = slurp(svg);
+    assert_non_null(text);
+    char want[160];
+    snprintf(want, sizeof want, "over the trace ...%s</text>", name + strlen(name) - 67);
+    if (!strstr(text, want))
+        fail_msg("no '%s' in the picture's title", want);
+    free(text);
+}
+
+/* A row that runs out in every capacity the search tries (up to 64 TiB)
+ * says in JSON the least it could need: above its live peak. */
+static void test_json_row_that_fits_nowhere_gives_the_least_above(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/huge.csv", scratch);
+    write_text(path, "op,id,size,stream\na,1,109951162777600,0\n"); /* 100 TiB */
+    run_t r = tune("--json '%s'", path);
+    assert_int_equal(r.rc, 1);
+    assert_non_null(strstr(r.err, "no setting fits"));
+    tally_json_t *rows = tally__json_parse(r.out, strlen(r.out), NULL, 0, NULL);
+    assert_non_null(rows);
+    const tally_json_t *def = &rows->items[0];
+    assert_string_equal(tally__json_get(def, "setting")->s, "");
+    assert_int_equal(tally__json_get(def, "min_device_bytes")->type, TALLY_JSON_NULL);
+    assert_int_equal(jint(def, "min_device_bytes_above"), 109951162777600);
+    tally__json_free(rows);
+    run_free(&r);
+}
+
+/* A recorded state the recorded setting cannot be replayed from: the
+ * table says why (status 0: the grid's replays start from an empty cache). */
+static void expect_start_refused(const char *name, const char *segments, const char *extra, const char *why)
+{
+    char path[PATH_MAX + 32], lit[2048], want[512];
+    snprintf(lit, sizeof lit,
+             "{'segments': [%s], 'device_traces': [[{'action': 'alloc', 'addr': 1073741824, 'size': 1000, "
+             "'stream': 0}]]}",
+             segments);
+    write_pickle(name, lit, path, sizeof path);
+    snprintf(want, sizeof want, "\nreplay of the same setting from the recorded state failed: %s\n", why);
+    run_t r = tune("%s '%s'", extra, path);
+    if (r.rc != 0 || !strstr(r.out, want))
+        fail_msg("%s: status %d, expected 0 and '%s' in:\n%s%s", name, r.rc, want, r.out, r.err);
+    run_free(&r);
+}
+
+#define SEG20(blocks)                                                                                           \
+    "{'device': 0, 'address': 16777216, 'total_size': 20971520, 'stream': 0, 'segment_type': 'large', "        \
+    "'blocks': [" blocks "]}"
+#define BLOCK(addr, size) "{'address': " addr ", 'size': " size ", 'requested_size': " size ", 'state': 'active_allocated'}"
+
+static void test_command_names_a_recorded_state_it_cannot_start_from(void **state)
+{
+    (void)state;
+    expect_start_refused("overlap.pickle", SEG20(BLOCK("16777216", "4194304") ", " BLOCK("17825792", "4194304")), "",
+                         "blocks live before recording overlap at address 16777216");
+    expect_start_refused("gap.pickle", SEG20(BLOCK("17301504", "4194304")), "",
+                         "a free gap of 524288 bytes in a large segment (address 16777216)");
+    expect_start_refused("big.pickle", SEG20(BLOCK("16777216", "4194304")), "--capacity 18MiB",
+                         "a 20971520-byte segment of the recorded state did not fit");
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    char bin[PATH_MAX - 64];
+    if (tune_setup("test_tune_bad_input", "/tmp/tally-tune-bad-XXXXXX", bin, sizeof bin))
+        return -1;
+    snprintf(small_csv, sizeof small_csv, "%s/small.csv", scratch);
+    FILE *f = fopen(small_csv, "w");
+    if (!f)
+        return -1;
+    fputs("op,id,size,stream\na,1,1000000,0\na,2,30000000,0\nf,1,0,0\nf,2,0,0\n", f);
+    return fclose(f) ? -1 : 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pickle_names_each_opcode_that_constructs_an_object),
+        cmocka_unit_test(test_pickle_reads_strings_and_bytes_of_every_length_width),
+        cmocka_unit_test(test_pickle_refuses_bad_protocol_and_unmarked_items),
+        cmocka_unit_test(test_pickle_file_that_cannot_be_opened_or_read),
+        cmocka_unit_test(test_snapshot_names_each_bad_segment_field),
+        cmocka_unit_test(test_snapshot_names_bad_traces_and_events),
+        cmocka_unit_test(test_snapshot_read_out_of_host_memory_at_each_realloc),
+        cmocka_unit_test(test_report_longer_than_one_read_is_read_whole),
+        cmocka_unit_test(test_report_read_out_of_host_memory_at_each_realloc),
+        cmocka_unit_test(test_report_names_bad_version_and_trace_entries),
+        cmocka_unit_test(test_command_refuses_bad_arguments),
+        cmocka_unit_test(test_command_output_that_cannot_be_written),
+        cmocka_unit_test(test_plot_title_of_a_long_name_keeps_its_end),
+        cmocka_unit_test(test_json_row_that_fits_nowhere_gives_the_least_above),
+        cmocka_unit_test(test_command_names_a_recorded_state_it_cannot_start_from),
+    };
+    return cmocka_run_group_tests(tests, setup, tune_teardown);
+}
