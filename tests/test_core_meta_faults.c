@@ -655,14 +655,7 @@ static void test_metadata_from_jemalloc_counts_each_block_exactly(void **state)
 {
     (void)state;
     static const char *const env[] = {"LD_PRELOAD=libjemalloc.so.2", NULL};
-    lu_child_t c;
-    lu_child_run(&c, "jemalloc", BASE, env);
-    if (c.exited && c.code == 77) {
-        lu_child_free(&c);
-        SKIP("jemalloc (libjemalloc.so.2) is not installed");
-    }
-    LU_CHILD_EXIT(&c, 0);
-    lu_child_free(&c);
+    LU_CHILD_OK_OR_SKIP("jemalloc", BASE, env, "jemalloc (libjemalloc.so.2) is not installed");
 }
 
 int main(int argc, char **argv)

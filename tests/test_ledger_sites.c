@@ -202,14 +202,7 @@ static void expect_frame(const char *text, const char *func, int line)
 
 static void run_symbolizer(const char *const *env)
 {
-    lu_child_t c;
-    lu_child_run(&c, "symbolizer", BASE, env);
-    if (c.exited && c.code == 77) {
-        lu_child_free(&c);
-        SKIP("no libcuda.so.1 (the stand-in) on the library path");
-    }
-    LU_CHILD_EXIT(&c, 0);
-    lu_child_free(&c);
+    LU_CHILD_OK_OR_SKIP("symbolizer", BASE, env, "no libcuda.so.1 (the stand-in) on the library path");
 }
 
 static void test_symbolizer_names_a_library_loaded_after_it_started(void **state)
