@@ -5,6 +5,14 @@
 
 #include "core/internal.h"
 
+/* buf[0..n-1] filled with c, NUL-terminated. */
+static const char *filled(char *buf, size_t n, char c)
+{
+    memset(buf, c, n - 1);
+    buf[n - 1] = 0;
+    return buf;
+}
+
 static void write_all(const char *const *parts, int n, tu_buf_t *b)
 {
     tally_out_t o;
@@ -21,8 +29,7 @@ static void test_text_longer_than_the_buffer_arrives_whole_and_in_order(void **s
 {
     (void)state;
     static char big[3 * sizeof ((tally_out_t *)0)->buf];
-    memset(big, 'b', sizeof big - 1);
-    big[sizeof big - 1] = 0;
+    filled(big, sizeof big, 'b');
     const char *parts[] = {"head ", big, " tail"};
     tu_buf_t b = {0};
     write_all(parts, 3, &b);
@@ -39,8 +46,7 @@ static void test_formatted_line_longer_than_a_kib_is_whole(void **state)
 {
     (void)state;
     char name[3000];
-    memset(name, 'n', sizeof name - 1);
-    name[sizeof name - 1] = 0;
+    filled(name, sizeof name, 'n');
     tu_buf_t b = {0};
     tally_out_t o;
     tally__out_init(&o, tu_buf_write, &b);
@@ -61,8 +67,7 @@ static void test_long_line_without_memory_marks_the_output_failed(void **state)
 {
     (void)state;
     char name[2000];
-    memset(name, 'n', sizeof name - 1);
-    name[sizeof name - 1] = 0;
+    filled(name, sizeof name, 'n');
     tu_buf_t b = {0};
     tally_out_t o;
     tally__out_init(&o, tu_buf_write, &b);
