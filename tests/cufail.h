@@ -10,7 +10,8 @@
  *                                 fails with error, and with at < 0 every
  *                                 call from the next on
  *   CF_RESTORE(name)              the real entry point back
- * Bodies run in children (one process each), so one wrapper at a time. */
+ * The count is shared: restore one wrapper before arming the next. Bodies
+ * run in children (one process each). */
 #ifndef TALLY_TESTS_CUFAIL_H
 #define TALLY_TESTS_CUFAIL_H
 
