@@ -10,6 +10,8 @@
  *   need_devices(n)                fail without a driver, skip with fewer than n
  *   driver_up()                    in a body: load the driver and cuInit
  *   make_stream(dev)               a non-blocking stream in dev's primary context
+ *   child_said_sink, child_said    a sink keeping what tally wrote (child_said_clear)
+ *   CUDA_TEST(name, conf, body, n) a cmocka test: body in a child, n devices needed
  * Include after cmocka.h. */
 #ifndef TALLY_TESTS_CUDACHILD_H
 #define TALLY_TESTS_CUDACHILD_H
@@ -17,6 +19,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -125,5 +128,34 @@ static inline CUstream make_stream(int dev)
     CU_EXPECT(cu.cuCtxPopCurrent(&popped));
     return s;
 }
+
+/* ---- what tally said ------------------------------------------------------------ */
+
+static char child_said[8192];
+static size_t child_said_len;
+
+static inline void child_said_sink(void *arg, const char *text, size_t len)
+{
+    (void)arg;
+    if (child_said_len + len < sizeof child_said) {
+        memcpy(child_said + child_said_len, text, len);
+        child_said_len += len;
+        child_said[child_said_len] = 0;
+    }
+}
+
+static inline void child_said_clear(void)
+{
+    child_said_len = 0;
+    child_said[0] = 0;
+}
+
+#define CUDA_TEST(name, conf, body, devices)                                                                       \
+    static void name(void **state)                                                                                 \
+    {                                                                                                              \
+        (void)state;                                                                                               \
+        need_devices(devices);                                                                                     \
+        in_child(conf, body);                                                                                      \
+    }
 
 #endif

@@ -483,6 +483,19 @@ static inline void lu_child_free(lu_child_t *c)
                      __FILE__, __LINE__, (c)->code, (c)->exited, (want), (c)->out, (c)->err);                     \
     } while (0)
 
+/* Run the child role and expect exit 0; exit 77 skips the test with why. */
+#define LU_CHILD_OK_OR_SKIP(role, conf, env, why)                                                                 \
+    do {                                                                                                          \
+        lu_child_t c_;                                                                                            \
+        lu_child_run(&c_, role, conf, env);                                                                       \
+        if (c_.exited && c_.code == 77) {                                                                         \
+            lu_child_free(&c_);                                                                                   \
+            SKIP(why);                                                                                            \
+        }                                                                                                         \
+        LU_CHILD_EXIT(&c_, 0);                                                                                    \
+        lu_child_free(&c_);                                                                                       \
+    } while (0)
+
 typedef struct lu_role {
     const char *name;
     int (*fn)(void);

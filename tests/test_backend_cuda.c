@@ -347,19 +347,6 @@ static void body_async_free_waits_own(void)
     async_free_waits(true);
 }
 
-static char got[4096];
-static size_t got_len;
-
-static void collect(void *arg, const char *t, size_t len)
-{
-    (void)arg;
-    if (got_len + len < sizeof got) {
-        memcpy(got + got_len, t, len);
-        got_len += len;
-        got[got_len] = 0;
-    }
-}
-
 /* async: reserved figures come from the driver's pool; reports say whose. */
 static void body_async_reports_pool(void)
 {
@@ -377,8 +364,8 @@ static void body_async_reports_pool(void)
     CU_EXPECT(cu.cuDeviceGetDefaultMemPool(&dflt, d0));
     CU_EXPECT(cu.cuMemPoolGetAttribute(dflt, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used));
     EXPECT(strcmp(want, "private pool") == 0 ? used == 0 : used >= (1 << 20));
-    EXPECT(tally_write_ledger(collect, NULL) == 0);
-    EXPECT(strstr(got, want) != NULL);
+    EXPECT(tally_write_ledger(child_said_sink, NULL) == 0);
+    EXPECT(strstr(child_said, want) != NULL);
     char path[] = "/tmp/tally-cuda-report-XXXXXX";
     int fd = mkstemp(path);
     EXPECT(fd >= 0);
@@ -386,11 +373,11 @@ static void body_async_reports_pool(void)
     EXPECT(tally_write_report(path) == 0);
     FILE *f = fopen(path, "r");
     EXPECT(f != NULL);
-    got_len = fread(got, 1, sizeof got - 1, f);
-    got[got_len] = 0;
+    child_said_len = fread(child_said, 1, sizeof child_said - 1, f);
+    child_said[child_said_len] = 0;
     fclose(f);
     unlink(path);
-    EXPECT(strstr(got, strcmp(want, "default pool, shared") == 0 ? "\"reserved_from\":\"default pool, shared\""
+    EXPECT(strstr(child_said, strcmp(want, "default pool, shared") == 0 ? "\"reserved_from\":\"default pool, shared\""
                                                                   : "\"reserved_from\":\"private pool\"") != NULL);
     tally_free(p);
 }
@@ -725,14 +712,6 @@ static void body_graph_pool_errors(void)
 }
 
 /* ---- tests ------------------------------------------------------------------ */
-
-#define CUDA_TEST(name, conf, body, devices)                                                                       \
-    static void name(void **state)                                                                                 \
-    {                                                                                                              \
-        (void)state;                                                                                               \
-        need_devices(devices);                                                                                     \
-        in_child(conf, body);                                                                                      \
-    }
 
 CUDA_TEST(test_cuda_malloc_free, "backend:cuda,leak_report:off", body_malloc_free, 1)
 CUDA_TEST(test_async_malloc_free, "backend:async,leak_report:off", body_malloc_free, 1)

@@ -13,11 +13,13 @@
  * Each configuration (default, expandable segments, the timeline with sites
  * and the size limits, the allocation trace) runs in its own child, since the
  * configuration is read once. */
+#include "ledgerutil.h" /* lu_child_run: a child with jemalloc preloaded */
 #include "testutil.h"
 
 #include "core/internal.h"
 #include "ledger/stage.h"
 
+#include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -598,8 +600,69 @@ static void test_initialisation_without_memory_fails_cleanly(void **state)
     assert_true(nth > 2 && nth < 256); /* initialisation allocates, and finishes */
 }
 
-int main(void)
+/* With jemalloc in the process (preloaded), metadata comes from a jemalloc
+ * arena of tally's own, each block with a size header: tally__meta_bytes
+ * counts exactly the size asked for (1 for 0) plus that 16-byte header,
+ * every byte asked for is usable, a size that cannot take the header is
+ * refused, and every free gives back exactly what its allocation counted. */
+static int jemalloc_child(void)
 {
+    if (!dlsym(RTLD_DEFAULT, "mallctl"))
+        return 77; /* jemalloc is not installed: nothing preloaded */
+    if (strcmp(tally__meta_source(), "jemalloc") != 0) {
+        printf("jemalloc is in the process but the metadata comes from %s\n", tally__meta_source());
+        return 3;
+    }
+    static const size_t sizes[] = {0, 1, 7, 16, 100, 4096, 3 * MiB};
+    void *p[sizeof sizes / sizeof sizes[0]];
+    size_t base = tally__meta_bytes();
+    size_t counted = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t before = tally__meta_bytes();
+        p[i] = tally__meta_alloc(sizes[i]);
+        LU_REQUIRE(p[i] != NULL);
+        size_t want = (sizes[i] ? sizes[i] : 1) + 16;
+        if (tally__meta_bytes() - before != want) {
+            printf("%zu bytes: counted %zu, expected %zu\n", sizes[i], tally__meta_bytes() - before, want);
+            return 4;
+        }
+        counted += want;
+        memset(p[i], 0xa5, sizes[i] ? sizes[i] : 1);
+    }
+    LU_REQUIRE(tally__meta_bytes() - base == counted);
+    LU_REQUIRE(tally__meta_alloc(SIZE_MAX - 8) == NULL);
+    LU_REQUIRE(tally__meta_bytes() - base == counted);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t before = tally__meta_bytes();
+        tally__meta_free(p[i]);
+        size_t want = (sizes[i] ? sizes[i] : 1) + 16;
+        if (before - tally__meta_bytes() != want) {
+            printf("%zu bytes: freeing gave back %zu, expected %zu\n", sizes[i], before - tally__meta_bytes(), want);
+            return 5;
+        }
+    }
+    LU_REQUIRE(tally__meta_bytes() == base);
+    /* The library runs on it: a block, its free, a clean check. */
+    tally_set_sink(discard, NULL);
+    void *b = tally_malloc(MiB, 0, NULL);
+    LU_REQUIRE(b != NULL);
+    tally_free(b);
+    LU_REQUIRE(tally_check() == 0);
+    return 0;
+}
+
+static void test_metadata_from_jemalloc_counts_each_block_exactly(void **state)
+{
+    (void)state;
+    static const char *const env[] = {"LD_PRELOAD=libjemalloc.so.2", NULL};
+    LU_CHILD_OK_OR_SKIP("jemalloc", BASE, env, "jemalloc (libjemalloc.so.2) is not installed");
+}
+
+int main(int argc, char **argv)
+{
+    static const lu_role_t roles[] = {{"jemalloc", jemalloc_child}, {NULL, NULL}};
+    if (argc >= 3 && strcmp(argv[1], "--child") == 0)
+        return lu_child_main(argv[2], roles);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_out_of_metadata_default),
         cmocka_unit_test(test_out_of_metadata_expandable),
@@ -612,6 +675,7 @@ int main(void)
         cmocka_unit_test(test_out_of_host_memory_through_pytorch_raises_an_oom),
         cmocka_unit_test(test_private_segment_whose_record_cannot_be_had_goes_back),
         cmocka_unit_test(test_initialisation_without_memory_fails_cleanly),
+        cmocka_unit_test(test_metadata_from_jemalloc_counts_each_block_exactly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

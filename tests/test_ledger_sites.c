@@ -7,6 +7,9 @@
  * ROLE), so the exit path and leak_exitcode run for real. */
 #include "ledgerutil.h"
 
+#include "ledger/site.h" /* tally__symbolize, tally__frame_format */
+
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -130,6 +133,53 @@ static int child_ignored(void)
     return 0;
 }
 
+/* The symbolizer on its own, in a fresh process: whether it has file and
+ * line information (libdw) is whether libdw.so.1 loads, asked twice (its
+ * lock is given back); an address in no module is the bare "0x... in ??";
+ * and a library loaded after the symbolizer started is found: its exported
+ * function named with the offset into it and the offset into the module,
+ * and, with libdw and the stand-in's debug information, its file and line.
+ * The stand-in libcuda.so.1 on LD_LIBRARY_PATH is that library. */
+static int child_symbolizer(void)
+{
+    alarm(30); /* a lock never given back: a clean death, not a hang */
+    void *dw = dlopen("libdw.so.1", RTLD_NOW | RTLD_LOCAL);
+    bool have_dw = dw != NULL;
+    LU_REQUIRE(tally__symbolizer_has_dwarf() == have_dw);
+    LU_REQUIRE(tally__symbolizer_has_dwarf() == have_dw);
+    tally_frame_sym_t f[TALLY_INLINE_MAX];
+    char text[1200];
+    LU_REQUIRE(tally__symbolize(0x10, f, TALLY_INLINE_MAX) == 1);
+    tally__frame_format(&f[0], text, sizeof text);
+    LU_REQUIRE(strcmp(text, "0x000000000010 in ??") == 0);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        printf("no libcuda.so.1 on the library path\n");
+        return 77;
+    }
+    void *fn = dlsym(h, "cuInit");
+    Dl_info info;
+    LU_REQUIRE(fn && dladdr(fn, &info) && info.dli_fname);
+    uintptr_t pc = (uintptr_t)fn + 5; /* a return address 5 bytes into cuInit */
+    LU_REQUIRE(tally__symbolize(pc, f, TALLY_INLINE_MAX) >= 1);
+    tally__frame_format(&f[0], text, sizeof text);
+    printf("libdw %s: %s\n", have_dw ? "loaded" : "absent", text);
+    LU_REQUIRE(f[0].pc == pc);
+    LU_REQUIRE(strcmp(f[0].func, "cuInit") == 0);
+    LU_REQUIRE(f[0].line > 0 || f[0].func_offset == 5); /* with a line, the offset is not shown */
+    LU_REQUIRE(f[0].module_offset == pc - (uintptr_t)info.dli_fbase);
+    LU_REQUIRE(strstr(f[0].module, "libcuda.so.1") != NULL);
+    if (have_dw && strstr(info.dli_fname, "/standin/")) {
+        LU_REQUIRE(f[0].line > 0 && strstr(f[0].file, "standin/init.c"));
+    } else if (!have_dw) {
+        char want[200];
+        snprintf(want, sizeof want, "0x%012llx in cuInit+0x5 (libcuda.so.1+0x%llx)", (unsigned long long)pc,
+                 (unsigned long long)(pc - (uintptr_t)info.dli_fbase));
+        LU_REQUIRE(strcmp(text, want) == 0);
+    }
+    return 0;
+}
+
 /* ---- native frames ------------------------------------------------------------ */
 
 static void expect_frame(const char *text, const char *func, int line)
@@ -148,6 +198,36 @@ static void expect_frame(const char *text, const char *func, int line)
     snprintf(want, sizeof want, "test_ledger_sites.c:%d", line);
     const char *file = strstr(at, want);
     assert_true(file && file < eol);
+}
+
+static void run_symbolizer(const char *const *env)
+{
+    LU_CHILD_OK_OR_SKIP("symbolizer", BASE, env, "no libcuda.so.1 (the stand-in) on the library path");
+}
+
+static void test_symbolizer_names_a_library_loaded_after_it_started(void **state)
+{
+    (void)state;
+    run_symbolizer(NULL);
+}
+
+/* libdw.so.1 that does not load (an empty file first on the library path):
+ * no file and line, names from the dynamic symbol table (dladdr). */
+static void test_symbolizer_without_libdw_names_exported_functions(void **state)
+{
+    (void)state;
+    static char path[700], dir[600];
+    snprintf(dir, sizeof dir, "%s/nodw", lu_tmpdir());
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/libdw.so.1", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fclose(f);
+    const char *old = getenv("LD_LIBRARY_PATH");
+    static char env_path[2048];
+    snprintf(env_path, sizeof env_path, "LD_LIBRARY_PATH=%s%s%s", dir, old ? ":" : "", old ? old : "");
+    const char *const env[] = {env_path, NULL};
+    run_symbolizer(env);
 }
 
 static void test_leak_report_names_function_file_and_line(void **state)
@@ -619,6 +699,7 @@ static const lu_role_t roles[] = {
     {"inlined", child_inlined},
     {"garbage-fp", child_garbage_fp},
     {"stage", child_stage},
+    {"symbolizer", child_symbolizer},
     {NULL, NULL},
 };
 
@@ -645,6 +726,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sites_from_many_threads_while_reports_are_written),
         cmocka_unit_test(test_pattern_matching),
         cmocka_unit_test(test_pattern_ending_early_while_the_name_goes_on),
+        cmocka_unit_test(test_symbolizer_names_a_library_loaded_after_it_started),
+        cmocka_unit_test(test_symbolizer_without_libdw_names_exported_functions),
     };
     int failed = cmocka_run_group_tests_name("sites", tests, NULL, NULL);
     lu_tmpdir_cleanup();

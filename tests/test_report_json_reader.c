@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/internal.h" /* tally__meta_fail */
 #include "report/json.h"
 
 /* ---- JSON reader -------------------------------------------------------- */
@@ -432,9 +433,48 @@ static void test_json_mangled_input(void **state)
     free(copy);
 }
 
+/* Out of memory at each of the reader's allocations in turn: the parse
+ * fails with "byte N: out of memory", N the byte it was reading (the start
+ * of the value, string or element it needed the memory for, inside the
+ * text) and the same N in *err_offset; once memory is back the same text
+ * parses whole. */
+static void test_json_out_of_memory_names_the_byte_being_read(void **state)
+{
+    (void)state;
+    const char *text = "{\"tag\": \"x\", \"list\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 1.00000000000000000000000000000000"
+                       "0000000000000000000000000000000000000000000000000005]}";
+    size_t len = strlen(text);
+    int failures = 0, past_start = 0;
+    for (uint64_t nth = 1; nth < 100; nth++) {
+        char err[256], want[64];
+        size_t at = (size_t)-1;
+        tally__meta_fail(nth, 0);
+        tally_json_t *v = tally__json_parse(text, len, err, sizeof err, &at);
+        uint64_t hits = tally__meta_fail_hits();
+        tally__meta_fail(0, 0);
+        if (!hits) {
+            assert_non_null(v);
+            break;
+        }
+        assert_null(v);
+        failures++;
+        assert_true(at < len);
+        assert_non_null(strchr("{[\" 0123456789", text[at])); /* a value, or the blank before one */
+        snprintf(want, sizeof want, "byte %zu: out of memory", at);
+        assert_string_equal(err, want);
+        past_start += at > 0;
+    }
+    assert_true(failures >= 5); /* the root, members, strings, items grown past 4, a long number */
+    assert_true(past_start >= 4);
+    tally_json_t *v = parse_ok(text);
+    assert_int_equal(tally__json_get(v, "list")->len, 10);
+    tally__json_free(v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_out_of_memory_names_the_byte_being_read),
         cmocka_unit_test(test_json_values),
         cmocka_unit_test(test_json_strings),
         cmocka_unit_test(test_json_number_grammar),
