@@ -111,36 +111,6 @@ tally_pool_t *tally__pool_for(tally_device_t *d, tally_gpool_t *gp, int kind)
 
 /* ---- block records ------------------------------------------------------- */
 
-static inline tally_block_t *block_new(tally_device_t *d)
-{
-    if (!d->spare_blocks) {
-        enum { BATCH = 64 };
-        tally_block_t *batch = tally__meta_alloc(BATCH * sizeof *batch);
-        if (!batch)
-            return NULL;
-        for (int i = 0; i < BATCH; i++) {
-            batch[i].next = d->spare_blocks;
-            d->spare_blocks = &batch[i];
-        }
-    }
-    tally_block_t *b = d->spare_blocks;
-    d->spare_blocks = b->next;
-    /* Callers set addr, size, stream, seg, pool, prev and next. */
-    b->left = b->right = NULL;
-    b->state = BLOCK_FREE;
-    b->paged = 0;
-    b->deferred = 0;
-    b->event_count = 0;
-    b->nuses = b->cap_uses = 0;
-    b->uses = NULL;
-    b->requested = 0;
-    b->tag = b->stage = 0;
-    b->lentry = UINT32_MAX;
-    b->seq = 0;
-    b->site = NULL;
-    return b;
-}
-
 void tally__cache_block_delete_locked(tally_device_t *d, tally_block_t *b)
 {
     if (b->uses) {
@@ -157,6 +127,10 @@ void tally__cache_block_delete_locked(tally_device_t *d, tally_block_t *b)
  * merging with free neighbours (the lower one first). */
 void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b)
 {
+    if (b->pool == TALLY_POOL_SMALL) {
+        tally__small_free_block_locked(d, b);
+        return;
+    }
     size_t original = b->size;
     if (TALLY_UNLIKELY(b->paged)) {
         tally__expand_unref_locked(b);
@@ -275,7 +249,10 @@ void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
         if (b->event_count)
             return;
     }
-    tally__cache_free_block_locked(d, b);
+    if (TALLY_LIKELY(b->pool == TALLY_POOL_SMALL))
+        tally__small_free_block_locked(d, b);
+    else
+        tally__cache_free_block_locked(d, b);
 }
 
 /* ---- allocate ------------------------------------------------------------ */
@@ -352,7 +329,7 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
         return false;
     }
     tally_segment_t *s = tally__meta_calloc(sizeof *s);
-    tally_block_t *b = s ? block_new(d) : NULL;
+    tally_block_t *b = s ? tally__cache_block_new(d) : NULL;
     if (!b) {
         if (s && vm) {
             s->base = (uintptr_t)ptr;
@@ -451,7 +428,7 @@ static bool find_block(tally_device_t *d, alloc_params_t *p)
     if (p->pool == TALLY_POOL_LARGE && tally__expand_on() && !p->gp) {
         /* The stream's region holds every large block; memory is mapped
          * once the block is chosen (tally__cache_malloc_locked). */
-        int rc = tally__expand_region_locked(d, p->stream, block_new, p->why, sizeof p->why);
+        int rc = tally__expand_region_locked(d, p->stream, tally__cache_block_new, p->why, sizeof p->why);
         if (rc) {
             p->err = rc;
             return false;
@@ -499,20 +476,8 @@ static inline __attribute__((always_inline)) void take_front(tally_device_t *d, 
                               bool counted, int kind)
 {
     bool already_split = b->prev || b->next;
-    tally_block_t *rest = split ? block_new(d) : NULL;
+    tally_block_t *rest = split ? tally__cache_cut_front(d, b, size) : NULL;
     if (rest) {
-        rest->addr = b->addr + size;
-        rest->size = b->size - size;
-        rest->stream = b->stream;
-        rest->seg = b->seg;
-        rest->pool = b->pool;
-        rest->state = BLOCK_FREE;
-        rest->prev = b;
-        rest->next = b->next;
-        if (rest->next)
-            rest->next->prev = rest;
-        b->next = rest;
-        b->size = size;
         tally__pool_insert(pool, rest);
         if (counted && already_split) {
             tally__stat_pool_dec(d->stats.inactive_split_bytes, kind, (int64_t)b->size);
@@ -548,24 +513,6 @@ static inline __attribute__((always_inline)) tally_block_t *hand_out(tally_devic
     return b;
 }
 
-/* The fast path of a small request (issue 21, item 7), size rounded: the
- * block, split and statistics of the general path below, taken in fewer
- * steps, when a cached block of the device's small pool fits and a block
- * record and room in the pointer map are at hand. NULL, with nothing
- * changed, sends the request down the general path. */
-static inline __attribute__((always_inline)) tally_block_t *small_fast(tally_device_t *d, size_t size, size_t orig, void *stream, void *site)
-{
-    if (TALLY_UNLIKELY(!d->spare_blocks || (d->map.count + 1) * 2 > d->map.mask + 1))
-        return NULL; /* the general path makes records and grows the map */
-    tally_block_t *b = tally__pool_small_take(&d->small, stream, size);
-    if (!b)
-        return NULL;
-    b->state = BLOCK_ALLOCATED;
-    take_front(d, &d->small, b, size, b->size - size >= MIN_BLOCK, true, TALLY_POOL_SMALL);
-    tally__ptrmap_put(&d->map, b->addr, b); /* room was checked: it cannot fail */
-    return hand_out(d, b, TALLY_POOL_SMALL, orig, site, false);
-}
-
 /* Whether a request of orig bytes may take the fast path: the device's own
  * small pool (no graph or private pool, no capture, no pass-through
  * backend), PyTorch's default rounding, no memory fraction (so no garbage
@@ -598,7 +545,7 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
 {
     bool capturing = alloc_begin(d, stream);
     if (TALLY_LIKELY(fast_ok(d, orig, capturing, NULL))) {
-        tally_block_t *b = small_fast(d, round_size(orig), orig, stream, site);
+        tally_block_t *b = tally__small_alloc_locked(d, round_size(orig), orig, stream, site);
         if (b)
             return b;
     }

@@ -222,9 +222,6 @@ void tally__pool_erase(tally_pool_t *p, tally_block_t *b);
 /* Best fit: the smallest block of this stream with size >= size (lowest
  * address among equals), or NULL. */
 tally_block_t *tally__pool_lower_bound(tally_pool_t *p, void *stream, size_t size);
-/* The small pool: the best fit taken out of its bin in one step (size a
- * multiple of 512 B, at most 2 MiB), or NULL. */
-tally_block_t *tally__pool_small_take(tally_pool_t *p, void *stream, size_t size);
 /* Largest block with key < (stream, size, addr), or NULL. */
 tally_block_t *tally__pool_before(tally_pool_t *p, void *stream, size_t size, uintptr_t addr);
 /* Large pool: the next block after b in (stream, size, address) order on
@@ -234,6 +231,27 @@ tally_block_t *tally__pool_after(tally_pool_t *p, const tally_block_t *b);
 size_t tally__pool_walk(const tally_pool_t *p, void (*fn)(tally_block_t *, void *), void *arg);
 /* Verify order and heap property; returns node count or -1. */
 long tally__pool_verify(const tally_pool_t *p);
+
+/* tree.c: the treap operations behind the small pool's bins. */
+void tally__treap_insert(tally_block_t **slot, tally_block_t *b);
+void tally__treap_erase(tally_block_t **slot, tally_block_t *b);
+size_t tally__treap_walk(tally_block_t *t, void (*fn)(tally_block_t *, void *), void *arg);
+long tally__treap_verify(const tally_block_t *t); /* node count, or -1 */
+
+/* small.c: the small pool's bins, for tree.c's pool functions. */
+void tally__bins_insert(struct tally_binset *set, tally_block_t *b);
+void tally__bins_erase(struct tally_binset *set, tally_block_t *b);
+tally_block_t *tally__bins_lower_bound(tally_pool_t *p, void *stream, size_t size);
+size_t tally__bins_walk(const tally_pool_t *p, void (*fn)(tally_block_t *, void *), void *arg);
+long tally__bins_verify(const tally_pool_t *p); /* free blocks in the bins, or -1 */
+/* small.c: the fast paths. An allocation of size bytes (rounded, at most
+ * 1 MiB; orig asked) from the device's own small pool, when a cached block
+ * fits and a block record and room in the pointer map are at hand: NULL,
+ * with nothing changed, sends it down the general path. The free of a
+ * small-pool block whose user and events are done: merged, put in its bin
+ * and counted (tally__cache_free_block_locked for the small pool). */
+tally_block_t *tally__small_alloc_locked(tally_device_t *d, size_t size, size_t orig, void *stream, void *site);
+void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b);
 
 /* ptrmap.c */
 int tally__ptrmap_init(tally_ptrmap_t *m, size_t capacity);
@@ -419,6 +437,13 @@ void tally__cache_release_block_locked(tally_device_t *d, tally_block_t *b);
  * segments at least as old as the mean until reserved memory is down to
  * gc_threshold of the cap. */
 void tally__cache_garbage_collect_locked(tally_device_t *d);
+/* small.c: a new block record (every field but addr, size, stream, seg,
+ * pool, prev and next set as for a free block), or NULL out of memory. */
+tally_block_t *tally__cache_block_new(tally_device_t *d);
+/* Split b (out of its pool) after its first size bytes: the rest goes to a
+ * new free record linked after b, returned in no pool; NULL, b unchanged,
+ * out of memory. */
+tally_block_t *tally__cache_cut_front(tally_device_t *d, tally_block_t *b, size_t size);
 /* cache.c, for segment.c: a block record goes back to the free list. */
 void tally__cache_block_delete_locked(tally_device_t *d, tally_block_t *b);
 

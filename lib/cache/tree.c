@@ -99,150 +99,15 @@ static bool root_erase(tally_block_t **slot, tally_block_t *b)
     return true;
 }
 
-/* ---- the small pool: exact size bins per stream ---------------------------
- * Small-pool blocks are multiples of 512 B up to 2 MiB, so each stream gets
- * 4096 bins, one per size, each a treap ordered by address, and a two-level
- * bitmap of non-empty bins. The best fit is the lowest address in the first
- * non-empty bin at or above the request: the same block the ordered set
- * would give, found with two bit scans instead of a tree descent. */
-
-static tally_binset_t *binset_find(tally_pool_t *p, void *stream)
+/* The treap operations the small pool's bins use (small.c). */
+void tally__treap_insert(tally_block_t **slot, tally_block_t *b)
 {
-    if (p->nsets && p->sets[p->last_set]->stream == stream)
-        return p->sets[p->last_set];
-    for (uint32_t i = 0; i < p->nsets; i++) {
-        if (p->sets[i]->stream == stream) {
-            p->last_set = i;
-            return p->sets[i];
-        }
-    }
-    return NULL;
+    root_insert(slot, b);
 }
 
-static tally_binset_t *binset_make(tally_pool_t *p, void *stream)
+void tally__treap_erase(tally_block_t **slot, tally_block_t *b)
 {
-    tally_binset_t *set = binset_find(p, stream);
-    if (set)
-        return set;
-    if (p->nsets == p->cap_sets) {
-        uint32_t cap = p->cap_sets ? p->cap_sets * 2 : 4;
-        tally_binset_t **grown = tally__meta_alloc(cap * sizeof *grown);
-        if (!grown)
-            return NULL;
-        if (p->nsets)
-            memcpy(grown, p->sets, p->nsets * sizeof *grown);
-        tally__meta_free(p->sets);
-        p->sets = grown;
-        p->cap_sets = cap;
-    }
-    set = tally__meta_calloc(sizeof *set);
-    if (!set)
-        return NULL;
-    set->stream = stream;
-    p->sets[p->nsets] = set;
-    p->last_set = p->nsets++;
-    return set;
-}
-
-int tally__pool_prepare(tally_pool_t *p, void *stream, tally_binset_t **set)
-{
-    *set = NULL;
-    if (p->kind != TALLY_POOL_SMALL)
-        return 0;
-    *set = binset_make(p, stream);
-    return *set ? 0 : -1;
-}
-
-static inline uint32_t bin_of(size_t size)
-{
-    return (uint32_t)(size >> 9) - 1;
-}
-
-static inline void bin_insert(tally_binset_t *set, tally_block_t *b)
-{
-    uint32_t i = bin_of(b->size);
-    if (!set->roots[i]) {
-        /* An empty bin (the common case): no descent, no call. */
-        b->left = b->right = NULL;
-        set->roots[i] = b;
-    } else {
-        root_insert(&set->roots[i], b);
-    }
-    set->bits[i >> 6] |= 1ull << (i & 63);
-    set->summary |= 1ull << (i >> 6);
-}
-
-static inline void bin_erase(tally_binset_t *set, tally_block_t *b)
-{
-    uint32_t i = bin_of(b->size);
-    if (set->roots[i] == b && !b->left && !b->right)
-        set->roots[i] = NULL; /* the bin's only block */
-    else
-        root_erase(&set->roots[i], b);
-    if (!set->roots[i]) {
-        set->bits[i >> 6] &= ~(1ull << (i & 63));
-        if (!set->bits[i >> 6])
-            set->summary &= ~(1ull << (i >> 6));
-    }
-}
-
-static tally_block_t *leftmost(tally_block_t *t)
-{
-    while (t && t->left)
-        t = t->left;
-    return t;
-}
-
-/* The first non-empty bin at or above bin i, or TALLY_SMALL_BINS. */
-static inline uint32_t bin_first_from(const tally_binset_t *set, uint32_t i)
-{
-    uint32_t w = i >> 6;
-    uint64_t m = set->bits[w] & (~0ull << (i & 63));
-    if (!m) {
-        uint64_t rest = w == 63 ? 0 : set->summary & (~0ull << (w + 1));
-        if (!rest)
-            return TALLY_SMALL_BINS;
-        w = (uint32_t)__builtin_ctzll(rest);
-        m = set->bits[w];
-    }
-    return (w << 6) + (uint32_t)__builtin_ctzll(m);
-}
-
-static tally_block_t *bin_lower_bound(tally_binset_t *set, size_t size)
-{
-    uint32_t i = size < 512 ? 0 : bin_of(size);
-    if (i >= TALLY_SMALL_BINS || (i = bin_first_from(set, i)) == TALLY_SMALL_BINS)
-        return NULL;
-    return leftmost(set->roots[i]);
-}
-
-/* The small pool's best fit for size (>= 512 B, <= 2 MiB) on stream, taken
- * out of its bin in the same step: the lowest address of the first
- * non-empty bin at or above size, the block tally__pool_lower_bound gives,
- * unlinked as tally__pool_erase would (a treap's leftmost node gives way to
- * its right subtree). NULL when no block fits. */
-tally_block_t *tally__pool_small_take(tally_pool_t *p, void *stream, size_t size)
-{
-    tally_binset_t *set = binset_find(p, stream);
-    if (!set)
-        return NULL;
-    uint32_t i = bin_first_from(set, bin_of(size)), w = i >> 6;
-    if (i == TALLY_SMALL_BINS)
-        return NULL;
-    tally_block_t **slot = &set->roots[i], *b = *slot;
-    while (b->left) {
-        slot = &b->left;
-        b = b->left;
-    }
-    *slot = b->right;
-    b->right = NULL;
-    if (!set->roots[i]) {
-        set->bits[w] &= ~(1ull << (i & 63));
-        if (!set->bits[w])
-            set->summary &= ~(1ull << w);
-    }
-    p->count--;
-    return b;
+    root_erase(slot, b);
 }
 
 void tally__pool_insert(tally_pool_t *p, tally_block_t *b)
@@ -250,7 +115,7 @@ void tally__pool_insert(tally_pool_t *p, tally_block_t *b)
     b->gc_base = p->get_free_calls;
     if (p->kind == TALLY_POOL_SMALL) {
         /* tally__pool_prepare gave the segment its stream's bin set. */
-        bin_insert(b->seg->bins, b);
+        tally__bins_insert(b->seg->bins, b);
     } else {
         root_insert(&p->root, b);
     }
@@ -260,7 +125,7 @@ void tally__pool_insert(tally_pool_t *p, tally_block_t *b)
 void tally__pool_erase(tally_pool_t *p, tally_block_t *b)
 {
     if (p->kind == TALLY_POOL_SMALL) {
-        bin_erase(b->seg->bins, b);
+        tally__bins_erase(b->seg->bins, b);
     } else if (!root_erase(&p->root, b)) {
         return;
     }
@@ -269,10 +134,8 @@ void tally__pool_erase(tally_pool_t *p, tally_block_t *b)
 
 tally_block_t *tally__pool_lower_bound(tally_pool_t *p, void *stream, size_t size)
 {
-    if (p->kind == TALLY_POOL_SMALL) {
-        tally_binset_t *set = binset_find(p, stream);
-        return set ? bin_lower_bound(set, size) : NULL;
-    }
+    if (p->kind == TALLY_POOL_SMALL)
+        return tally__bins_lower_bound(p, stream, size);
     tally_block_t *t = p->root, *best = NULL;
     while (t) {
         if (key_cmp((uintptr_t)t->stream, t->size, t->addr, (uintptr_t)stream, size, 0) >= 0) {
@@ -337,29 +200,14 @@ static size_t walk(tally_block_t *t, void (*fn)(tally_block_t *, void *), void *
     return n;
 }
 
-size_t tally__pool_walk(const tally_pool_t *p, void (*fn)(tally_block_t *, void *), void *arg)
+size_t tally__treap_walk(tally_block_t *t, void (*fn)(tally_block_t *, void *), void *arg)
 {
-    if (p->kind != TALLY_POOL_SMALL)
-        return walk(p->root, fn, arg);
-    size_t n = 0;
-    /* Only the non-empty bins, through the bitmap. */
-    for (uint32_t s = 0; s < p->nsets; s++) {
-        const tally_binset_t *set = p->sets[s];
-        for (uint64_t words = set->summary; words; words &= words - 1) {
-            uint32_t w = (uint32_t)__builtin_ctzll(words);
-            for (uint64_t bits = set->bits[w]; bits; bits &= bits - 1)
-                n += walk(set->roots[(w << 6) + (uint32_t)__builtin_ctzll(bits)], fn, arg);
-        }
-    }
-    return n;
+    return walk(t, fn, arg);
 }
 
-static bool bin_members_ok(const tally_block_t *t, void *stream, size_t size)
+size_t tally__pool_walk(const tally_pool_t *p, void (*fn)(tally_block_t *, void *), void *arg)
 {
-    if (!t)
-        return true;
-    return t->stream == stream && t->size == size && bin_members_ok(t->left, stream, size) &&
-           bin_members_ok(t->right, stream, size);
+    return p->kind == TALLY_POOL_SMALL ? tally__bins_walk(p, fn, arg) : walk(p->root, fn, arg);
 }
 
 static long verify(const tally_block_t *t, const tally_block_t *lo, const tally_block_t *hi)
@@ -378,42 +226,14 @@ static long verify(const tally_block_t *t, const tally_block_t *lo, const tally_
     return l + r + 1;
 }
 
+long tally__treap_verify(const tally_block_t *t)
+{
+    return verify(t, NULL, NULL);
+}
+
 long tally__pool_verify(const tally_pool_t *p)
 {
-    long n = 0;
-    if (p->kind != TALLY_POOL_SMALL) {
-        n = verify(p->root, NULL, NULL);
-    } else {
-        /* Word by word: an empty word's 64 roots are compared with NULLs in
-         * one memcmp, so a check costs little for the thousands of empty
-         * bins of each stream. */
-        static tally_block_t *const none[64];
-        for (uint32_t s = 0; s < p->nsets; s++) {
-            const tally_binset_t *set = p->sets[s];
-            for (uint32_t w = 0; w < TALLY_SMALL_BINS / 64; w++) {
-                uint64_t bits = set->bits[w];
-                tally_block_t *const *roots = &set->roots[w << 6];
-                if (((set->summary >> w) & 1) != (bits != 0))
-                    return -1;
-                if (!bits) {
-                    if (memcmp(roots, none, sizeof none) != 0)
-                        return -1;
-                    continue;
-                }
-                for (uint32_t k = 0; k < 64; k++) {
-                    bool bit = (bits >> k) & 1;
-                    if (bit != (roots[k] != NULL))
-                        return -1;
-                    if (!bit)
-                        continue;
-                    long c = verify(roots[k], NULL, NULL);
-                    if (c < 0 || !bin_members_ok(roots[k], set->stream, ((size_t)(w << 6) + k + 1) << 9))
-                        return -1;
-                    n += c;
-                }
-            }
-        }
-    }
+    long n = p->kind == TALLY_POOL_SMALL ? tally__bins_verify(p) : verify(p->root, NULL, NULL);
     if (n >= 0 && (size_t)n != p->count)
         return -1;
     return n;

@@ -1,0 +1,402 @@
+/* The small pool: free blocks of at most 2 MiB binned by exact size per
+ * stream, and the fast paths of a small allocation and of its free, which
+ * work on the bins directly (issue 21, item 7).
+ *
+ * Small-pool blocks are multiples of 512 B up to 2 MiB, so each stream gets
+ * 4096 bins, one per size, each a treap ordered by address (tree.c), and a
+ * two-level bitmap of non-empty bins. The best fit is the lowest address in
+ * the first non-empty bin at or above the request: the block PyTorch's
+ * ordered set would give, found with two bit scans instead of a tree
+ * descent.
+ *
+ * The fast paths do what the general ones in cache.c do for such a block
+ * (best fit, split, merge with free neighbours, PyTorch's statistics, the
+ * pointer map, the hooks), in one function each, with the pool's kind, the
+ * bin set and the split rule known: the same placement and the same
+ * statistics, fewer steps. Block records come from here too: the device's
+ * spare list, filled 64 at a time, which the fast allocation takes from
+ * inline. */
+#include "cache/cache.h"
+
+#include <string.h>
+
+#define MIN_BLOCK 512u
+
+/* ---- bins ----------------------------------------------------------------- */
+
+static inline tally_binset_t *binset_find(tally_pool_t *p, void *stream)
+{
+    if (p->nsets && p->sets[p->last_set]->stream == stream)
+        return p->sets[p->last_set];
+    for (uint32_t i = 0; i < p->nsets; i++) {
+        if (p->sets[i]->stream == stream) {
+            p->last_set = i;
+            return p->sets[i];
+        }
+    }
+    return NULL;
+}
+
+static tally_binset_t *binset_make(tally_pool_t *p, void *stream)
+{
+    tally_binset_t *set = binset_find(p, stream);
+    if (set)
+        return set;
+    if (p->nsets == p->cap_sets) {
+        uint32_t cap = p->cap_sets ? p->cap_sets * 2 : 4;
+        tally_binset_t **grown = tally__meta_alloc(cap * sizeof *grown);
+        if (!grown)
+            return NULL;
+        if (p->nsets)
+            memcpy(grown, p->sets, p->nsets * sizeof *grown);
+        tally__meta_free(p->sets);
+        p->sets = grown;
+        p->cap_sets = cap;
+    }
+    set = tally__meta_calloc(sizeof *set);
+    if (!set)
+        return NULL;
+    set->stream = stream;
+    p->sets[p->nsets] = set;
+    p->last_set = p->nsets++;
+    return set;
+}
+
+int tally__pool_prepare(tally_pool_t *p, void *stream, tally_binset_t **set)
+{
+    *set = NULL;
+    if (p->kind != TALLY_POOL_SMALL)
+        return 0;
+    *set = binset_make(p, stream);
+    return *set ? 0 : -1;
+}
+
+static inline uint32_t bin_of(size_t size)
+{
+    return (uint32_t)(size >> 9) - 1;
+}
+
+static inline void bin_insert(tally_binset_t *set, tally_block_t *b)
+{
+    uint32_t i = bin_of(b->size);
+    if (!set->roots[i]) {
+        /* An empty bin (the common case): no descent, no call. */
+        b->left = b->right = NULL;
+        set->roots[i] = b;
+    } else {
+        tally__treap_insert(&set->roots[i], b);
+    }
+    set->bits[i >> 6] |= 1ull << (i & 63);
+    set->summary |= 1ull << (i >> 6);
+}
+
+static inline void bin_clear_if_empty(tally_binset_t *set, uint32_t i)
+{
+    if (!set->roots[i]) {
+        set->bits[i >> 6] &= ~(1ull << (i & 63));
+        if (!set->bits[i >> 6])
+            set->summary &= ~(1ull << (i >> 6));
+    }
+}
+
+static inline void bin_erase(tally_binset_t *set, tally_block_t *b)
+{
+    uint32_t i = bin_of(b->size);
+    if (set->roots[i] == b && !b->left && !b->right)
+        set->roots[i] = NULL; /* the bin's only block */
+    else
+        tally__treap_erase(&set->roots[i], b);
+    bin_clear_if_empty(set, i);
+}
+
+void tally__bins_insert(tally_binset_t *set, tally_block_t *b)
+{
+    bin_insert(set, b);
+}
+
+void tally__bins_erase(tally_binset_t *set, tally_block_t *b)
+{
+    bin_erase(set, b);
+}
+
+/* The first non-empty bin at or above bin i, or TALLY_SMALL_BINS. */
+static inline uint32_t bin_first_from(const tally_binset_t *set, uint32_t i)
+{
+    uint32_t w = i >> 6;
+    uint64_t m = set->bits[w] & (~0ull << (i & 63));
+    if (!m) {
+        uint64_t rest = w == 63 ? 0 : set->summary & (~0ull << (w + 1));
+        if (!rest)
+            return TALLY_SMALL_BINS;
+        w = (uint32_t)__builtin_ctzll(rest);
+        m = set->bits[w];
+    }
+    return (w << 6) + (uint32_t)__builtin_ctzll(m);
+}
+
+tally_block_t *tally__bins_lower_bound(tally_pool_t *p, void *stream, size_t size)
+{
+    tally_binset_t *set = binset_find(p, stream);
+    uint32_t i = size < 512 ? 0 : bin_of(size);
+    if (!set || i >= TALLY_SMALL_BINS || (i = bin_first_from(set, i)) == TALLY_SMALL_BINS)
+        return NULL;
+    tally_block_t *t = set->roots[i];
+    while (t->left)
+        t = t->left;
+    return t;
+}
+
+/* The lowest address of non-empty bin i, unlinked as an erase would (a
+ * treap's leftmost node gives way to its right subtree). */
+static inline tally_block_t *bin_take_first(tally_binset_t *set, uint32_t i)
+{
+    tally_block_t **slot = &set->roots[i], *b = *slot;
+    while (b->left) {
+        slot = &b->left;
+        b = b->left;
+    }
+    *slot = b->right;
+    b->right = NULL;
+    bin_clear_if_empty(set, i);
+    return b;
+}
+
+size_t tally__bins_walk(const tally_pool_t *p, void (*fn)(tally_block_t *, void *), void *arg)
+{
+    size_t n = 0;
+    /* Only the non-empty bins, through the bitmap. */
+    for (uint32_t s = 0; s < p->nsets; s++) {
+        const tally_binset_t *set = p->sets[s];
+        for (uint64_t words = set->summary; words; words &= words - 1) {
+            uint32_t w = (uint32_t)__builtin_ctzll(words);
+            for (uint64_t bits = set->bits[w]; bits; bits &= bits - 1)
+                n += tally__treap_walk(set->roots[(w << 6) + (uint32_t)__builtin_ctzll(bits)], fn, arg);
+        }
+    }
+    return n;
+}
+
+static bool bin_members_ok(const tally_block_t *t, void *stream, size_t size)
+{
+    if (!t)
+        return true;
+    return t->stream == stream && t->size == size && bin_members_ok(t->left, stream, size) &&
+           bin_members_ok(t->right, stream, size);
+}
+
+long tally__bins_verify(const tally_pool_t *p)
+{
+    long n = 0;
+    /* Word by word: an empty word's 64 roots are compared with NULLs in one
+     * memcmp, so a check costs little for the thousands of empty bins of
+     * each stream. */
+    static tally_block_t *const none[64];
+    for (uint32_t s = 0; s < p->nsets; s++) {
+        const tally_binset_t *set = p->sets[s];
+        for (uint32_t w = 0; w < TALLY_SMALL_BINS / 64; w++) {
+            uint64_t bits = set->bits[w];
+            tally_block_t *const *roots = &set->roots[w << 6];
+            if (((set->summary >> w) & 1) != (bits != 0))
+                return -1;
+            if (!bits) {
+                if (memcmp(roots, none, sizeof none) != 0)
+                    return -1;
+                continue;
+            }
+            for (uint32_t k = 0; k < 64; k++) {
+                bool bit = (bits >> k) & 1;
+                if (bit != (roots[k] != NULL))
+                    return -1;
+                if (!bit)
+                    continue;
+                long c = tally__treap_verify(roots[k]);
+                if (c < 0 || !bin_members_ok(roots[k], set->stream, ((size_t)(w << 6) + k + 1) << 9))
+                    return -1;
+                n += c;
+            }
+        }
+    }
+    return n;
+}
+
+/* ---- the fast allocation -------------------------------------------------- */
+
+/* A spare block record made ready for a free piece (d->spare_blocks is not
+ * empty): every field but those the caller sets (addr, size, stream, seg,
+ * pool, prev and next) as a new free block has them. */
+static inline tally_block_t *record_take(tally_device_t *d)
+{
+    tally_block_t *r = d->spare_blocks;
+    d->spare_blocks = r->next;
+    r->left = r->right = NULL;
+    r->state = BLOCK_FREE;
+    r->paged = 0;
+    r->deferred = 0;
+    r->event_count = 0;
+    r->nuses = r->cap_uses = 0;
+    r->uses = NULL;
+    r->requested = 0;
+    r->tag = r->stage = 0;
+    r->lentry = UINT32_MAX;
+    r->seq = 0;
+    r->site = NULL;
+    return r;
+}
+
+/* Refill an empty list of spare records; false out of memory. */
+static bool records_ready(tally_device_t *d)
+{
+    if (!d->spare_blocks) {
+        enum { BATCH = 64 };
+        tally_block_t *batch = tally__meta_alloc(BATCH * sizeof *batch);
+        if (!batch)
+            return NULL;
+        for (int i = 0; i < BATCH; i++) {
+            batch[i].next = d->spare_blocks;
+            d->spare_blocks = &batch[i];
+        }
+    }
+    return true;
+}
+
+tally_block_t *tally__cache_block_new(tally_device_t *d)
+{
+    return records_ready(d) ? record_take(d) : NULL;
+}
+
+/* b, out of its pool, keeps its first size bytes; a new free record (d's
+ * spare list is not empty) takes the rest and is linked after it, in no
+ * pool yet. Returns that record. */
+static inline tally_block_t *cut_front(tally_device_t *d, tally_block_t *b, size_t size)
+{
+    tally_block_t *rest = record_take(d);
+    rest->addr = b->addr + size;
+    rest->size = b->size - size;
+    rest->stream = b->stream;
+    rest->seg = b->seg;
+    rest->pool = b->pool;
+    rest->prev = b;
+    rest->next = b->next;
+    if (rest->next)
+        rest->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+    return rest;
+}
+
+tally_block_t *tally__cache_cut_front(tally_device_t *d, tally_block_t *b, size_t size)
+{
+    return records_ready(d) ? cut_front(d, b, size) : NULL;
+}
+
+tally_block_t *tally__small_alloc_locked(tally_device_t *d, size_t size, size_t orig, void *stream, void *site)
+{
+    if (TALLY_UNLIKELY(!d->spare_blocks || (d->map.count + 1) * 2 > d->map.mask + 1))
+        return NULL; /* the general path makes records and grows the map */
+    tally_pool_t *pool = &d->small;
+    tally_binset_t *set = binset_find(pool, stream);
+    if (TALLY_UNLIKELY(!set))
+        return NULL;
+    uint32_t i = bin_first_from(set, bin_of(size));
+    if (i == TALLY_SMALL_BINS)
+        return NULL;
+    tally_block_t *b = bin_take_first(set, i);
+    bool already_split = b->prev || b->next;
+    b->state = BLOCK_ALLOCATED;
+    tally_stat_t *split_bytes = &d->stats.inactive_split_bytes[TALLY_POOL_SMALL];
+    if (b->size - size >= MIN_BLOCK) {
+        /* The rest stays free, in its own bin: the pool's count is unchanged. */
+        tally_block_t *rest = cut_front(d, b, size);
+        rest->gc_base = pool->get_free_calls;
+        bin_insert(set, rest);
+        if (already_split) {
+            tally__stat_dec(split_bytes, (int64_t)size);
+        } else {
+            tally__stat_pool_inc(d->stats.inactive_split_bytes, TALLY_POOL_SMALL, (int64_t)rest->size);
+            tally__stat_pool_inc(d->stats.inactive_split, TALLY_POOL_SMALL, 1);
+        }
+    } else {
+        pool->count--;
+        if (already_split) {
+            tally__stat_dec(split_bytes, (int64_t)b->size);
+            tally__stat_dec(&d->stats.inactive_split[TALLY_POOL_SMALL], 1);
+        }
+    }
+    tally__ptrmap_put(&d->map, b->addr, b); /* room was checked: it cannot fail */
+    b->requested = orig;
+    b->seq = ++d->seq;
+    tally__stat_pool_inc(d->stats.allocation, TALLY_POOL_SMALL, 1);
+    tally__stat_pool_inc(d->stats.allocated_bytes, TALLY_POOL_SMALL, (int64_t)b->size);
+    tally__stat_pool_inc(d->stats.active, TALLY_POOL_SMALL, 1);
+    tally__stat_pool_inc(d->stats.active_bytes, TALLY_POOL_SMALL, (int64_t)b->size);
+    tally__stat_pool_inc(d->stats.requested_bytes, TALLY_POOL_SMALL, (int64_t)orig);
+    if (TALLY_UNLIKELY(b->size >= tally__opt.max_split_size))
+        tally__stat_inc(&d->stats.oversize_allocations, 1);
+    b->site = site;
+    b->ignored = 0;
+    b->in_capture = 0;
+    tally__cache_hooks.block_alloc(d, b);
+    return b;
+}
+
+/* ---- the fast free -------------------------------------------------------- */
+
+/* Merge free neighbour n into b (n is the lower one when low is set). */
+static inline void absorb(tally_device_t *d, tally_binset_t *set, tally_block_t *b, tally_block_t *n, bool low)
+{
+    bin_erase(set, n);
+    b->size += n->size;
+    if (low) {
+        b->addr = n->addr;
+        b->prev = n->prev;
+        if (b->prev)
+            b->prev->next = b;
+        else
+            b->seg->head = b;
+    } else {
+        b->next = n->next;
+        if (b->next)
+            b->next->prev = b;
+    }
+    if (TALLY_UNLIKELY(n->uses != NULL))
+        tally__meta_free(n->uses);
+    n->uses = NULL;
+    n->next = d->spare_blocks;
+    d->spare_blocks = n;
+}
+
+void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b)
+{
+    size_t original = b->size;
+    tally_pool_t *pool = tally__pool_for(d, b->seg->gp, TALLY_POOL_SMALL);
+    tally_binset_t *set = b->seg->bins;
+    tally_block_t *prev = b->prev, *next = b->next;
+    int64_t dblocks = 0, dbytes = 0;
+    if (prev && prev->state == BLOCK_FREE) {
+        dblocks -= 1;
+        dbytes -= (int64_t)prev->size;
+        absorb(d, set, b, prev, true);
+        pool->count--;
+    }
+    if (next && next->state == BLOCK_FREE) {
+        dblocks -= 1;
+        dbytes -= (int64_t)next->size;
+        absorb(d, set, b, next, false);
+        pool->count--;
+    }
+    b->state = BLOCK_FREE;
+    b->gc_base = pool->get_free_calls;
+    bin_insert(set, b);
+    pool->count++;
+    if (b->prev || b->next) {
+        dblocks += 1;
+        dbytes += (int64_t)b->size;
+    }
+    if (dblocks)
+        tally__stat_pool(d->stats.inactive_split, TALLY_POOL_SMALL, dblocks);
+    if (dbytes)
+        tally__stat_pool(d->stats.inactive_split_bytes, TALLY_POOL_SMALL, dbytes);
+    tally__stat_dec(&d->stats.active[TALLY_POOL_SMALL], 1);
+    tally__stat_dec(&d->stats.active_bytes[TALLY_POOL_SMALL], (int64_t)original);
+    tally__stat_dec(&d->stats.requested_bytes[TALLY_POOL_SMALL], (int64_t)b->requested);
+}
