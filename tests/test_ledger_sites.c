@@ -609,6 +609,10 @@ static void test_bad_suppressions_file_is_one_line(void **state)
     const char *p = write_supp("bad.supp", "# ok\nleak:x\nfun:malloc\n");
     snprintf(want, sizeof want, "%s:3: 'fun:malloc' is not leak:PATTERN", p);
     expect_bad_file(p, want);
+    /* The whole "leak:" prefix is required, its colon too. */
+    p = write_supp("leaky.supp", "leaky:x\n");
+    snprintf(want, sizeof want, "%s:1: 'leaky:x' is not leak:PATTERN", p);
+    expect_bad_file(p, want);
     p = write_supp("empty.supp", "leak:   \n");
     snprintf(want, sizeof want, "%s:1: empty pattern", p);
     expect_bad_file(p, want);

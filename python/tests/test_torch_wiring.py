@@ -271,6 +271,34 @@ class FakeTorchTest(unittest.TestCase):
         )
         self.assertIn("ok", r.stdout)
 
+    def test_run_frees_cublas_workspaces_before_the_leak_report(self):
+        # python -m tally run: what PyTorch keeps until exit (cuBLAS
+        # workspaces) is let go, after a synchronise, before the report; not
+        # while CUDA is uninitialised, and a RuntimeError there is not fatal.
+        r = self.run_with_fake_torch(
+            """
+            from tally import _cli
+            seen = []
+            torch.cuda.synchronize = lambda: seen.append("sync")
+            torch._C._cuda_clearCublasWorkspaces = lambda: seen.append("clear")
+            _cli._release_torch_caches()
+            assert seen == [], seen                     # CUDA not initialised
+            state["initialised"] = True
+            _cli._release_torch_caches()
+            assert seen == ["sync", "clear"], seen
+            def broken():
+                raise RuntimeError("CUDA error")
+            torch._C._cuda_clearCublasWorkspaces = broken
+            _cli._release_torch_caches()
+            assert seen == ["sync", "clear", "sync"], seen
+            del torch._C._cuda_clearCublasWorkspaces    # an older PyTorch
+            _cli._release_torch_caches()
+            assert seen == ["sync", "clear", "sync"], seen
+            print("ok")
+            """
+        )
+        self.assertIn("ok", r.stdout)
+
 
 def _cuda_torch():
     try:
