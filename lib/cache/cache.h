@@ -417,6 +417,9 @@ bool tally__events_capture_on_locked(tally_device_t *d, void *stream, bool check
 bool tally__events_uses_captured_locked(tally_device_t *d, tally_block_t *b);
 /* Pass-through free (cache.c): the backend frees, after the block's uses. */
 void tally__cache_passthrough_free_locked(tally_device_t *d, tally_block_t *b);
+/* Wait (the host thread) for the work queued on u's stream: that stream
+ * only, or u's device where the backend cannot wait for one stream. */
+void tally__events_sync_use(const tally_use_t *u);
 /* Make stream (of d) wait for the work queued so far on u's stream. */
 void tally__events_wait_for_use_locked(tally_device_t *d, void *stream, const tally_use_t *u);
 

@@ -52,9 +52,7 @@ static void *event_get(tally_device_t *d, int dev)
     return tally__g.backend->event_create(dev, &ev) ? NULL : ev;
 }
 
-/* Wait for the work queued on a use's stream, when no event could stand
- * for it: that stream only, never an unrelated device. */
-static void sync_use(const tally_use_t *u)
+void tally__events_sync_use(const tally_use_t *u)
 {
     const tally_backend_t *be = tally__g.backend;
     if (be->stream_sync)
@@ -76,7 +74,7 @@ void tally__cache_insert_events_locked(tally_device_t *d, tally_block_t *b)
             if (ev)
                 event_put_back(d, u->device, ev);
             tally__meta_free(e);
-            sync_use(u);
+            tally__events_sync_use(u);
             continue;
         }
         e->event = ev;
@@ -213,7 +211,7 @@ void tally__events_wait_for_use_locked(tally_device_t *d, void *stream, const ta
     const tally_backend_t *be = tally__g.backend;
     void *ev = event_get(d, u->device);
     if (!ev || be->event_record(u->device, ev, u->stream) || be->stream_wait(d->id, stream, ev))
-        sync_use(u); /* no event: wait for that stream instead */
+        tally__events_sync_use(u); /* no event: wait for that stream instead */
     if (ev)
         event_put_back(d, u->device, ev);
 }

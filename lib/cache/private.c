@@ -312,12 +312,8 @@ static void wait_for_pool(tally_device_t *d, tally_gpool_t *gp, bool sync_device
                 be->synchronize(w.items[i].device);
         return;
     }
-    for (int i = 0; i < w.n; i++) {
-        if (be->stream_sync)
-            be->stream_sync(w.items[i].device, w.items[i].stream);
-        else
-            be->synchronize(w.items[i].device);
-    }
+    for (int i = 0; i < w.n; i++)
+        tally__events_sync_use(&w.items[i]);
 }
 
 static int backup_block(tally_device_t *d, struct tally_sleep *st, tally_block_t *b, char *why, size_t whylen)
