@@ -349,6 +349,7 @@ static void test_json_error_quotes_printable_bytes_and_hex_for_others(void **sta
     JSON_ERR("\x1f", 0, "byte 0: unexpected 0x1f (expected a value)");
     JSON_ERR("\x80", 0, "byte 0: unexpected 0x80 (expected a value)");
     JSON_ERR("{\"a\" !}", 5, "byte 5: expected ':' after the key \"a\", found '!'");
+    JSON_ERR("\"\\ \"", 1, "byte 1: invalid escape \\' ' in a string"); /* ' ', the first printable byte */
 }
 
 /* tally__json_int of a member that is not there (tally__json_get's NULL) is

@@ -209,7 +209,7 @@ static void read_stages(report_t *r)
             bytes += s->surv[k].bytes;
             blocks += s->surv[k].blocks;
         }
-        if (!doc->err[0] && (bytes != s->survivor_bytes || blocks != s->survivor_blocks))
+        if (bytes != s->survivor_bytes || blocks != s->survivor_blocks)
             cli_schema(doc, o, w, "survivor_bytes %" PRId64 " and survivor_blocks %" PRId64
                        " are not the sums of its survivors (%" PRId64 ", %" PRId64 ")",
                        s->survivor_bytes, s->survivor_blocks, bytes, blocks);
