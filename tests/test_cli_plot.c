@@ -696,15 +696,24 @@ static void test_plot_burst_in_one_column_shows_a_pixel_wide(void **state)
     free(svg);
 }
 
-/* The highest point (least y) of the tag area titled title in svg. */
-static double area_top(const char *svg, const char *title)
+/* The tag area titled title in svg (its <path> element), or NULL. */
+static const char *area_of(const char *svg, const char *title)
 {
     char want[64];
     snprintf(want, sizeof want, "<title>%s</title>", title);
     for (const char *at = strstr(svg, "<path class=\"tag\""); at; at = strstr(at + 1, "<path class=\"tag\"")) {
         const char *t = strstr(at, "<title>");
-        if (!t || strncmp(t, want, strlen(want)) != 0)
-            continue;
+        if (t && strncmp(t, want, strlen(want)) == 0)
+            return at;
+    }
+    return NULL;
+}
+
+/* The highest point (least y) of the tag area titled title in svg. */
+static double area_top(const char *svg, const char *title)
+{
+    const char *at = area_of(svg, title);
+    if (at) {
         static pts_t pts;
         read_pts(strstr(at, " d=\"") + 4, &pts);
         assert_true(pts.n >= 4);
@@ -715,6 +724,24 @@ static double area_top(const char *svg, const char *title)
     }
     fail_msg("no tag area titled %s", title);
     return 0;
+}
+
+/* An area's colour: its fill, in the legend too. */
+static void expect_area_color(const char *svg, const char *title, const char *color)
+{
+    const char *at = area_of(svg, title);
+    assert_non_null(at);
+    char want[96];
+    snprintf(want, sizeof want, "<path class=\"tag\" fill=\"%s\"", color);
+    if (strncmp(at, want, strlen(want)) != 0)
+        fail_msg("the area of %s is not %s: %.80s", title, color, at);
+    snprintf(want, sizeof want, "<title>%s</title><rect x=", title);
+    const char *legend = strstr(svg, want);
+    assert_non_null(legend);
+    snprintf(want, sizeof want, "fill=\"%s\"/>", color);
+    const char *fill = strstr(legend, "fill=\"");
+    if (!fill || strncmp(fill, want, strlen(want)) != 0)
+        fail_msg("the legend of %s is not %s: %.120s", title, color, legend);
 }
 
 /* More tags than the plot draws on their own (PLOT_TAGS, 9): eleven tags
@@ -751,12 +778,56 @@ static void test_plot_other_tags_on_top_of_nine(void **state)
     double zero_y;
     char *svg = slurp_plot(out, &zero_y);
     HAS(svg, "other tags (peaks add to 3.0 MiB)");
+    /* "other tags" is grey-brown; the nine have the palette's colours from
+     * the bottom of the stack up: t2 its first, t10 its ninth. */
+    expect_area_color(svg, "other tags", "#bab0ab");
+    expect_area_color(svg, "t2", "#4e79a7");
+    expect_area_color(svg, "t10", "#9c755f");
     double unit = zero_y - area_top(svg, "t2"); /* 3 MiB */
     double all = zero_y - area_top(svg, "other tags"), below = zero_y - area_top(svg, "t10");
     assert_true(unit > 1);
     if (fabs(all / unit - 22) > 0.1 || fabs((all - below) / unit - 1) > 0.1)
         fail_msg("the stack's top is %.2f x t2's 3 MiB (want 22), other tags %.2f x (want 1)", all / unit,
                  (all - below) / unit);
+    free(svg);
+}
+
+/* Every event at the same microsecond: the time axis has no span, and the
+ * plot still draws finite coordinates (an alloc and its free, one column). */
+static void test_plot_events_at_one_time_stay_finite(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16], out[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/instant.json", dir);
+    snprintf(out, sizeof out, "%s/instant.svg", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
+          "\"devices\":[],\"ledger\":[],\"stages\":[],\"leaks\":[],\"timeline\":[\n",
+          f);
+    static const char ev[] = "%s{\"device\":0,\"time_us\":5000,\"action\":\"%s\",\"addr\":%zu,\"size\":%zu,"
+                             "\"stream\":0,\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"kv\",\"stage\":\"s\"}\n";
+    fprintf(f, ev, "", "alloc", 4 * MiB, 2 * MiB, 2 * MiB, 4 * MiB);
+    fprintf(f, ev, ",", "alloc", 8 * MiB, MiB, 3 * MiB, 4 * MiB);
+    fprintf(f, ev, ",", "free_requested", 4 * MiB, 2 * MiB, MiB, 4 * MiB);
+    fputs("]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("plot '%s' --x time -o '%s'", path, out);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "instant.svg: device 0, 3 events, 1 tag group, peak allocated 3.0 MiB\n");
+    run_free(&r);
+    double zero_y;
+    char *svg = slurp_plot(out, &zero_y);
+    if (strstr(svg, "nan") || strstr(svg, "inf"))
+        fail_msg("a coordinate is not finite: %.400s", svg);
+    const char *at = area_of(svg, "kv");
+    assert_non_null(at);
+    static pts_t pts;
+    read_pts(strstr(at, " d=\"") + 4, &pts);
+    assert_true(pts.n >= 4);
+    for (int i = 0; i < pts.n; i++)
+        if (!isfinite(pts.x[i]) || !isfinite(pts.y[i]) || pts.x[i] < 0 || pts.x[i] > 2000)
+            fail_msg("point %d of the kv area is (%g, %g)", i, pts.x[i], pts.y[i]);
     free(svg);
 }
 
@@ -777,6 +848,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_default_device_without_allocations_is_the_timelines),
         cmocka_unit_test(test_plot_burst_in_one_column_shows_a_pixel_wide),
         cmocka_unit_test(test_plot_other_tags_on_top_of_nine),
+        cmocka_unit_test(test_plot_events_at_one_time_stay_finite),
     };
     return CLI_MAIN("cli_plot", tests);
 }
