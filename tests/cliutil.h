@@ -161,6 +161,21 @@ static inline int child_rank(void)
     return 0;
 }
 
+/* A rank whose number is not its home device (RANK 5, LOCAL_RANK 1) that
+ * staged 64 MiB on device 0 and freed it: foreign memory held, freed since. */
+static inline int child_rank_freed(void)
+{
+    tally_stage_begin("load");
+    tally_tag_push("staging");
+    tally_free(must(64 * MiB, 0));
+    tally_tag_pop();
+    tally_stage_end("load");
+    tally_tag_push("weights");
+    (void)must(16 * MiB, 1);
+    tally_tag_pop();
+    return 0;
+}
+
 /* ---- harness ------------------------------------------------------------- */
 
 static char dir[PATH_MAX];     /* scratch directory of this run */
@@ -297,6 +312,8 @@ static inline int cli_main(int argc, char **argv, const char *name, const struct
             return child_train();
         if (strcmp(argv[2], "rank") == 0)
             return child_rank();
+        if (strcmp(argv[2], "rank_freed") == 0)
+            return child_rank_freed();
         return 2;
     }
     return _cmocka_run_group_tests(name, tests, n, setup, teardown);

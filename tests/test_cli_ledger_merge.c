@@ -224,6 +224,24 @@ static void test_ledger_rejects_stats(void **state)
 
 /* ---- merge ----------------------------------------------------------------- */
 
+/* Memory a rank held on another rank's device and freed is named with the
+ * rank's own number and its home device, which here differ. */
+static void test_merge_names_foreign_memory_freed_since(void **state)
+{
+    (void)state;
+    char conf[PATH_MAX + 200];
+    snprintf(conf, sizeof conf,
+             "backend:host,host_devices:2,host_mode:virtual,host_capacity:8GiB,report_path:%s/staged%%r.json,"
+             "leak_report:off,stage_report:false",
+             dir);
+    const char *env[] = {"TALLY_CONF", conf, "RANK", "5", "LOCAL_RANK", "1", "WORLD_SIZE", "8", NULL};
+    assert_int_equal(spawn_child("rank_freed", env), 0);
+    run_t r = tally_run("merge '%s/staged5.json'", dir);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "rank 5 held up to 64.0 MiB on device 0, freed since: stage load, tag staging (its home device is 1)\n");
+    run_free(&r);
+}
+
 static void test_merge_four_ranks(void **state)
 {
     (void)state;
@@ -519,6 +537,7 @@ int main(int argc, char **argv)
 
         cmocka_unit_test(test_merge_totals_in_order_of_bytes_then_name),
         cmocka_unit_test(test_merge_four_ranks),
+        cmocka_unit_test(test_merge_names_foreign_memory_freed_since),
         cmocka_unit_test(test_merge_totals_every_rank_with_fewer_ranks_than_devices),
         cmocka_unit_test(test_merge_json),
         cmocka_unit_test(test_merge_json_writes_spaces_as_spaces),
