@@ -359,10 +359,14 @@ static void body_backend_refusals(int fd)
     const tally_backend_t *be = &tally__backend_cuda;
     char why[256] = "";
     void *r = NULL;
-    tally__meta_fail(1, 0);
-    int rc = be->reserve(0, 8 * PAGE, &r, why, sizeof why);
-    tally__meta_fail(0, 0);
-    NEED(rc == TALLY_ENOMEM && strstr(why, "out of host memory for a reservation of 16777216 bytes"));
+    for (uint64_t nth = 1; nth <= 4; nth++) { /* each of its four tables: range, bits, starts, handles */
+        why[0] = 0;
+        tally__meta_fail(nth, 0);
+        int rc = be->reserve(0, 8 * PAGE, &r, why, sizeof why);
+        uint64_t hits = tally__meta_fail_hits();
+        tally__meta_fail(0, 0);
+        NEED(hits == 1 && rc == TALLY_ENOMEM && strstr(why, "out of host memory for a reservation of 16777216 bytes"));
+    }
     CF_FAIL(cuMemAddressReserve, 1, CUDA_ERROR_OUT_OF_MEMORY);
     NEED(be->reserve(0, 8 * PAGE, &r, why, sizeof why) == TALLY_ENOMEM);
     NEED(strstr(why, "cuMemAddressReserve: CUDA_ERROR_OUT_OF_MEMORY") != NULL);
