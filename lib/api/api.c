@@ -341,34 +341,7 @@ tally_device_t *tally__device(int device, const char *fn)
 
 void *tally_malloc(size_t size, int device, void *stream)
 {
-    if (size == 0)
-        return NULL;
-    if (TALLY_UNLIKELY((ssize_t)size < 0)) {
-        tally__fail(TALLY_EINVAL, "tally_malloc: size %zu is negative as a signed size (%zd)", size, (ssize_t)size);
-        return NULL;
-    }
-    tally_device_t *d = tally__device(device, "tally_malloc");
-    if (!d)
-        return NULL;
-    /* The allocation site is unwound before the lock: it is slow. */
-    void *site = NULL;
-    int depth = TALLY_OPT(backtrace_depth), pydepth = TALLY_OPT(python_stack);
-    if (TALLY_UNLIKELY(depth > 0 || pydepth > 0) && tally__opt.ledger)
-        site = tally__site_capture(depth, pydepth);
-    uint32_t priv = 0;
-    if (TALLY_UNLIKELY(tally__private_any()) && tally__private_for_alloc(device, &priv))
-        return NULL;
-    tally__mutex_lock(&d->lock);
-    tally_block_t *b;
-    if (TALLY_UNLIKELY(priv)) {
-        tally_gpool_t *gp = tally__ppool_get_locked(d, priv, true);
-        b = gp ? tally__cache_malloc_in_locked(d, size, stream, site, gp) : NULL;
-    } else {
-        b = tally__cache_malloc_locked(d, size, stream, site);
-    }
-    void *p = b ? (void *)b->addr : NULL;
-    tally__mutex_unlock(&d->lock);
-    return p;
+    return tally__malloc_inline(size, device, stream);
 }
 
 /* ---- finding a block by pointer ----------------------------------------- */

@@ -5,6 +5,7 @@
 #ifndef TALLY_API_H
 #define TALLY_API_H
 
+#include "ledger/site.h"
 #include "report/report.h"
 
 /* Initialise once: options, backend, devices, the cache's hooks; returns 0
@@ -14,6 +15,11 @@ bool tally__is_initialised(void);
 /* The device, initialising first; NULL with an error naming fn and the
  * number. */
 tally_device_t *tally__device(int device, const char *fn);
+
+/* The body of tally_malloc, inline there and in tally_torch_alloc (PyTorch's
+ * entry point, lib/torch/torch_abi.c), so that PyTorch's allocations make one
+ * call fewer (issue 21, item 7). Its errors name tally_malloc in both. */
+static inline __attribute__((always_inline)) void *tally__malloc_inline(size_t size, int device, void *stream);
 
 /* sleep.c: private tags. At initialisation, the private_tags key (refused
  * with the reason on a backend without pages of its own); the number of
@@ -40,5 +46,40 @@ int tally__exit_report(void);
  * child, refuse a device backend the parent started. */
 void tally__fork_register(void);
 void tally__after_fork_child(void);
+
+static inline __attribute__((always_inline)) void *tally__malloc_inline(size_t size, int device, void *stream)
+{
+    if (size == 0)
+        return NULL;
+    if (TALLY_UNLIKELY((ssize_t)size < 0)) {
+        tally__fail(TALLY_EINVAL, "tally_malloc: size %zu is negative as a signed size (%zd)", size, (ssize_t)size);
+        return NULL;
+    }
+    if (tally__ensure_init())
+        return NULL;
+    tally_device_t *d = TALLY_LIKELY(device >= 0 && device < tally__g.ndev) ? tally__g.dev[device]
+                                                                            : tally__device_lookup(device, "tally_malloc");
+    if (!d)
+        return NULL;
+    /* The allocation site is unwound before the lock: it is slow. */
+    void *site = NULL;
+    int depth = TALLY_OPT(backtrace_depth), pydepth = TALLY_OPT(python_stack);
+    if (TALLY_UNLIKELY(depth > 0 || pydepth > 0) && tally__opt.ledger)
+        site = tally__site_capture(depth, pydepth);
+    uint32_t priv = 0;
+    if (TALLY_UNLIKELY(tally__private_any()) && tally__private_for_alloc(device, &priv))
+        return NULL;
+    tally__mutex_lock(&d->lock);
+    tally_block_t *b;
+    if (TALLY_UNLIKELY(priv)) {
+        tally_gpool_t *gp = tally__ppool_get_locked(d, priv, true);
+        b = gp ? tally__cache_malloc_in_locked(d, size, stream, site, gp) : NULL;
+    } else {
+        b = tally__cache_malloc_locked(d, size, stream, site);
+    }
+    void *p = b ? (void *)b->addr : NULL;
+    tally__mutex_unlock(&d->lock);
+    return p;
+}
 
 #endif

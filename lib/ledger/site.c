@@ -48,10 +48,11 @@ static void text_init(void)
     dl_iterate_phdr(find_text, (void *)(uintptr_t)&tally__site_capture);
 }
 
-/* The first frame to keep: after the return into tally_malloc (hook;
- * normally frame 0, later when a sanitizer's interceptor adds frames), and
- * after any further frames in libtally.so (tally_torch_alloc, PyTorch's
- * entry point, calls tally_malloc). */
+/* The first frame to keep: after the return into the entry point that
+ * captures (hook: tally_malloc, or tally_torch_alloc, PyTorch's entry point,
+ * which runs tally_malloc's body inline; normally frame 0, later when a
+ * sanitizer's interceptor adds frames), and after any further frames in
+ * libtally.so. */
 static int first_outside(void *const *frames, int n, void *hook)
 {
     int first = n > 1 ? 1 : 0;

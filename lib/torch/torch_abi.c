@@ -87,7 +87,7 @@ void *tally_torch_alloc(size_t size, int device, void *stream)
 {
     if (size == 0)
         return NULL;
-    void *p = tally_malloc(size, device, stream);
+    void *p = tally__malloc_inline(size, device, stream);
     if (TALLY_UNLIKELY(!p))
         alloc_failed(size, device);
     return p;
