@@ -185,8 +185,9 @@ int tally__options_parse(tally_options_t *opt, const char *conf, bool runtime, u
 /* Bit of a key in the seen mask of tally__options_parse. */
 uint64_t tally__option_bit(const char *key);
 void tally__options_default(tally_options_t *opt);
-/* Parse a size with optional suffix (B, KB, KiB, MB, MiB, GB, GiB, TB, TiB). */
-int tally__parse_size(const char *s, uint64_t *out);
+/* Parse a size with optional suffix (B, KB, KiB, MB, MiB, GB, GiB, TB, TiB):
+ * whether s is one (then *out holds it). */
+bool tally__parse_size(const char *s, uint64_t *out);
 /* -1 with the escape in bad (3 bytes) when path has a % escape other than
  * %p, %r, %% (report_path's). */
 int tally__check_path_escapes(const char *path, char *bad);

@@ -158,15 +158,15 @@ void tally__options_default(tally_options_t *o)
     o->async_release_threshold = UINT64_MAX;
 }
 
-int tally__parse_size(const char *s, uint64_t *out)
+bool tally__parse_size(const char *s, uint64_t *out)
 {
     char *end;
     errno = 0;
     if (!*s || *s == '-' || *s == '+')
-        return -1;
+        return false;
     double v = strtod(s, &end);
     if (errno || end == s || v < 0)
-        return -1;
+        return false;
     static const struct { const char *suffix; double mult; } units[] = {
         {"", 1}, {"B", 1}, {"K", 1024.0}, {"KB", 1e3}, {"KiB", 1024.0}, {"M", 1048576.0}, {"MB", 1e6},
         {"MiB", 1048576.0}, {"G", 1073741824.0}, {"GB", 1e9}, {"GiB", 1073741824.0},
@@ -176,12 +176,12 @@ int tally__parse_size(const char *s, uint64_t *out)
         if (strcmp(end, units[i].suffix) == 0) {
             double b = v * units[i].mult;
             if (b >= 18446744073709551615.0 || b != floor(b))
-                return -1;
+                return false;
             *out = (uint64_t)b;
-            return 0;
+            return true;
         }
     }
-    return -1;
+    return false;
 }
 
 static int parse_bool(const char *v, int *out)
@@ -448,7 +448,7 @@ static int set_one(tally_options_t *o, const char *key, const char *val, bool ru
             *(uint64_t *)field = UINT64_MAX;
             return 0;
         }
-        if (tally__parse_size(val, &b) || b == 0)
+        if (!tally__parse_size(val, &b) || b == 0)
             return tally__fail(TALLY_ECONF, "config: %s: '%s' is not a size (e.g. 80GiB)", key, val);
         *(uint64_t *)field = b;
         return 0;
