@@ -281,6 +281,67 @@ static void test_missing_device_lists_those_the_report_has(void **state)
     run_free(&r);
 }
 
+/* A report of 27 devices, not a run: 0, 2, then 10 to 58 in steps of 2.
+ * The message lists what fits (the first 25, up to 54) and says how many
+ * more there are. The devices are copies of rank0.json's device 0 with
+ * their numbers changed. */
+static void test_missing_device_list_says_how_many_more(void **state)
+{
+    (void)state;
+    char src[PATH_MAX + 32], path[PATH_MAX + 32];
+    snprintf(src, sizeof src, "%s/rank0.json", dir);
+    snprintf(path, sizeof path, "%s/many_devices.json", dir);
+    FILE *f = fopen(src, "r");
+    assert_non_null(f);
+    static char text[1 << 20];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = 0;
+    /* The first device object: from its '{' to the matching '}'. */
+    char *start = strstr(text, "\"devices\":[");
+    assert_non_null(start);
+    start = strchr(start, '{');
+    char *end = start;
+    for (int depth = 0; *end; end++) {
+        depth += *end == '{' ? 1 : *end == '}' ? -1 : 0;
+        if (!depth)
+            break;
+    }
+    assert_int_equal(*end, '}');
+    const char *rest = strstr(start, "\"device\":0,");
+    assert_true(rest == start + 1);
+    rest += strlen("\"device\":0,");
+    int devs[27] = {0, 2};
+    for (int k = 2; k < 27; k++)
+        devs[k] = 10 + 2 * (k - 2);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fwrite(text, 1, (size_t)(strstr(text, "\"devices\":[") - text), f);
+    fputs("\"devices\":[", f);
+    for (int k = 0; k < 27; k++) {
+        fprintf(f, "%s{\"device\":%d,", k ? "," : "", devs[k]);
+        fwrite(rest, 1, (size_t)(end + 1 - rest), f);
+    }
+    /* What follows rank0's devices array: from its matching ']' on. */
+    const char *after = strchr(strstr(text, "\"devices\":["), '[');
+    for (int depth = 0; *after; after++) {
+        depth += *after == '[' || *after == '{' ? 1 : *after == ']' || *after == '}' ? -1 : 0;
+        if (!depth)
+            break;
+    }
+    assert_int_equal(*after, ']');
+    fputs(after, f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("summary --device 7 '%s'", path);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "many_devices.json: no device 7 in the report (it has devices 0, 2, 10, 12, 14, 16, 18, 20, 22, 24, "
+               "26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54 and 2 more)\n");
+    run_free(&r);
+    r = tally_run("summary --device 58 '%s'", path); /* the list's last one is there */
+    EXPECT_RC(r, 0);
+    run_free(&r);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -294,6 +355,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_error_damaged_report_section_names_field_and_byte),
         cmocka_unit_test(test_report_without_version_or_devices),
         cmocka_unit_test(test_missing_device_lists_those_the_report_has),
+        cmocka_unit_test(test_missing_device_list_says_how_many_more),
     };
     return CLI_MAIN("cli_usage", tests);
 }

@@ -358,7 +358,8 @@ const rep_device_t *cli_report_device(const report_t *r, int device)
     return NULL;
 }
 
-/* "0-3" or "0, 2" or "none": the devices a report has, for messages. */
+/* "0-3" or "0, 2" or "none": the devices a report has, for messages; a
+ * list longer than buf ends with " and N more". */
 void cli_report_device_list(const report_t *r, char *buf, size_t len)
 {
     size_t n = 0;
@@ -375,6 +376,11 @@ void cli_report_device_list(const report_t *r, char *buf, size_t len)
         snprintf(buf, len, "%d-%d", r->devs[0].device, r->devs[r->ndev - 1].device);
         return;
     }
-    for (size_t i = 0; i < r->ndev && n + 16 < len; i++)
+    /* Each entry takes at most 13 bytes (", " and an int); the room kept
+     * after the last one holds " and N more". */
+    size_t i = 0;
+    for (; i < r->ndev && n + 32 < len; i++)
         n += (size_t)snprintf(buf + n, len - n, "%s%d", i ? ", " : "", r->devs[i].device);
+    if (i < r->ndev)
+        snprintf(buf + n, len - n, " and %zu more", r->ndev - i);
 }
