@@ -368,7 +368,7 @@ static inline void absorb(tally_device_t *d, tally_binset_t *set, tally_block_t 
 void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b)
 {
     size_t original = b->size;
-    tally_pool_t *pool = tally__pool_for(d, b->seg->gp, TALLY_POOL_SMALL);
+    tally_pool_t *pool = TALLY_UNLIKELY(b->seg->gp != NULL) ? &b->seg->gp->small : &d->small; /* tally__pool_for */
     tally_binset_t *set = b->seg->bins;
     tally_block_t *prev = b->prev, *next = b->next;
     int64_t dblocks = 0, dbytes = 0;
