@@ -122,6 +122,30 @@ static void parse_inline(const unsigned char *src, size_t len, pk_doc_t *doc)
         fail_msg("%s", err);
 }
 
+/* Sizes in tune's table are bytes below 100 KiB, KiB from there: a row that
+ * runs out with less memory names the event's size (a 30 MB block, then a
+ * small one that needs a segment of its own). */
+static void test_table_sizes_below_100_kib_are_bytes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *size, *text;
+    } cases[] = {{"101376", "101376 B"}, {"102399", "102399 B"}, {"102400", "100.0 KiB"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[PATH_MAX + 32], want[128];
+        snprintf(path, sizeof path, "%s/small_event_%zu.csv", scratch, i);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fprintf(f, "op,id,size,stream\na,1,30000000,0\na,2,%s,0\nf,1,0,0\nf,2,0,0\n", cases[i].size);
+        assert_int_equal(fclose(f), 0);
+        run_t r = tune("'%s'", path);
+        snprintf(want, sizeof want, "in 30.0 MiB at 1: %s, 28.6 MiB", cases[i].text);
+        if (r.rc != 0 || !strstr(r.out, want))
+            fail_msg("%s bytes: status %d, expected '%s' in:\n%s%s", cases[i].size, r.rc, want, r.out, r.err);
+        run_free(&r);
+    }
+}
+
 static void test_pickle_plain_data(void **state)
 {
     (void)state;
@@ -1622,6 +1646,7 @@ int main(int argc, char **argv)
     if (argc == 2 && strcmp(argv[1], "--child") == 0)
         return child_workload();
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_table_sizes_below_100_kib_are_bytes),
         cmocka_unit_test(test_pickle_plain_data),
         cmocka_unit_test(test_pickle_refuses_bad_input),
         cmocka_unit_test(test_pickle_memo_slot_in_a_gap_was_never_stored),
