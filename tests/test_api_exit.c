@@ -89,6 +89,19 @@ static int child_no_tally(void)
     return 3;
 }
 
+/* Configured (a report path, leak exit code) through tally_configure, then
+ * never used: the library never started, so exit writes and prints
+ * nothing and starts nothing. */
+static int child_configured_only(void)
+{
+    if (tally_configure(getenv("CONFIGURE_ONLY")) != 0) {
+        printf("refused: %s\n", tally_last_error());
+        return 1;
+    }
+    printf("configured, never allocated\n");
+    return 3;
+}
+
 /* Blocks freed by a destructor that runs after the library's exit report
  * (a destructor with a priority runs after the default-priority ones). */
 static void *late[2];
@@ -255,6 +268,18 @@ static void test_no_leaks_keep_the_programs_status(void **state)
     LU_EQ(strlen(c.err), 0);
     LU_HAS(c.out, "never called tally\n");
     lu_child_free(&c);
+    /* One that configured tally and never allocated: no report file either. */
+    char conf[600], path[400];
+    snprintf(path, sizeof path, "%s/configured-only.json", lu_tmpdir());
+    snprintf(conf, sizeof conf, "CONFIGURE_ONLY=leak_report:full,leak_exitcode:23,report_path:%s", path);
+    const char *const env[] = {conf, NULL};
+    lu_child_run(&c, "configured-only", BASE ",leak_report:full,leak_exitcode:23", env);
+    LU_CHILD_EXIT(&c, 3);
+    LU_EQ(strlen(c.err), 0);
+    LU_HAS(c.out, "configured, never allocated\n");
+    if (lu_exists(path))
+        fail_msg("a library that never started wrote %s at exit", path);
+    lu_child_free(&c);
 }
 
 /* ---- frees after the report ------------------------------------------------------ */
@@ -362,6 +387,7 @@ static const lu_role_t roles[] = {
     {"leak-exit-midway", child_leak_exit_midway},
     {"clean-exit7", child_clean_exit7},
     {"no-tally", child_no_tally},
+    {"configured-only", child_configured_only},
     {"late-free", child_late_free},
     {NULL, NULL},
 };
