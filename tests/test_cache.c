@@ -827,6 +827,41 @@ static void test_gc_releases_blocks_at_the_mean_age(void **state)
     CHECK_OK();
 }
 
+/* Garbage collection stops once it has reclaimed its target, and not a
+ * byte before: with the cap at 10 GiB - 2 bytes (a fraction of the 80 GiB
+ * device that is exact in binary), the threshold is 5 GiB - 1, so 9 GiB
+ * reserved is 4 GiB + 1 over. The older free 4 GiB segment goes in the
+ * first pass, which leaves 1 byte to reclaim: a second pass takes the
+ * younger one too. */
+static void test_gc_reclaims_up_to_the_last_byte_of_its_target(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_configure("garbage_collection_threshold:0.5"), 0);
+    assert_int_equal(tally_set_memory_fraction(0.9, 0), 0); /* ages count under a cap; 36 GiB: no collection yet */
+    void *a = tu_malloc(4 * GiB, 0, S1);                    /* look-up 1 */
+    void *b = tu_malloc(4 * GiB, 0, S1); /* 2 */
+    tu_free(a);                          /* age base 2 */
+    void *l = tu_malloc(1 * GiB, 0, S2); /* 3 (another stream: a new segment) */
+    tu_free(b);                          /* age base 3 */
+    /* The tight cap comes now: set earlier, collection would have run already. */
+    assert_int_equal(tally_set_memory_fraction(137438953447.0 / 1099511627776.0, 0), 0); /* 10 GiB - 2 */
+    tally_stats_t s0 = tu_stats(0);
+    EQ(s0.reserved_bytes[0].current, 9 * GiB);
+    /* 4: no cached block fits; a (age 2) is at or above the mean age 1.5,
+     * b (1) is not; then b alone, the mean of one. */
+    void *z = tu_malloc(4 * GiB + GiB / 2, 0, S1);
+    assert_non_null(z);
+    tally_stats_t s1 = tu_stats(0);
+    EQ(s1.num_device_free - s0.num_device_free, 2);
+    EQ(s1.reserved_bytes[0].current, 5 * GiB + GiB / 2);
+    EQ(s1.num_alloc_retries, s0.num_alloc_retries);
+    tu_free(z);
+    tu_free(l);
+    assert_int_equal(tally_set_memory_fraction(1.0, 0), 0);
+    tally_empty_cache(0);
+    CHECK_OK();
+}
+
 int main(void)
 {
     tu_conf("backend:host,host_devices:2,host_capacity:80GiB,host_mode:virtual");
@@ -852,6 +887,7 @@ int main(void)
         cmocka_unit_test_setup(test_memory_fraction_zero_allows_no_new_segments, setup_clean),
         cmocka_unit_test_setup(test_gc_releases_old_cached_blocks_above_threshold, setup_clean),
         cmocka_unit_test_setup(test_gc_releases_blocks_at_the_mean_age, setup_clean),
+        cmocka_unit_test_setup(test_gc_reclaims_up_to_the_last_byte_of_its_target, setup_clean),
         cmocka_unit_test_setup(test_gc_ages_stand_still_without_a_fraction, setup_clean),
         cmocka_unit_test_setup(test_small_best_fit_lowest_address_in_a_bin, setup_clean),
         cmocka_unit_test_setup(test_small_best_fit_lowest_address_in_a_bin_under_a_memory_fraction, setup_clean),
