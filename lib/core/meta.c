@@ -44,9 +44,9 @@ typedef struct meta_free {
 typedef struct meta_hdr {
     uint64_t size;  /* total bytes including header */
     uint32_t klass; /* class index, or META_CLASSES for a direct mapping */
-    uint32_t magic;
+    uint32_t pad;   /* never read or written: keeps the payload 16-byte aligned */
 } meta_hdr_t;
-#define META_MAGIC 0x7a11e7a1u
+_Static_assert(sizeof(meta_hdr_t) % 16 == 0, "metadata payloads must stay 16-byte aligned");
 
 static tally_mutex_t heap_lock = TALLY_MUTEX_INIT;
 tally_mutex_t *tally__heap_lock(void) { return &heap_lock; }
@@ -136,7 +136,6 @@ static void *heap_alloc(size_t size)
         meta_hdr_t *h = m;
         h->size = len;
         h->klass = META_CLASSES;
-        h->magic = META_MAGIC;
         atomic_fetch_add(&meta_bytes, len);
         return h + 1;
     }
@@ -170,7 +169,6 @@ static void *heap_alloc(size_t size)
     tally__mutex_unlock(&heap_lock);
     h->size = csize;
     h->klass = k;
-    h->magic = META_MAGIC;
     atomic_fetch_add(&meta_bytes, csize);
     return h + 1;
 }
@@ -179,7 +177,6 @@ static void heap_free_obj(void *p)
 {
     meta_hdr_t *h = (meta_hdr_t *)p - 1;
     atomic_fetch_sub(&meta_bytes, h->size);
-    h->magic = 0;
     if (h->klass >= META_CLASSES) {
         munmap(h, h->size);
         return;
