@@ -19,15 +19,6 @@
 #define NBLOCKS 400
 #define NSTREAMS 3
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint64_t next_rand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
 static void *stream_of(int k)
 {
     return STREAM(k + 1);
@@ -119,8 +110,8 @@ static void check_queries(tally_pool_t *p, const model_t *m, bool small)
     if (!small)
         assert_true(w.ordered);
     for (int q = 0; q < 40; q++) {
-        void *stream = stream_of((int)(next_rand() % NSTREAMS));
-        size_t size = (size_t)(next_rand() % 4096 + 1) * 512;
+        void *stream = stream_of((int)(tu_rand() % NSTREAMS));
+        size_t size = (size_t)(tu_rand() % 4096 + 1) * 512;
         if (!small)
             size *= 4;
         tally_block_t *got = tally__pool_lower_bound(p, stream, size), *want = want_lower_bound(m, stream, size);
@@ -157,7 +148,7 @@ static void churn(tally_pool_t *p, model_t *m, bool small)
     for (int i = 0; i < NBLOCKS; i++)
         order[i] = i;
     for (int i = NBLOCKS - 1; i > 0; i--) {
-        int j = (int)(next_rand() % (uint64_t)(i + 1)), t = order[i];
+        int j = (int)(tu_rand() % (uint64_t)(i + 1)), t = order[i];
         order[i] = order[j];
         order[j] = t;
     }
@@ -180,8 +171,8 @@ static void test_large_pool_queries_match_a_sorted_list(void **state)
     for (int i = 0; i < NBLOCKS; i++) {
         tally_block_t *b = &blocks[i];
         memset(b, 0, sizeof *b);
-        b->stream = stream_of((int)(next_rand() % NSTREAMS));
-        b->size = sizes[next_rand() % 5];
+        b->stream = stream_of((int)(tu_rand() % NSTREAMS));
+        b->size = sizes[tu_rand() % 5];
         b->addr = ((uintptr_t)i * 7919 % NBLOCKS + 1) << 30; /* distinct, not in insertion order */
         b->pool = TALLY_POOL_LARGE;
         m.b[i] = b;
@@ -205,10 +196,10 @@ static void test_small_pool_bins_match_a_sorted_list(void **state)
     for (int i = 0; i < NBLOCKS; i++) {
         tally_block_t *b = &blocks[i];
         memset(b, 0, sizeof *b);
-        int s = (int)(next_rand() % NSTREAMS);
+        int s = (int)(tu_rand() % NSTREAMS);
         b->stream = segs[s].stream;
         b->seg = &segs[s];
-        b->size = sizes[next_rand() % 6];
+        b->size = sizes[tu_rand() % 6];
         b->addr = ((uintptr_t)i * 7919 % NBLOCKS + 1) << 22;
         b->pool = TALLY_POOL_SMALL;
         m.b[i] = b;

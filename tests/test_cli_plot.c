@@ -573,6 +573,22 @@ static void test_plot_default_device_is_busiest_when_home_has_none(void **state)
     free(svg);
 }
 
+/* Open DIR/NAME.json for a report written by hand, up to the start of its
+ * timeline array (home device 0, no devices, ledger, stages or leaks); out
+ * gets DIR/NAME.svg, where the plot goes. The caller writes the events and
+ * closes the array and the file. */
+static FILE *open_timeline_report(const char *name, char path[PATH_MAX + 16], char out[PATH_MAX + 16])
+{
+    snprintf(path, PATH_MAX + 16, "%s/%s.json", dir, name);
+    snprintf(out, PATH_MAX + 16, "%s/%s.svg", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
+          "\"devices\":[],\"ledger\":[],\"stages\":[],\"leaks\":[],\"timeline\":[\n",
+          f);
+    return f;
+}
+
 /* By event number the x axis says how many events the device has, the
  * count the command prints, also when there are more events than pixel
  * columns (870) times two and the points drawn are per column, far fewer:
@@ -582,13 +598,7 @@ static void test_plot_by_events_axis_counts_the_devices_events(void **state)
 {
     (void)state;
     char path[PATH_MAX + 16], out[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/ev2k.json", dir);
-    snprintf(out, sizeof out, "%s/ev2k.svg", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
-          "\"devices\":[],\"ledger\":[],\"stages\":[],\"leaks\":[],\"timeline\":[\n",
-          f);
+    FILE *f = open_timeline_report("ev2k", path, out);
     static const char ev[] = "%s{\"device\":0,\"time_us\":%lld,\"action\":\"%s\",\"addr\":%zu,\"size\":%zu,"
                              "\"stream\":0,\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"pair\",\"stage\":\"train\"}\n";
     for (int i = 0; i < 2000; i++) {
@@ -644,13 +654,7 @@ static void test_plot_burst_in_one_column_shows_a_pixel_wide(void **state)
 {
     (void)state;
     char path[PATH_MAX + 16], out[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/burst.json", dir);
-    snprintf(out, sizeof out, "%s/burst.svg", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
-          "\"devices\":[],\"ledger\":[],\"stages\":[],\"leaks\":[],\"timeline\":[\n",
-          f);
+    FILE *f = open_timeline_report("burst", path, out);
     static const char ev[] = "%s{\"device\":0,\"time_us\":%lld,\"action\":\"%s\",\"addr\":%zu,\"size\":%zu,"
                              "\"stream\":0,\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"burst\",\"stage\":\"train\"}\n";
     size_t allocated = 0;
@@ -753,13 +757,7 @@ static void test_plot_other_tags_on_top_of_nine(void **state)
 {
     (void)state;
     char path[PATH_MAX + 16], out[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/eleven.json", dir);
-    snprintf(out, sizeof out, "%s/eleven.svg", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
-          "\"devices\":[],\"ledger\":[],\"stages\":[],\"leaks\":[],\"timeline\":[\n",
-          f);
+    FILE *f = open_timeline_report("eleven", path, out);
     size_t allocated = 0;
     for (int k = 0; k < 11; k++) {
         allocated += (size_t)(k + 1) * MiB;
@@ -798,13 +796,7 @@ static void test_plot_events_at_one_time_stay_finite(void **state)
 {
     (void)state;
     char path[PATH_MAX + 16], out[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/instant.json", dir);
-    snprintf(out, sizeof out, "%s/instant.svg", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
-          "\"devices\":[],\"ledger\":[],\"stages\":[],\"leaks\":[],\"timeline\":[\n",
-          f);
+    FILE *f = open_timeline_report("instant", path, out);
     static const char ev[] = "%s{\"device\":0,\"time_us\":5000,\"action\":\"%s\",\"addr\":%zu,\"size\":%zu,"
                              "\"stream\":0,\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"kv\",\"stage\":\"s\"}\n";
     fprintf(f, ev, "", "alloc", 4 * MiB, 2 * MiB, 2 * MiB, 4 * MiB);

@@ -20,26 +20,18 @@ typedef struct live {
 static const char *const rw_tags[] = {"rw-a", "rw-b", "rw-c", "untagged"};
 static const char *const rw_stages[] = {"(none)", "rw-outer", "rw-mid", "rw-inner"};
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
 
 static size_t random_size(void)
 {
-    switch (rnd() % 10) {
+    switch (tu_rand() % 10) {
     case 0: case 1: case 2: case 3: case 4:
-        return 1 + rnd() % (64 * LU_KiB);
+        return 1 + tu_rand() % (64 * LU_KiB);
     case 5: case 6:
-        return 1 + rnd() % MB;
+        return 1 + tu_rand() % MB;
     case 7: case 8:
-        return MB + 1 + rnd() % (12 * MB);
+        return MB + 1 + tu_rand() % (12 * MB);
     default:
-        return 10 * MB + rnd() % (60 * MB);
+        return 10 * MB + tu_rand() % (60 * MB);
     }
 }
 
@@ -87,7 +79,7 @@ static void test_counters_agree_with_cache_statistics(void **state)
     int nlive = 0, depth = 0, tag = 3, tagpushed = 0;
     lu_cap_begin();
     for (long op = 0; op < ops; op++) {
-        uint64_t r = rnd() % 100;
+        uint64_t r = tu_rand() % 100;
         if (r < 3 && depth < 3) {
             LU_OK(tally_stage_begin(rw_stages[depth + 1]));
             depth++;
@@ -97,13 +89,13 @@ static void test_counters_agree_with_cache_statistics(void **state)
         } else if (r < 10) {
             if (tagpushed)
                 LU_OK(tally_tag_pop());
-            tag = (int)(rnd() % 4);
+            tag = (int)(tu_rand() % 4);
             tagpushed = tag != 3;
             if (tagpushed)
                 LU_OK(tally_tag_push(rw_tags[tag]));
         } else if (r < 58 && nlive < MAXLIVE) {
             size_t size = random_size();
-            int dev = (int)(rnd() % 2);
+            int dev = (int)(tu_rand() % 2);
             void *p = lu_malloc(size, dev);
             tally_block_info_t info = lu_info(p);
             live[nlive++] = (live_t){p, dev, tag, depth, info.size};
@@ -111,7 +103,7 @@ static void test_counters_agree_with_cache_statistics(void **state)
             LU_STREQ(tally_tag_name(info.tag), rw_tags[tag]);
             LU_STREQ(tally_stage_name(info.stage), rw_stages[depth]);
         } else if (nlive > 0) {
-            int k = (int)(rnd() % (uint64_t)nlive);
+            int k = (int)(tu_rand() % (uint64_t)nlive);
             tally_free(live[k].p);
             live[k] = live[--nlive];
         }

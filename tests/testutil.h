@@ -33,6 +33,17 @@
 /* Streams are opaque non-NULL pointer values. */
 #define STREAM(n) ((void *)(uintptr_t)(0x1000u + 0x10u * (unsigned)(n)))
 
+/* A fixed-seed xorshift64 stream for randomised tests: the same sequence
+ * on every run, so a failure repeats. Each test binary has its own. */
+static uint64_t tu_rand_state = 0x9E3779B97F4A7C15ull;
+static inline uint64_t tu_rand(void)
+{
+    tu_rand_state ^= tu_rand_state << 13;
+    tu_rand_state ^= tu_rand_state >> 7;
+    tu_rand_state ^= tu_rand_state << 17;
+    return tu_rand_state;
+}
+
 /* What a table-driven test is looking at (shown by EQ on failure). */
 static char tu_context[160];
 #define tu_ctx(...) snprintf(tu_context, sizeof tu_context, __VA_ARGS__)

@@ -492,26 +492,6 @@ static inline __attribute__((always_inline)) void take_front(tally_device_t *d, 
     }
 }
 
-/* The statistics and records of a block handed out (in the pointer map). */
-static inline __attribute__((always_inline)) tally_block_t *hand_out(tally_device_t *d, tally_block_t *b, int kind, size_t orig, void *site,
-                                      bool in_capture)
-{
-    b->state = BLOCK_ALLOCATED;
-    b->requested = orig;
-    b->seq = ++d->seq;
-    tally__stat_pool_inc(d->stats.allocation, kind, 1);
-    tally__stat_pool_inc(d->stats.allocated_bytes, kind, (int64_t)b->size);
-    tally__stat_pool_inc(d->stats.active, kind, 1);
-    tally__stat_pool_inc(d->stats.active_bytes, kind, (int64_t)b->size);
-    tally__stat_pool_inc(d->stats.requested_bytes, kind, (int64_t)orig);
-    if (b->size >= tally__opt.max_split_size)
-        tally__stat_inc(&d->stats.oversize_allocations, 1);
-    b->site = site;
-    b->ignored = 0;
-    b->in_capture = in_capture;
-    tally__cache_hooks.block_alloc(d, b);
-    return b;
-}
 
 /* Whether a request of orig bytes may take the fast path: the device's own
  * small pool (no graph or private pool, no capture, no pass-through
@@ -626,5 +606,5 @@ static tally_block_t *malloc_general(tally_device_t *d, size_t orig, void *strea
         return NULL;
     }
     /* Pass-through: a graph allocation may be freed inside its capture. */
-    return hand_out(d, b, b->pool, orig, site, TALLY_UNLIKELY(capturing) && tally__capture_listed(d, stream));
+    return tally__cache_hand_out(d, b, b->pool, orig, site, TALLY_UNLIKELY(capturing) && tally__capture_listed(d, stream));
 }

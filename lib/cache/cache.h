@@ -214,6 +214,29 @@ typedef struct tally_cache_hooks {
 extern tally_cache_hooks_t tally__cache_hooks;
 void tally__cache_set_hooks(const tally_cache_hooks_t *h);
 
+/* The statistics and records of a block handed out (in the pointer map),
+ * and the hook: the last step of both allocation paths (cache.c, small.c),
+ * inline in each. */
+static inline __attribute__((always_inline)) tally_block_t *tally__cache_hand_out(tally_device_t *d, tally_block_t *b, int kind,
+                                                                                 size_t orig, void *site, bool in_capture)
+{
+    b->state = BLOCK_ALLOCATED;
+    b->requested = orig;
+    b->seq = ++d->seq;
+    tally__stat_pool_inc(d->stats.allocation, kind, 1);
+    tally__stat_pool_inc(d->stats.allocated_bytes, kind, (int64_t)b->size);
+    tally__stat_pool_inc(d->stats.active, kind, 1);
+    tally__stat_pool_inc(d->stats.active_bytes, kind, (int64_t)b->size);
+    tally__stat_pool_inc(d->stats.requested_bytes, kind, (int64_t)orig);
+    if (b->size >= tally__opt.max_split_size)
+        tally__stat_inc(&d->stats.oversize_allocations, 1);
+    b->site = site;
+    b->ignored = 0;
+    b->in_capture = in_capture;
+    tally__cache_hooks.block_alloc(d, b);
+    return b;
+}
+
 /* tree.c: free-block pools */
 /* Make room for blocks of stream (before its first segment); 0 or -1. */
 int tally__pool_prepare(tally_pool_t *p, void *stream, struct tally_binset **set);

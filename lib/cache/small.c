@@ -323,20 +323,7 @@ tally_block_t *tally__small_alloc_locked(tally_device_t *d, size_t size, size_t 
         }
     }
     tally__ptrmap_put(&d->map, b->addr, b); /* room was checked: it cannot fail */
-    b->requested = orig;
-    b->seq = ++d->seq;
-    tally__stat_pool_inc(d->stats.allocation, TALLY_POOL_SMALL, 1);
-    tally__stat_pool_inc(d->stats.allocated_bytes, TALLY_POOL_SMALL, (int64_t)b->size);
-    tally__stat_pool_inc(d->stats.active, TALLY_POOL_SMALL, 1);
-    tally__stat_pool_inc(d->stats.active_bytes, TALLY_POOL_SMALL, (int64_t)b->size);
-    tally__stat_pool_inc(d->stats.requested_bytes, TALLY_POOL_SMALL, (int64_t)orig);
-    if (TALLY_UNLIKELY(b->size >= tally__opt.max_split_size))
-        tally__stat_inc(&d->stats.oversize_allocations, 1);
-    b->site = site;
-    b->ignored = 0;
-    b->in_capture = 0;
-    tally__cache_hooks.block_alloc(d, b);
-    return b;
+    return tally__cache_hand_out(d, b, TALLY_POOL_SMALL, orig, site, false);
 }
 
 /* ---- the fast free -------------------------------------------------------- */
