@@ -242,8 +242,11 @@ static void test_check_names_an_invalid_block_state(void **state)
 {
     (void)state;
     tally_block_t *w = blk(whole_p);
-    w->state = 3;
-    EXPECT_FAIL("has invalid state 3");
+    w->state = BLOCK_LENT + 1;
+    EXPECT_FAIL("has invalid state 4");
+    /* Lent only ever from an expandable segment, never a plain one. */
+    w->state = BLOCK_LENT;
+    EXPECT_FAIL("not a mapped piece of an expandable segment");
     w->state = 200;
     EXPECT_FAIL("has invalid state 200");
     w->state = BLOCK_ALLOCATED;

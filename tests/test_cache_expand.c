@@ -6,6 +6,11 @@
 
 #include "backend/backend.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #define PAGE (2 * MiB)
 
 static void *stream_a = (void *)0x100;
@@ -880,6 +885,106 @@ static void test_random_workload_with_handles(void **state)
     handles_from(64);
 }
 
+/* expandable_small_shared: a small block's new segment is cut from idle
+ * mapped pages of its stream's expandable segment (no backend allocation,
+ * reserved memory unchanged, its 2 MiB moved from the large pool's figure to
+ * the small pool's); of two wholly free lent segments one goes back, and
+ * the large pool then uses its pages. */
+static void test_shared_small_segments_use_idle_pages(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_configure("expandable_small_shared:true,expandable_move_budget:0"), 0);
+    char *big = tally_malloc(20 * MiB, 0, stream_a);
+    assert_non_null(big);
+    tally_free(big); /* ten pages, idle, under the high-water mark */
+    tally_stats_t before = stats(0);
+    void *s1 = tally_malloc(MiB, 0, stream_a), *s2 = tally_malloc(MiB, 0, stream_a);
+    void *s3 = tally_malloc(MiB, 0, stream_a);
+    assert_true(s1 && s2 && s3);
+    tally_stats_t s = stats(0);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].current, before.reserved_bytes[TALLY_POOL_ALL].current);
+    EQ(s.segment[TALLY_POOL_SMALL].current, 2);
+    EQ(s.reserved_bytes[TALLY_POOL_SMALL].current, 2 * PAGE);
+    EQ(s.reserved_bytes[TALLY_POOL_LARGE].current, before.reserved_bytes[TALLY_POOL_LARGE].current - 2 * PAGE);
+    EQ(s.num_device_alloc, before.num_device_alloc);
+    assert_true((char *)s1 >= big && (char *)s3 < big + 20 * MiB);
+    CHECK_OK();
+    tally_free(s1);
+    tally_free(s2);
+    EQ(stats(0).segment[TALLY_POOL_SMALL].current, 2); /* the first wholly free one is kept */
+    tally_free(s3);
+    s = stats(0);
+    EQ(s.segment[TALLY_POOL_SMALL].current, 1);
+    EQ(s.reserved_bytes[TALLY_POOL_SMALL].current, PAGE);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].current, before.reserved_bytes[TALLY_POOL_ALL].current);
+    EQ(s.num_device_free, before.num_device_free);
+    CHECK_OK();
+    /* The returned piece is the large pool's again: 18 MiB fits, no page more. */
+    void *b2 = tally_malloc(18 * MiB, 0, stream_a);
+    assert_non_null(b2);
+    EQ(stats(0).reserved_bytes[TALLY_POOL_ALL].current, before.reserved_bytes[TALLY_POOL_ALL].current);
+    CHECK_OK();
+    tally_free(b2);
+    tally_empty_cache(0);
+    s = stats(0);
+    EQ(s.segment[TALLY_POOL_SMALL].current, 0);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].current, 0);
+    CHECK_OK();
+    assert_int_equal(tally_configure("expandable_small_shared:false"), 0);
+}
+
+/* A lent segment is listed once: the report lists it as a small segment at
+ * its addresses and leaves its piece out of the expandable segment's blocks;
+ * base_alloc names the small segment. */
+static void test_shared_small_segment_listed_once(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_configure("expandable_small_shared:true,expandable_move_budget:0"), 0);
+    void *big = tally_malloc(20 * MiB, 0, stream_a);
+    tally_free(big);
+    void *small = tally_malloc(4096, 0, stream_a);
+    assert_non_null(small);
+    size_t size = 0;
+    EQ((uintptr_t)tally_torch_base_alloc(small, &size), (uintptr_t)small);
+    EQ(size, PAGE);
+    char path[] = "/tmp/tally-lent-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(tally_write_report(path), 0);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char text[1 << 20];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    unlink(path);
+    text[n] = 0;
+    char key[64];
+    /* The small segment, at the piece's address... */
+    snprintf(key, sizeof key, "{\"device\":0,\"address\":%llu,\"total_size\":%zu,", (unsigned long long)(uintptr_t)small,
+             (size_t)PAGE);
+    HAS(text, key);
+    /* ...and no 2 MiB block there in the expandable segment's list. */
+    snprintf(key, sizeof key, "\"address\":%llu,\"size\":%zu,", (unsigned long long)(uintptr_t)small, (size_t)PAGE);
+    assert_null(strstr(text, key));
+    HAS(text, "\"segment_type\":\"small\"");
+    tally_free(small);
+    tally_empty_cache(0);
+    CHECK_OK();
+    assert_int_equal(tally_configure("expandable_small_shared:false"), 0);
+}
+
+/* expandable_small_shared: the small pool's segments are lent by the
+ * expandable segments; the random workload and injected failures keep every
+ * invariant (tally_check knows lent pieces), and everything goes back. */
+static void test_random_workload_with_shared_small_segments(void **state)
+{
+    assert_int_equal(tally_configure("expandable_small_shared:true"), 0);
+    test_random_workload_keeps_invariants(state);
+    test_injected_map_failures_leave_state_intact(state);
+    assert_int_equal(tally_configure("expandable_small_shared:false"), 0);
+}
+
 static void test_options_show_the_key(void **state)
 {
     (void)state;
@@ -926,6 +1031,9 @@ int main(void)
         cmocka_unit_test_setup(test_steal_takes_whole_handles_only, reset),
         cmocka_unit_test_setup(test_oom_inside_range_with_handles, reset),
         cmocka_unit_test_setup(test_random_workload_with_handles, reset),
+        cmocka_unit_test_setup(test_random_workload_with_shared_small_segments, reset),
+        cmocka_unit_test_setup(test_shared_small_segments_use_idle_pages, reset),
+        cmocka_unit_test_setup(test_shared_small_segment_listed_once, reset),
         cmocka_unit_test(test_options_show_the_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

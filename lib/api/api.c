@@ -250,6 +250,7 @@ static void publish_runtime(const tally_options_t *n)
     STORE(home_setting);
     STORE(timeline);
     STORE(expandable_grow_chunk_mb);
+    STORE(expandable_small_shared);
     STORE(trace);
     STORE(expandable_handle_mb);
     STORE(expandable_move_budget);

@@ -244,7 +244,7 @@ static int check_blocks_locked(tally_device_t *d, uint32_t id, tally_gpool_t *gp
             continue;
         }
         for (tally_block_t *b = s->head; b; b = b->next) {
-            if (b->state == BLOCK_FREE || b->tag != id)
+            if (b->state == BLOCK_FREE || b->state == BLOCK_LENT || b->tag != id)
                 continue;
             if (s->gp && !s->gp->private_id)
                 snprintf(why, whylen, "its block %p on device %d belongs to a CUDA graph's pool (%llu, %llu): "

@@ -405,14 +405,17 @@ static bool release_available_cached_blocks(tally_device_t *d, alloc_params_t *p
     return released >= want;
 }
 
-/* Hand a block chosen by tally__cache_malloc_locked back to its pool. */
-static void undo_handout(tally_device_t *d, tally_block_t *b)
+/* Hand a block taken from its pool (chosen by tally__cache_malloc_locked,
+ * or lent to the small pool) back to it. */
+void tally__cache_undo_take_locked(tally_device_t *d, tally_block_t *b)
 {
     b->requested = 0;
     tally__stat_pool_inc(d->stats.active, b->pool, 1);
     tally__stat_pool_inc(d->stats.active_bytes, b->pool, (int64_t)b->size);
     tally__cache_free_block_locked(d, b);
 }
+
+static bool lend_block(tally_device_t *d, alloc_params_t *p);
 
 /* A cached block, else a new segment, with PyTorch's retry sequence; for a
  * pass-through backend always a new allocation (the backend's pool caches). */
@@ -439,6 +442,8 @@ static bool find_block(tally_device_t *d, alloc_params_t *p)
         snprintf(p->why, sizeof p->why, "no free range of %zu bytes in the expandable segment", p->size);
         return false;
     }
+    if (p->pool == TALLY_POOL_SMALL && !p->gp && tally__lend_on())
+        return lend_block(d, p);
     if (gc_enabled(d))
         tally__cache_garbage_collect_locked(d);
     return alloc_block(d, p, false) ||
@@ -492,6 +497,87 @@ static inline __attribute__((always_inline)) void take_front(tally_device_t *d, 
     }
 }
 
+
+/* Shared small segments: a new small-pool segment is a 2 MiB piece of the
+ * stream's expandable segment, chosen as a large block of that size would
+ * be and backed the same way (segment.c). */
+/* Expandable segments: the free block a new small-pool segment is cut
+ * from, its last 2 MiB on mapped pages (no driver call), the smallest such
+ * of the stream (lowest address among equals), among the first
+ * LEND_LOOKAHEAD from the best fit; NULL when none is. */
+#define LEND_LOOKAHEAD 64
+static tally_block_t *lend_pick(tally_device_t *d, void *stream)
+{
+    tally_block_t *b = tally__pool_lower_bound(&d->large, stream, SMALL_BUFFER);
+    for (int k = LEND_LOOKAHEAD; b && k > 0; b = tally__pool_after(&d->large, b), k--) {
+        if (!b->seg->ex)
+            continue;
+        tally_block_t back = *b;
+        back.addr = b->addr + b->size - SMALL_BUFFER;
+        if (tally__expand_mapped_locked(&back, SMALL_BUFFER))
+            return b;
+    }
+    return NULL;
+}
+
+static bool lend_block(tally_device_t *d, alloc_params_t *p)
+{
+    struct tally_binset *bins;
+    if (tally__pool_prepare(&d->small, p->stream, &bins)) {
+        p->err = TALLY_ENOMEM;
+        snprintf(p->why, sizeof p->why, "out of host memory for metadata");
+        return false;
+    }
+    alloc_params_t q = {.stream = p->stream, .size = SMALL_BUFFER, .alloc_size = SMALL_BUFFER,
+                        .pool = TALLY_POOL_LARGE};
+    /* On mapped pages: the back of a free block, so that its front stays
+     * joined to what lies below it. Else a 2 MiB large block's place. */
+    tally_block_t *c = lend_pick(d, p->stream);
+    if (c) {
+        tally__pool_erase(&d->large, c);
+        if (c->size > SMALL_BUFFER) {
+            tally_block_t *back = tally__cache_cut_front(d, c, c->size - SMALL_BUFFER);
+            tally__pool_insert(&d->large, c);
+            if (!back) {
+                p->err = TALLY_ENOMEM;
+                snprintf(p->why, sizeof p->why, "out of host memory for metadata");
+                return false;
+            }
+            c = back;
+        }
+        c->state = BLOCK_LENT;
+    } else {
+        if (!find_block(d, &q)) {
+            p->err = q.err;
+            memcpy(p->why, q.why, sizeof p->why);
+            return false;
+        }
+        c = q.block;
+        c->state = BLOCK_LENT;
+        take_front(d, &d->large, c, SMALL_BUFFER, should_split(c, SMALL_BUFFER), false, TALLY_POOL_LARGE);
+    }
+    int rc = tally__expand_map_locked(d, c, true, p->why, sizeof p->why);
+    if (rc == TALLY_ENOMEM) {
+        tally__cache_release_all_locked(d);
+        d->stats.num_alloc_retries++;
+        rc = tally__expand_map_locked(d, c, false, p->why, sizeof p->why);
+    }
+    tally_segment_t *s = NULL;
+    if (!rc) {
+        c->paged = 1;
+        if (!(s = tally__lend_segment_locked(d, c, bins))) {
+            rc = TALLY_ENOMEM;
+            snprintf(p->why, sizeof p->why, "out of host memory for metadata");
+        }
+    }
+    if (rc) {
+        tally__cache_undo_take_locked(d, c);
+        p->err = rc;
+        return false;
+    }
+    p->block = s->head;
+    return true;
+}
 
 /* Whether a request of orig bytes may take the fast path: the device's own
  * small pool (no graph or private pool, no capture, no pass-through
@@ -578,6 +664,8 @@ static tally_block_t *malloc_general(tally_device_t *d, size_t orig, void *strea
         return NULL;
     }
     tally_block_t *b = p.block;
+    if (TALLY_UNLIKELY(b->seg == d->lent_kept))
+        d->lent_kept = NULL;
     /* Out of the pool from here on: no merge may take it. */
     b->state = BLOCK_ALLOCATED;
     take_front(d, tally__pool_of(d, b), b, p.size, !tally__g.backend->passthrough && should_split(b, p.size),
@@ -592,7 +680,7 @@ static tally_block_t *malloc_general(tally_device_t *d, size_t orig, void *strea
             rc = tally__expand_map_locked(d, b, false, p.why, sizeof p.why);
         }
         if (rc) {
-            undo_handout(d, b);
+            tally__cache_undo_take_locked(d, b);
             p.err = rc;
             report_failure(d, orig, &p);
             return NULL;
@@ -601,7 +689,7 @@ static tally_block_t *malloc_general(tally_device_t *d, size_t orig, void *strea
     }
     if (tally__ptrmap_put(&d->map, b->addr, b)) {
         /* Cannot track it: put it back and fail cleanly. */
-        undo_handout(d, b);
+        tally__cache_undo_take_locked(d, b);
         tally__fail(TALLY_ENOMEM, "out of host memory for the pointer map");
         return NULL;
     }

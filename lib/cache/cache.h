@@ -9,7 +9,10 @@
 #include "backend/backend.h"
 #include "core/internal.h"
 
-enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2 };
+/* BLOCK_LENT: a piece of an expandable segment that the small pool holds
+ * as one of its 2 MiB segments (segment.c): its pages stay mapped, it is
+ * neither free nor handed out. */
+enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2, BLOCK_LENT = 3 };
 
 typedef struct tally_segment tally_segment_t;
 typedef struct tally_expand tally_expand_t;
@@ -59,6 +62,7 @@ struct tally_segment {
     tally_block_t *head;          /* lowest-address block */
     struct tally_binset *bins;    /* small pool: its stream's bin set */
     tally_expand_t *ex;           /* expandable segment: its pages (expand.c) */
+    tally_block_t *lender;        /* small segment lent by an expandable one: the piece it lies on */
     tally_gpool_t *gp;            /* graph pool it belongs to, or NULL (graph_pool.c) */
     uint8_t vm;                   /* reserved and mapped whole (private pools, private.c) */
     uint8_t asleep;               /* vm: its pages are unmapped, its addresses kept (private.c) */
@@ -161,6 +165,7 @@ typedef struct tally_device {
     tally_gpool_t *gpools;
     int nallocating;                    /* graph pools between begin and end */
     tally_gpool_t *ppools;              /* private pools (private.c) */
+    tally_segment_t *lent_kept;         /* a wholly free lent small segment kept for the next (segment.c) */
 } tally_device_t;
 
 typedef struct tally_global {
@@ -344,6 +349,25 @@ size_t tally__expand_unmap_idle_locked(tally_device_t *d, size_t want, const tal
                                        size_t keep_hi);
 size_t tally__expand_steal_runs_locked(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo,
                                        size_t keep_hi);
+
+/* segment.c: with expandable_small_shared the device's small pool takes its
+ * 2 MiB segments from the stream's expandable segment (no driver call when
+ * the pages are mapped), and gives each back there once it is wholly free,
+ * keeping one. Segment s over the lent piece c (out of the large pool, its
+ * pages mapped and counted): made a small segment of d, or NULL out of host
+ * memory (c unchanged). */
+bool tally__lend_on(void); /* expandable segments with expandable_small_shared */
+tally_segment_t *tally__lend_segment_locked(tally_device_t *d, tally_block_t *c, struct tally_binset *bins);
+/* s, wholly free (its block out of the pool), goes back to the expandable
+ * segment it came from; its record and block are for the caller to drop. */
+void tally__lend_return_locked(tally_device_t *d, tally_segment_t *s);
+/* The small-pool block b of a lent segment became wholly free: keep the
+ * segment for the next allocation, or, when one is kept already, give it
+ * back. */
+void tally__lend_idle_locked(tally_device_t *d, tally_block_t *b);
+/* cache.c, for segment.c: give back a block taken from its pool but
+ * never handed out. */
+void tally__cache_undo_take_locked(tally_device_t *d, tally_block_t *b);
 
 /* graph_pool.c: capture tracking and graph pools */
 /* Note stream when it captures; re-check the streams seen capturing.

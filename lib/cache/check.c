@@ -79,6 +79,7 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
     int64_t graph_free = 0; /* free blocks of graph pools' segments */
     uint64_t msplit = tally__opt.max_split_size;
     size_t nseg = 0;
+    int64_t lent_pieces = 0; /* lent blocks less lent segments: 0 */
     /* The pointer map's probing wraps with its mask: a power of two, at
      * most half full (ptrmap.c). */
     if ((d->map.mask + 1) & d->map.mask)
@@ -89,7 +90,15 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
         nseg++;
         recount_t *r = &rc[s->pool];
         r->segment++;
-        if (s->ex) {
+        if (s->lender) {
+            /* Lent by an expandable segment: its piece, lent, of its size. */
+            const tally_block_t *c = s->lender;
+            if (c->state != BLOCK_LENT || c->addr != s->base || c->size != s->size || !c->seg->ex ||
+                c->stream != s->stream || s->pool != TALLY_POOL_SMALL || s->gp)
+                FAIL("lent small segment %p: its piece of the expandable segment is wrong", (void *)s->base);
+            r->reserved_bytes += (int64_t)s->size;
+            lent_pieces--;
+        } else if (s->ex) {
             r->reserved_bytes += (int64_t)tally__expand_mapped_bytes(s);
             if (tally__expand_check_locked(s, why, whylen))
                 return -1;
@@ -149,6 +158,13 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
                 r->active_bytes += (int64_t)b->size;
                 r->requested_bytes += (int64_t)b->requested;
                 break;
+            case BLOCK_LENT:
+                /* Its bytes are the lent small segment's (counted there). */
+                if (!s->ex || !b->paged || tally__ptrmap_get(&d->map, b->addr) == b)
+                    FAIL("lent block %p: not a mapped piece of an expandable segment", (void *)b->addr);
+                r->reserved_bytes -= (int64_t)b->size;
+                lent_pieces++;
+                break;
             default:
                 FAIL("block %p has invalid state %d", (void *)b->addr, b->state);
             }
@@ -156,6 +172,11 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
         if (at != s->base + s->size)
             FAIL("segment %p: blocks cover %zu of %zu bytes", (void *)s->base, (size_t)(at - s->base), s->size);
     }
+    if (lent_pieces)
+        FAIL("%lld lent pieces of expandable segments have no small segment (or one piece two)",
+             (long long)lent_pieces);
+    if (d->lent_kept && (!d->lent_kept->lender || d->lent_kept->head->next || d->lent_kept->head->state != BLOCK_FREE))
+        FAIL("kept lent segment %p is not a wholly free lent segment", (void *)d->lent_kept->base);
     if (nseg != d->nsegments)
         FAIL("segment list holds %zu segments, count says %zu", nseg, d->nsegments);
     if (tally__pool_verify(&d->small) != rc[TALLY_POOL_SMALL].free_blocks)

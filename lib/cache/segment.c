@@ -1,5 +1,6 @@
-/* Segments (one backend allocation each): the device's list of them, and
- * their release: a whole free segment goes back to the backend (an
+/* Segments (one backend allocation each, or with expandable segments a
+ * small one lent by an expandable one, below): the device's list of them,
+ * and their release: a whole free segment goes back to the backend (an
  * expandable segment's mapped pages, a private pool's mapping), from one
  * pool (empty_cache, graph pools, the small pool whose memory expandable
  * segments take), by garbage collection under a memory fraction, and for
@@ -34,10 +35,16 @@ static void segment_unlink(tally_device_t *d, tally_segment_t *s)
 
 tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t addr)
 {
+    /* A small segment lent by an expandable one lies inside it: the
+     * innermost segment holding addr is the one named. */
+    tally_segment_t *outer = NULL;
     for (tally_segment_t *s = d->segments; s; s = s->next)
-        if (addr >= s->base && addr - s->base < s->size)
-            return s;
-    return NULL;
+        if (addr >= s->base && addr - s->base < s->size) {
+            if (!s->ex)
+                return s;
+            outer = s;
+        }
+    return outer;
 }
 
 /* Return a whole segment (one block) to the backend; in_pool says whether
@@ -47,7 +54,10 @@ void tally__cache_release_segment_locked(tally_device_t *d, tally_block_t *b, bo
     tally_segment_t *s = b->seg;
     if (in_pool)
         tally__pool_erase(tally__pool_of(d, b), b);
-    if (s->ex) {
+    if (s->lender) {
+        /* A piece of an expandable segment: it goes back there (no driver call). */
+        tally__lend_return_locked(d, s);
+    } else if (s->ex) {
         /* Its pages are unmapped (and counted) one by one. */
         tally__expand_release_locked(d, s);
     } else {
@@ -112,7 +122,9 @@ static size_t release_pool(tally_device_t *d, tally_pool_t *p, size_t want)
         tally_block_t *b = c.items[i];
         if (b->seg->ex && tally__expand_unmap_held_locked(d))
             continue; /* no unmap during a capture: the next release */
-        released += b->seg->ex ? tally__expand_mapped_bytes(b->seg) : b->size;
+        /* A lent small segment's memory stays mapped in its expandable
+         * segment, whose trim gives it back (tally__cache_release_all_locked). */
+        released += b->seg->ex ? tally__expand_mapped_bytes(b->seg) : b->seg->lender ? 0 : b->size;
         tally__cache_release_block_locked(d, b);
     }
     tally__meta_free(c.items);
@@ -130,7 +142,10 @@ size_t tally__cache_release_pool_locked(tally_device_t *d, tally_pool_t *p)
  * need pages, as they move idle pages). Returns the bytes released. */
 size_t tally__cache_release_small_locked(tally_device_t *d, size_t want)
 {
-    return want ? release_pool(d, &d->small, want) : 0;
+    /* Lent small segments (the only ones when small segments are shared) go
+     * back to their expandable segment as soon as they are free: none to
+     * release here. */
+    return want && !tally__lend_on() ? release_pool(d, &d->small, want) : 0;
 }
 
 void tally__cache_garbage_collect_locked(tally_device_t *d)
@@ -189,8 +204,13 @@ size_t tally__cache_release_all_locked(tally_device_t *d)
     if (tally__capture_on_locked(d))
         return 0; /* no event synchronised, nothing released during a capture */
     tally__events_wait_all_locked(d);
-    size_t released = tally__cache_release_pool_locked(d, &d->large);
-    released += tally__cache_release_pool_locked(d, &d->small);
+    /* Lent small segments first: their pieces then free their expandable
+     * segment's pages. */
+    bool lent = tally__lend_on();
+    size_t released = lent ? tally__cache_release_pool_locked(d, &d->small) : 0;
+    released += tally__cache_release_pool_locked(d, &d->large);
+    if (!lent)
+        released += tally__cache_release_pool_locked(d, &d->small);
     if (TALLY_UNLIKELY(d->gpools != NULL))
         released += tally__gpool_release_freeable_locked(d);
     if (TALLY_UNLIKELY(d->ppools != NULL))
@@ -198,4 +218,94 @@ size_t tally__cache_release_all_locked(tally_device_t *d)
     if (tally__expand_on())
         released += tally__expand_trim_locked(d);
     return released;
+}
+
+/* ---- the small pool on expandable segments ------------------------------ */
+
+/* With expandable_segments:true and expandable_small_shared:true (off by
+ * default).
+ *
+ * Without expandable segments each small-pool segment is a 2 MiB backend
+ * allocation (cudaMalloc), as in PyTorch. PyTorch's expandable mode gives
+ * the small pool an expandable segment of its own per stream, mapped in
+ * 2 MiB pages. Either way the small pool keeps its high-water mark apart
+ * from the large pool's: memory the small pool holds free cannot serve a
+ * large block, and pages the large pool holds mapped but idle cannot serve
+ * a small one. On the shared traces that split was most of tally's excess
+ * over peak live on opt125m (32 MiB of free small segments at the peak) and
+ * gpt2 (56 MiB), and at 4steps-cold's peak the small pool grew by 70 MiB
+ * while the large one held 860 MiB of idle mapped pages.
+ *
+ * So here the small pool borrows. Its new segment on a stream is a 2 MiB
+ * piece of the stream's expandable segment, chosen as a large block of 2 MiB
+ * would be (best fit, preferring mapped pages) and backed the same way; the
+ * piece stays out of the large pool as a BLOCK_LENT block, counted on its
+ * pages so that they stay mapped. Taking idle mapped pages costs no driver
+ * call at all. When the small segment is wholly free again it is given back
+ * at once: the piece returns to the large pool (merged with its free
+ * neighbours) and no driver call is made either; one wholly free lent
+ * segment per device is kept (d->lent_kept), so a job that takes and frees
+ * one small block does not lend and return a piece on every pair.
+ *
+ * Statistics: a lent segment is a small-pool segment (segment.small, its
+ * 2 MiB in reserved_bytes.small) and its bytes leave reserved_bytes.large
+ * while it is lent; the device's reserved total does not change (the pages
+ * were, or are, mapped by the expandable segment). No cudaMalloc or
+ * cudaFree is counted (num_device_alloc / _free). Graph pools and private
+ * pools keep their own small segments. Reports list a lent segment as a
+ * small segment at its addresses and leave its piece out of the expandable
+ * segment's blocks (json_report.c), so no byte is listed twice. */
+bool tally__lend_on(void)
+{
+    return tally__opt.expandable_small_shared && tally__expand_on();
+}
+
+tally_segment_t *tally__lend_segment_locked(tally_device_t *d, tally_block_t *c, struct tally_binset *bins)
+{
+    tally_segment_t *s = tally__meta_calloc(sizeof *s);
+    tally_block_t *b = s ? tally__cache_block_new(d) : NULL;
+    if (!b) {
+        tally__meta_free(s);
+        return NULL;
+    }
+    s->base = c->addr;
+    s->size = c->size;
+    s->stream = c->stream;
+    s->pool = TALLY_POOL_SMALL;
+    s->device = d->id;
+    s->head = b;
+    s->bins = bins;
+    s->lender = c;
+    tally__segment_link_locked(d, s);
+    b->addr = c->addr;
+    b->size = c->size;
+    b->stream = c->stream;
+    b->seg = s;
+    b->pool = TALLY_POOL_SMALL;
+    b->prev = b->next = NULL;
+    tally__stat_pool_inc(d->stats.segment, TALLY_POOL_SMALL, 1);
+    tally__stat_pool_inc(d->stats.reserved_bytes, TALLY_POOL_SMALL, (int64_t)c->size);
+    tally__stat_pool_dec(d->stats.reserved_bytes, TALLY_POOL_LARGE, (int64_t)c->size);
+    tally__cache_hooks.device_event(d, TALLY_EV_SEGMENT_ALLOC, b->addr, b->size, b->stream);
+    return s;
+}
+
+void tally__lend_return_locked(tally_device_t *d, tally_segment_t *s)
+{
+    tally_block_t *c = s->lender;
+    if (d->lent_kept == s)
+        d->lent_kept = NULL;
+    tally__stat_pool_dec(d->stats.reserved_bytes, TALLY_POOL_SMALL, (int64_t)s->size);
+    tally__stat_pool_inc(d->stats.reserved_bytes, TALLY_POOL_LARGE, (int64_t)s->size);
+    s->lender = NULL;
+    tally__cache_undo_take_locked(d, c);
+}
+
+void tally__lend_idle_locked(tally_device_t *d, tally_block_t *b)
+{
+    if (!d->lent_kept || d->lent_kept == b->seg) {
+        d->lent_kept = b->seg;
+        return;
+    }
+    tally__cache_release_block_locked(d, b);
 }

@@ -302,6 +302,8 @@ tally_block_t *tally__small_alloc_locked(tally_device_t *d, size_t size, size_t 
         return NULL;
     tally_block_t *b = bin_take_first(set, i);
     bool already_split = b->prev || b->next;
+    if (TALLY_UNLIKELY(d->lent_kept != NULL) && b->seg == d->lent_kept)
+        d->lent_kept = NULL;
     b->state = BLOCK_ALLOCATED;
     tally_stat_t *split_bytes = &d->stats.inactive_split_bytes[TALLY_POOL_SMALL];
     if (b->size - size >= MIN_BLOCK) {
@@ -386,4 +388,6 @@ void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b)
     tally__stat_dec(&d->stats.active[TALLY_POOL_SMALL], 1);
     tally__stat_dec(&d->stats.active_bytes[TALLY_POOL_SMALL], (int64_t)original);
     tally__stat_dec(&d->stats.requested_bytes[TALLY_POOL_SMALL], (int64_t)b->requested);
+    if (TALLY_UNLIKELY(b->seg->lender != NULL) && !b->prev && !b->next)
+        tally__lend_idle_locked(d, b);
 }

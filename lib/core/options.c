@@ -77,6 +77,9 @@ static const option_row_t rows[] = {
      "a cached oversize block is reused for a request at most this much (MiB, >= 20) smaller"},
     {"expandable_segments", T_BOOL, OFF(expandable_segments), 0, 0, NULL, false,
      "large pool: one address range per stream, 2 MiB pages mapped where blocks live (host backend)"},
+    {"expandable_small_shared", T_BOOL, OFF(expandable_small_shared), 0, 0, NULL, true,
+     "expandable segments: the small pool's 2 MiB segments are pieces of the stream's expandable segment, "
+     "given back there when free (one kept), so neither pool's idle memory is closed to the other"},
     {"expandable_grow_chunk_mb", T_INT, OFF(expandable_grow_chunk_mb), 2, 1024, NULL, true,
      "expandable segments: a block under 10 MiB that grows its range maps pages up to the next multiple "
      "of this many MiB, in one call (2: only its own pages)"},

@@ -173,10 +173,15 @@ static void write_segments(tally_out_t *o, tally_device_t *d, bool *first, site_
                           *first ? "" : ",", d->id, (unsigned long long)s->base, s->size,
                           (unsigned long long)(uintptr_t)s->stream, s->pool == TALLY_POOL_SMALL ? "small" : "large");
         *first = false;
+        bool none = true;
         for (tally_block_t *b = s->head; b; b = b->next) {
+            /* A piece lent to the small pool is listed as that small segment. */
+            if (b->state == BLOCK_LENT)
+                continue;
             tally__out_printf(o, "%s{\"address\":%llu,\"size\":%zu,\"requested_size\":%zu,\"state\":\"%s\"",
-                              b == s->head ? "" : ",", (unsigned long long)b->addr, b->size,
+                              none ? "" : ",", (unsigned long long)b->addr, b->size,
                               b->state == BLOCK_FREE ? (size_t)0 : b->requested, state_names[b->state]);
+            none = false;
             if (b->state != BLOCK_FREE) {
                 tally__out_puts(o, ",\"tag\":");
                 tally__out_json_str(o, tally__tag_name(b->tag));
