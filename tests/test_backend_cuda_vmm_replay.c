@@ -142,6 +142,7 @@ static void body_replay(int fd)
     }
     bool cuda = strstr(getenv("TALLY_CONF"), "backend:cuda") != NULL;
     bool paged = strstr(getenv("TALLY_CONF"), "expandable_segments:true") != NULL;
+    bool shared = strstr(getenv("TALLY_CONF"), "expandable_small_shared:true") != NULL;
     NEED(tally_init() == 0);
     if (cuda)
         count_driver_calls();
@@ -179,8 +180,13 @@ static void body_replay(int fd)
             }
         }
         tally_stats_t s = stats0();
-        if (cuda) /* pages only in the expandable mode */
-            NEED(tally__cu_vmm_mapped_bytes(0) == (paged ? (size_t)s.reserved_bytes[TALLY_POOL_LARGE].current : 0));
+        /* Pages only in the expandable mode; lent small segments are
+         * mapped pages too (then every small segment is lent). */
+        if (cuda)
+            NEED(tally__cu_vmm_mapped_bytes(0) ==
+                 (paged ? (size_t)s.reserved_bytes[TALLY_POOL_LARGE].current +
+                              (shared ? (size_t)s.reserved_bytes[TALLY_POOL_SMALL].current : 0)
+                        : 0));
         NEED(tally_check() == 0);
         f.peak_reserved = s.reserved_bytes[TALLY_POOL_ALL].peak;
         f.peak_allocated = s.allocated_bytes[TALLY_POOL_ALL].peak;
@@ -464,6 +470,13 @@ static void test_vmm_replay_unlimited_moves_same_as_host(void **state)
     replay_both(",expandable_segments:true,expandable_move_budget:-1");
 }
 
+/* The small pool's segments lent by the expandable segments. */
+static void test_vmm_replay_shared_small_segments_same_as_host(void **state)
+{
+    (void)state;
+    replay_both(",expandable_segments:true,expandable_small_shared:true");
+}
+
 static void test_vmm_replay_default_same_as_host(void **state)
 {
     (void)state;
@@ -476,6 +489,7 @@ int main(void)
         cmocka_unit_test(test_vmm_replay_expandable_same_as_host),
         cmocka_unit_test(test_vmm_replay_small_handles_same_as_host),
         cmocka_unit_test(test_vmm_replay_unlimited_moves_same_as_host),
+        cmocka_unit_test(test_vmm_replay_shared_small_segments_same_as_host),
         cmocka_unit_test(test_vmm_replay_default_same_as_host),
         cmocka_unit_test(test_vmm_replay_generated_same_as_host),
     };

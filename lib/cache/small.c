@@ -302,8 +302,6 @@ tally_block_t *tally__small_alloc_locked(tally_device_t *d, size_t size, size_t 
         return NULL;
     tally_block_t *b = bin_take_first(set, i);
     bool already_split = b->prev || b->next;
-    if (TALLY_UNLIKELY(d->lent_kept != NULL) && b->seg == d->lent_kept)
-        d->lent_kept = NULL;
     b->state = BLOCK_ALLOCATED;
     tally_stat_t *split_bytes = &d->stats.inactive_split_bytes[TALLY_POOL_SMALL];
     if (b->size - size >= MIN_BLOCK) {
@@ -316,12 +314,16 @@ tally_block_t *tally__small_alloc_locked(tally_device_t *d, size_t size, size_t 
         } else {
             tally__stat_pool_inc(d->stats.inactive_split_bytes, TALLY_POOL_SMALL, (int64_t)rest->size);
             tally__stat_pool_inc(d->stats.inactive_split, TALLY_POOL_SMALL, 1);
+            if (TALLY_UNLIKELY(b->seg == d->lent_kept)) /* a wholly free segment is in use again */
+                d->lent_kept = NULL;
         }
     } else {
         pool->count--;
         if (already_split) {
             tally__stat_dec(split_bytes, (int64_t)b->size);
             tally__stat_dec(&d->stats.inactive_split[TALLY_POOL_SMALL], 1);
+        } else if (TALLY_UNLIKELY(b->seg == d->lent_kept)) {
+            d->lent_kept = NULL;
         }
     }
     tally__ptrmap_put(&d->map, b->addr, b); /* room was checked: it cannot fail */
@@ -377,7 +379,8 @@ void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b)
     b->gc_base = pool->get_free_calls;
     bin_insert(set, b);
     pool->count++;
-    if (b->prev || b->next) {
+    bool whole = !b->prev && !b->next;
+    if (!whole) {
         dblocks += 1;
         dbytes += (int64_t)b->size;
     }
@@ -388,6 +391,6 @@ void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b)
     tally__stat_dec(&d->stats.active[TALLY_POOL_SMALL], 1);
     tally__stat_dec(&d->stats.active_bytes[TALLY_POOL_SMALL], (int64_t)original);
     tally__stat_dec(&d->stats.requested_bytes[TALLY_POOL_SMALL], (int64_t)b->requested);
-    if (TALLY_UNLIKELY(b->seg->lender != NULL) && !b->prev && !b->next)
+    if (TALLY_UNLIKELY(whole) && b->seg->lender != NULL)
         tally__lend_idle_locked(d, b);
 }
