@@ -128,6 +128,9 @@ size_t tune_grid(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t m
     add(&g, "tally's placement, no growth chunk", true, "expandable_segments:True,expandable_grow_chunk_mb:2");
     /* Idle pages moved without a driver-time limit: the least memory, a handle per page. */
     add(&g, "tally's placement, idle pages moved", true, "expandable_segments:True,expandable_move_budget:-1");
+    /* The small pool's segments lent by the expandable segments (run L). */
+    add(&g, "tally's placement, small pool on the same pages", true,
+        "expandable_segments:True,expandable_small_shared:True");
     /* PyTorch's own expandable segments (tools/pt_expand.c): its 20 MiB
      * large pages, and large_segment_size_mb's smaller ones. */
     add_pt(&g, "PyTorch's expandable segments (model)", "expandable_segments:True");
