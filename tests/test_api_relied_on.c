@@ -14,6 +14,7 @@
  *
  * Survivors of blind samples (make mutate, docs/testing.md):
  *   host_alloc's unlock after a refused mmap       test_host_device_usable_after_the_kernel_refuses_a_mapping
+ *   host_map's unlock after a refused mprotect     test_host_device_usable_after_the_kernel_refuses_to_map_pages
  *   a size option of 0 accepted                    test_size_option_of_zero_is_refused
  *   a symbol name cut at '@' with a stray byte     test_leak_report_frames_are_plain_text
  *   a frame's module written as its file           the same test
@@ -26,6 +27,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -33,10 +35,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/internal.h" /* tally__meta_fail */
+#include "backend/backend.h" /* tally__backend_host */
+#include "core/internal.h"   /* tally__meta_fail */
 #include "cudachild.h"
 #include "tally.h"
 
@@ -380,6 +384,106 @@ static void test_host_device_usable_after_the_kernel_refuses_a_mapping(void **st
     in_child("backend:host,host_devices:1,host_capacity:250TiB,leak_report:off", body_host_refused_mapping);
 }
 
+/* The host backend in backed mode: pages of a reserved range that the kernel
+ * refuses to make usable (host_map's mprotect fails) are an out-of-memory
+ * failure that leaves the device usable: the pages' charge against the
+ * capacity is given back and the host lock released, so the next backend
+ * call succeeds (a lock left held hangs it: the alarm fails the test).
+ * mprotect is made to fail the way it fails in a process with too many
+ * mappings: the child fills its map count up to vm.max_map_count (pages of
+ * one filler range made alternately readable, each such change splitting
+ * the range, until the kernel refuses a split), and then asks for a page in
+ * the middle of a reserved range, which needs the range split in three. */
+#define HOST_PAGE_SIZE (2 * MiB)
+#define SMALL_PAGE 4096
+#define NO_MAP_LIMIT 77 /* the child's status when the kernel refused no split for want of room */
+
+static long max_map_count(void)
+{
+    FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+    long n = -1;
+    if (f) {
+        if (fscanf(f, "%ld", &n) != 1)
+            n = -1;
+        fclose(f);
+    }
+    return n;
+}
+
+static void on_host_lock_alarm(int sig)
+{
+    (void)sig;
+    static const char msg[] = "timed out: a host backend call after the refused mprotect hangs (its lock left held?)\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    _exit(1);
+}
+
+static void body_host_refused_mprotect(long limit)
+{
+    signal(SIGALRM, on_host_lock_alarm);
+    alarm(20);
+    EXPECT(tally_init() == 0);
+    const tally_backend_t *b = &tally__backend_host;
+    char why[256] = "";
+    void *base = NULL;
+    EXPECT(b->reserve(0, 8 * HOST_PAGE_SIZE, &base, why, sizeof why) == 0);
+    /* The filler: 2 * limit + 2 small pages, unreadable; every other page made readable splits it once more. */
+    size_t npages = 2 * (size_t)limit + 2;
+    char *fill = mmap(NULL, npages * SMALL_PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    EXPECT(fill != MAP_FAILED);
+    int err = 0;
+    for (size_t i = 1; i + 1 < npages && !err; i += 2)
+        if (mprotect(fill + i * SMALL_PAGE, SMALL_PAGE, PROT_READ) != 0)
+            err = errno;
+    /* At the limit now: nothing but the call under test until the filler goes. */
+    char *middle = (char *)base + 3 * HOST_PAGE_SIZE;
+    int rc = err == ENOMEM ? b->map(0, middle, HOST_PAGE_SIZE, HOST_PAGE_SIZE, why, sizeof why) : -1;
+    /* The whole filler unreadable again first: that merges its pieces back into one mapping without a split, so
+     * the map count is down before munmap, whose interceptor under a sanitizer may need mappings of its own. */
+    EXPECT(mprotect(fill, npages * SMALL_PAGE, PROT_NONE) == 0);
+    EXPECT(munmap(fill, npages * SMALL_PAGE) == 0);
+    if (err != ENOMEM)
+        _exit(NO_MAP_LIMIT);
+    EXPECT(rc == TALLY_ENOMEM);
+    EXPECT(strstr(why, "mprotect of 2097152 bytes failed") != NULL);
+    /* The whole capacity (8 pages, the refused one among them) maps and is usable. */
+    EXPECT(b->map(0, base, 8 * HOST_PAGE_SIZE, HOST_PAGE_SIZE, why, sizeof why) == 0);
+    memset(base, 0x5a, 8 * HOST_PAGE_SIZE);
+    EXPECT(b->unmap(0, base, 8 * HOST_PAGE_SIZE) == 0);
+    EXPECT(b->unreserve(0, base, 8 * HOST_PAGE_SIZE) == 0);
+    void *p = tally_malloc(MiB, 0, NULL);
+    EXPECT(p != NULL);
+    tally_free(p);
+    EXPECT(tally_check() == 0);
+}
+
+static void test_host_device_usable_after_the_kernel_refuses_to_map_pages(void **state)
+{
+    (void)state;
+    long limit = max_map_count();
+    if (limit <= 0 || limit > (1L << 20))
+        SKIP("vm.max_map_count is %ld: filling the map count takes too long (or cannot be read)", limit);
+    fflush(NULL);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        tu_die_with_parent(parent);
+        child_env("backend:host,host_devices:1,host_mode:backed,host_capacity:16MiB,leak_report:off");
+        body_host_refused_mprotect(limit);
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == NO_MAP_LIMIT)
+        SKIP("the kernel made every split of the filler (vm.max_map_count %ld): no limit on mappings to run into",
+             limit);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("child ended with status %d (signal %d)", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                 WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
 /* A size option of 0 is refused (every size key wants a size > 0,
  * docs/configuration.md), naming the key and the value. */
 static void body_zero_size_refused(void)
@@ -532,6 +636,7 @@ int main(void)
         cmocka_unit_test(test_leak_groups_keep_ignored_apart_from_leaked_at_one_site),
         cmocka_unit_test(test_ledger_table_peak_column_shows_the_peak),
         cmocka_unit_test(test_host_device_usable_after_the_kernel_refuses_a_mapping),
+        cmocka_unit_test(test_host_device_usable_after_the_kernel_refuses_to_map_pages),
         cmocka_unit_test(test_size_option_of_zero_is_refused),
         cmocka_unit_test(test_leak_report_frames_are_plain_text),
         cmocka_unit_test(test_names_accept_utf8_up_to_the_last_code_point),

@@ -1,7 +1,8 @@
 /* The tally command (tools/tally_cli.c), run as a user runs it, its stdout,
  * stderr and exit status checked (harness: cliutil.h, CLIUTIL_REPORTS): `tally
- * ledger` on a report, and `tally merge` of the reports of a 4-rank job
- * (text and JSON, duplicate and missing ranks, device columns in order). */
+ * ledger` on a report (and its table's row order), and `tally merge` of the
+ * reports of a 4-rank job (text and JSON, duplicate and missing ranks, device
+ * columns in order). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -103,6 +104,43 @@ static void test_ledger_rows_tied_but_for_device_go_by_device(void **state)
                "1      activations          train                     2.0 MiB      2.0 MiB          1  foreign\n"
                "1      weights              train                     1.0 MiB      2.0 MiB          1  foreign\n"
                "2      weights              train                     1.0 MiB      2.0 MiB          1  foreign\n"
+               "\n");
+    expect_text(r.err, "");
+    run_free(&r);
+}
+
+/* On one device, rows of equal current bytes go by peak, the highest first,
+ * and only rows equal in both go by tag, then stage: a report written by
+ * hand whose three rows of 1 MiB current are in tag order with the peaks
+ * rising (a, b, c: peaks 1, 3 and 2 MiB), and two rows equal but for their
+ * stage, the later stage first in the report. */
+static void test_ledger_rows_of_equal_current_go_by_peak(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/peak_rows.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    static const char row[] = "{\"tag\":\"%s\",\"stage\":\"%s\",\"device\":0,\"foreign\":false,"
+                              "\"current_bytes\":1048576,\"peak_bytes\":%d,\"live_blocks\":1}%s\n";
+    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
+          "\"devices\":[],\"ledger\":[\n",
+          f);
+    fprintf(f, row, "a", "train", 1048576, ",");
+    fprintf(f, row, "b", "train", 3145728, ",");
+    fprintf(f, row, "c", "train", 2097152, ",");
+    fprintf(f, row, "d", "warmup", 1048576, ",");
+    fprintf(f, row, "d", "load", 1048576, "");
+    fputs("],\"stages\":[],\"leaks\":[]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("ledger '%s'", path);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "device tag                  stage                     current         peak     blocks\n"
+               "0      b                    train                     1.0 MiB      3.0 MiB          1\n"
+               "0      c                    train                     1.0 MiB      2.0 MiB          1\n"
+               "0      a                    train                     1.0 MiB      1.0 MiB          1\n"
+               "0      d                    load                      1.0 MiB      1.0 MiB          1\n"
+               "0      d                    warmup                    1.0 MiB      1.0 MiB          1\n"
                "\n");
     expect_text(r.err, "");
     run_free(&r);
@@ -532,6 +570,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ledger_one_live_block_is_singular),
         cmocka_unit_test(test_ledger_rejects_stats),
         cmocka_unit_test(test_ledger_rows_tied_but_for_device_go_by_device),
+        cmocka_unit_test(test_ledger_rows_of_equal_current_go_by_peak),
         cmocka_unit_test(test_ledger_columns_fit_the_longest_tag_and_stage),
         cmocka_unit_test(test_merge_closes_each_report_it_reads),
 

@@ -1247,6 +1247,21 @@ static void test_max_driver_time(void **state)
              "no setting keeps within 0.1 ms of driver time (A100): the least any setting needs is %.1f ms (",
              least / 1000.0);
     expect_refusal(tune("--capacity 1GiB --max-driver-time 0.1ms '%s'", path), want);
+    /* A budget of 0 (or anything under 1 us) is still a budget: the table's two "no setting fits" lines name
+     * it, and without --max-driver-time they name only the calls. */
+    run_t r = tune("--capacity 1GiB --max-driver-time 0 '%s'", path);
+    if (r.rc != 1 ||
+        !strstr(r.out, "\nPyTorch's allocator: no setting fits in 1024.0 MiB within 64 backend calls and 0.0 ms of "
+                       "driver time\n") ||
+        !strstr(r.out, "\ntally: no setting fits in 1024.0 MiB within 64 backend calls and 0.0 ms of driver time\n") ||
+        !strstr(r.err, "no setting keeps within 0.0 ms of driver time (A100)"))
+        fail_msg("--max-driver-time 0: status %d, stderr '%s', stdout:\n%s", r.rc, r.err, r.out);
+    run_free(&r);
+    r = tune("--capacity 1GiB --max-calls 0 '%s'", path);
+    if (r.rc != 1 || !strstr(r.out, "\nPyTorch's allocator: no setting fits in 1024.0 MiB within 0 backend calls\n") ||
+        !strstr(r.out, "\ntally: no setting fits in 1024.0 MiB within 0 backend calls\n"))
+        fail_msg("--max-calls 0: status %d, stderr '%s', stdout:\n%s", r.rc, r.err, r.out);
+    run_free(&r);
     rows = tune_json(path, "--capacity 1GiB --gpu Blackwell --max-driver-time 300us");
     assert_non_null(rows);
     for (size_t k = 0; k < rows->len; k++)
@@ -1260,6 +1275,10 @@ static void test_max_driver_time(void **state)
     expect_one_line_error(tune("--max-calls 3x '%s'", path), 2, "--max-calls '3x' is not a non-negative integer");
     expect_one_line_error(tune("--jobs '' '%s'", path), 2, "--jobs '' is not an integer from 1 to 256");
     expect_one_line_error(tune("--jobs 257 '%s'", path), 2, "--jobs '257' is not an integer from 1 to 256");
+    /* An empty --device would read as device 0 (strtol of "" is 0); it is refused like any other non-number
+     * (on a CSV trace, which takes no --device at all, the value is checked first). */
+    expect_one_line_error(tune("--device '' '%s'", path), 2, "--device '' is not a device number");
+    expect_one_line_error(tune("--device '' '%s/small.pickle'", fixtures), 2, "--device '' is not a device number");
 }
 
 /* ---- bad input --------------------------------------------------------------------- */
