@@ -257,7 +257,7 @@ size_t tally__cache_release_all_locked(tally_device_t *d)
  * segment's blocks (json_report.c), so no byte is listed twice. */
 bool tally__lend_on(void)
 {
-    return tally__opt.expandable_small_shared && tally__expand_on();
+    return TALLY_OPT(expandable_small_shared) && tally__expand_on();
 }
 
 tally_segment_t *tally__lend_segment_locked(tally_device_t *d, tally_block_t *c, struct tally_binset *bins)
