@@ -173,8 +173,8 @@ static int child_configure_race(void)
 /* ---- child: what starts the backend ---------------------------------------------------- */
 
 /* Loading, configuring, reading the options, tags and the sink leave the
- * backend unstarted (a program can still choose its GPUs); the first
- * allocation starts it. */
+ * backend unstarted (a program can still choose its GPUs), and so does
+ * freeing NULL through either entry point; the first allocation starts it. */
 static int child_lazy_start(void)
 {
     tally_set_sink(quiet, NULL);
@@ -186,6 +186,11 @@ static int child_lazy_start(void)
     lu_buf_free(&opts);
     LU_REQUIRE(tally_tag_push("early") == 0 && tally_tag_pop() == 0);
     LU_REQUIRE(tally_configure("host_devices:nonsense") != 0); /* a refused key starts nothing either */
+    LU_REQUIRE(tally_backend_started() == 0);
+    /* Freeing NULL, as C code and PyTorch both may, is no allocation. */
+    tally_free(NULL);
+    tally_torch_free(NULL, 0, 0, NULL);
+    tally_torch_free(NULL, 512, 1, (void *)0x10);
     LU_REQUIRE(tally_backend_started() == 0);
     void *p = tally_malloc(MB, 1, NULL);
     LU_REQUIRE(p != NULL);

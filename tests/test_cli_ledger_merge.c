@@ -251,6 +251,45 @@ static void test_merge_totals_in_order_of_bytes_then_name(void **state)
     run_free(&r);
 }
 
+/* A rank counts in a total's ranks column only where the row held memory:
+ * the second rank's row of tag t with a peak of 0 (the tag pushed, nothing
+ * taken under it) leaves t at one rank, and the third's real row makes two.
+ * Ranks 0 to 63 are counted once each, ranks from 64 on by row: both kept. */
+static void merge_ranks_from(int first)
+{
+    static const char head[] = "{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"rank\":%d,"
+                               "\"home_device\":0,\"backend\":\"host\",\"devices\":[],\"ledger\":[\n"
+                               "{\"tag\":\"t\",\"stage\":\"s\",\"device\":0,\"foreign\":false,"
+                               "\"current_bytes\":%d,\"peak_bytes\":%d,\"live_blocks\":%d}\n"
+                               "],\"stages\":[],\"leaks\":[]}\n";
+    static const int rows[3][3] = {{1048576, 1048576, 1}, {0, 0, 0}, {0, 2097152, 0}};
+    char path[3][PATH_MAX + 32];
+    for (int k = 0; k < 3; k++) {
+        snprintf(path[k], sizeof path[k], "%s/peak0-rank%d.json", dir, first + k);
+        FILE *f = fopen(path[k], "w");
+        assert_non_null(f);
+        fprintf(f, head, first + k, rows[k][0], rows[k][1], rows[k][2]);
+        assert_int_equal(fclose(f), 0);
+    }
+    run_t r = tally_run("merge '%s' '%s'", path[0], path[1]);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "by tag, all ranks         current   peak (sum)  live blocks  ranks\n"
+               "t                         1.0 MiB      1.0 MiB            1      1\n");
+    run_free(&r);
+    r = tally_run("merge '%s' '%s' '%s'", path[0], path[1], path[2]);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "by tag, all ranks         current   peak (sum)  live blocks  ranks\n"
+               "t                         1.0 MiB      3.0 MiB            1      2\n");
+    run_free(&r);
+}
+
+static void test_merge_ranks_count_only_rows_that_held_memory(void **state)
+{
+    (void)state;
+    merge_ranks_from(0);
+    merge_ranks_from(100);
+}
+
 static void test_ledger_rejects_stats(void **state)
 {
     (void)state;
@@ -576,6 +615,7 @@ int main(int argc, char **argv)
 
         cmocka_unit_test(test_merge_totals_in_order_of_bytes_then_name),
         cmocka_unit_test(test_merge_four_ranks),
+        cmocka_unit_test(test_merge_ranks_count_only_rows_that_held_memory),
         cmocka_unit_test(test_merge_names_foreign_memory_freed_since),
         cmocka_unit_test(test_merge_totals_every_rank_with_fewer_ranks_than_devices),
         cmocka_unit_test(test_merge_json),

@@ -77,6 +77,10 @@ static void test_home_device_beyond_the_devices_refused_at_run_time(void **state
     EQ(tally_init(), 0);
     refused("home_device:5", "config: home_device: 5 is not a device (2 devices: 0 to 1)");
     refused("home_device:2", "config: home_device: 2 is not a device (2 devices: 0 to 1)");
+    /* Past any device tally can drive (64) or below 0: not a device number at all. */
+    refused("home_device:63", "config: home_device: 63 is not a device (2 devices: 0 to 1)");
+    refused("home_device:64", "config: home_device: '64' is not auto, none or a device number");
+    refused("home_device:-1", "config: home_device: '-1' is not auto, none or a device number");
     EQ(tally_configure("home_device:1"), 0);
     char *t = tu_options_text();
     HAS(t, "home_device:1 ");

@@ -157,6 +157,54 @@ static void test_max_split_size_leaves_expandable_blocks_alone_in_a_child(void *
                    cases, sizeof cases / sizeof cases[0]);
 }
 
+/* max_split_size_mb with a 100 MiB large segment (large_segment_size_mb): an
+ * 8 MiB block is split from it (under the limit), leaving a free tail of
+ * 92 MiB, far above the limit but part of a segment with a live block. A
+ * request that does not fit under the capacity makes the allocator release
+ * oversize cached blocks first (release_available_cached_blocks): only whole
+ * free segments may go, so the tail stays, the request fails as out of
+ * memory, and the live block, its segment and the cache stay intact. */
+static void test_oversize_release_leaves_a_split_segment_alone_in_a_child(void **state)
+{
+    (void)state;
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        tu_buf_t diag = {0};
+        tally_set_sink(tu_buf_write, &diag); /* the out-of-memory report is expected */
+        tu_conf("backend:host,host_mode:virtual,host_devices:1,host_capacity:200MiB,max_split_size_mb:40,"
+                "large_segment_size_mb:100,leak_report:off");
+        CHILD_REQUIRE(tally_init() == 0);
+        void *a = tu_malloc(8 * MiB, 0, NULL);
+        CHILD_REQUIRE(a != NULL);
+        tally_stats_t s0;
+        CHILD_REQUIRE(tally_get_stats(0, &s0) == 0);
+        CHILD_REQUIRE(s0.reserved_bytes[0].current == 100 * MiB && s0.inactive_split_bytes[0].current == 92 * MiB);
+        void *big = tally_malloc(150 * MiB, 0, NULL); /* 100 + 150 > 200 */
+        CHILD_REQUIRE(big == NULL);
+        tally_stats_t s1;
+        CHILD_REQUIRE(tally_get_stats(0, &s1) == 0);
+        CHILD_REQUIRE(s1.num_device_free == s0.num_device_free);
+        CHILD_REQUIRE(s1.reserved_bytes[0].current == 100 * MiB && s1.segment[0].current == 1);
+        CHILD_REQUIRE(s1.num_ooms - s0.num_ooms == 1);
+        CHILD_REQUIRE(tally_check() == 0);
+        tally_block_info_t i;
+        CHILD_REQUIRE(tally_block_info(a, &i) == 0 && i.size == 8 * MiB);
+        /* The tail still serves a request of its size class. */
+        void *c = tu_malloc(80 * MiB, 0, NULL);
+        CHILD_REQUIRE(c == (char *)a + 8 * MiB);
+        tu_free(c);
+        tu_free(a);
+        CHILD_REQUIRE(tally_check() == 0);
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("child failed: status %d (its message is above)", status);
+}
+
 /* host_capacity's units: KB, MB, GB, TB are powers of 1000; KiB, MiB, GiB,
  * TiB (and K, M, G, T) powers of 1024. Each child initialises with one value
  * and reports the device total the backend gives. */
@@ -591,7 +639,8 @@ int main(void)
         cmocka_unit_test(test_divisions_single_number_in_a_child),
         cmocka_unit_test(test_divisions_list_of_255_characters_read_256_refused), /* first: fork before init */
         cmocka_unit_test(test_host_capacity_units_in_children), /* also before init */
-        cmocka_unit_test(test_max_split_size_leaves_expandable_blocks_alone_in_a_child), /* before init */
+        cmocka_unit_test(test_max_split_size_leaves_expandable_blocks_alone_in_a_child),
+        cmocka_unit_test(test_oversize_release_leaves_a_split_segment_alone_in_a_child), /* before init */
         cmocka_unit_test(test_divisions_list_first_entry_covers_smaller_sizes),
         cmocka_unit_test_setup(test_divisions_list_rounds_per_interval, setup_clean),
         cmocka_unit_test_setup(test_write_options_shows_the_effective_config, setup_clean),

@@ -641,6 +641,37 @@ static void test_bad_suppressions_file_is_one_line(void **state)
     LU_OK(tally_configure("leak_suppressions:"));
 }
 
+/* Each way a frame is written, from what the symbolizer found: a line gives
+ * function, file and line; a function in a module both offsets; a function
+ * with no module (a frame a JIT or an interpreter names) the function and
+ * its offset, never an empty module; a module alone its offset; nothing,
+ * the bare address. */
+static void test_frame_text_for_each_thing_known(void **state)
+{
+    (void)state;
+    tally_frame_sym_t f;
+    char text[1200];
+    memset(&f, 0, sizeof f);
+    f.pc = 0x7f0012345678;
+    f.func_offset = 0x2a;
+    f.module_offset = 0x5678;
+    tally__frame_format(&f, text, sizeof text);
+    assert_string_equal(text, "0x7f0012345678 in ??");
+    snprintf(f.module, sizeof f.module, "/usr/lib/libm.so.6");
+    tally__frame_format(&f, text, sizeof text);
+    assert_string_equal(text, "0x7f0012345678 in ?? (libm.so.6+0x5678)");
+    snprintf(f.func, sizeof f.func, "cos");
+    tally__frame_format(&f, text, sizeof text);
+    assert_string_equal(text, "0x7f0012345678 in cos+0x2a (libm.so.6+0x5678)");
+    f.module[0] = 0;
+    tally__frame_format(&f, text, sizeof text);
+    assert_string_equal(text, "0x7f0012345678 in cos+0x2a");
+    snprintf(f.file, sizeof f.file, "s_cos.c");
+    f.line = 12;
+    tally__frame_format(&f, text, sizeof text);
+    assert_string_equal(text, "0x7f0012345678 in cos s_cos.c:12");
+}
+
 static void test_pattern_matching(void **state)
 {
     (void)state;
@@ -729,6 +760,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_suppressions_file_is_one_line),
         cmocka_unit_test(test_sites_from_many_threads_while_reports_are_written),
         cmocka_unit_test(test_pattern_matching),
+        cmocka_unit_test(test_frame_text_for_each_thing_known),
         cmocka_unit_test(test_pattern_ending_early_while_the_name_goes_on),
         cmocka_unit_test(test_symbolizer_names_a_library_loaded_after_it_started),
         cmocka_unit_test(test_symbolizer_without_libdw_names_exported_functions),

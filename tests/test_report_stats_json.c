@@ -290,6 +290,32 @@ static void test_stats_json_errors(void **state)
         assert_string_equal(err, "stats JSON: key \"num_ooms\" is missing");
         free(t);
     }
+    /* The all-pools peak out of its range, above the pools' sum or below the
+     * larger pool's peak, with either pool the larger: the message gives
+     * the value, the larger peak and the sum. */
+    {
+        static const struct {
+            int64_t small, large, all;
+        } peaks[] = {{3000, 5000, 9000}, {3000, 5000, 4000}, {5000, 3000, 4000}, {5000, 3000, 8001}};
+        for (size_t i = 0; i < sizeof peaks / sizeof peaks[0]; i++) {
+            tally_stats_t s;
+            fill_stats(&s, 11);
+            for (int p = 0; p < TALLY_POOL_COUNT; p++)
+                s.reserved_bytes[p] = (tally_stat_t){0};
+            s.reserved_bytes[TALLY_POOL_SMALL].peak = peaks[i].small;
+            s.reserved_bytes[TALLY_POOL_LARGE].peak = peaks[i].large;
+            s.reserved_bytes[TALLY_POOL_ALL].peak = peaks[i].all;
+            char *bad = stats_json(&s);
+            char want[200];
+            snprintf(want, sizeof want,
+                     "stats JSON: \"reserved_bytes.all.peak\" is %" PRId64 ", not between the larger pool peak (%" PRId64
+                     ") and their sum (%" PRId64 ")",
+                     peaks[i].all, peaks[i].small > peaks[i].large ? peaks[i].small : peaks[i].large,
+                     peaks[i].small + peaks[i].large);
+            expect_stats_error(bad, want);
+            free(bad);
+        }
+    }
     /* No err buffer: still an error, no crash. */
     tally_stats_t s;
     assert_int_equal(tally__stats_from_json("{", 1, &s, NULL, 0), -TALLY_EINVAL);

@@ -1312,6 +1312,12 @@ static void test_api_bad_input(void **state)
     expect_one_line_error(tune("--device 1 '%s/small.pickle'", fixtures), 1,
                           "small.pickle: PyTorch snapshot: no device 1 (device_traces has 1 device)");
     expect_one_line_error(tune("--device x '%s/small.pickle'", fixtures), 2, "--device 'x' is not a device number");
+    /* Device numbers run from 0 to 1024: the last is looked for in the trace, past it and below 0 are no numbers. */
+    expect_one_line_error(tune("--device 1024 '%s/small.pickle'", fixtures), 1,
+                          "small.pickle: PyTorch snapshot: no device 1024 (device_traces has 1 device)");
+    expect_one_line_error(tune("--device 1025 '%s/small.pickle'", fixtures), 2,
+                          "--device '1025' is not a device number");
+    expect_one_line_error(tune("--device -1 '%s/small.pickle'", fixtures), 2, "--device '-1' is not a device number");
     expect_one_line_error(tune("--capacity 80XB '%s/small.pickle'", fixtures), 2, "--capacity '80XB' is not a size");
     expect_one_line_error(tune("--capacity 0 '%s/small.pickle'", fixtures), 2, "--capacity '0' is not a size");
     expect_one_line_error(tune("--jobs 0 '%s/small.pickle'", fixtures), 2, "--jobs '0'");

@@ -327,6 +327,12 @@ static void test_snapshot_read_out_of_host_memory_at_each_realloc(void **state)
     assert_int_equal(in.start.nranges, 2); /* 16-30 MiB and 32-36 MiB */
     assert_int_equal(in.start.ranges[0].size, 14 * MiB);
     assert_int_equal(in.start.ranges[1].addr, 32 * MiB);
+    /* Reserved when recording began: the 20 MiB dump segment less the window's
+     * net segment change (a 2 MiB map, then its unmap: none); the peak is
+     * reached after the map. */
+    assert_true(in.has_recorded);
+    assert_int_equal(in.recorded_start, 20 * MiB);
+    assert_int_equal(in.recorded_peak, 22 * MiB);
     tune_input_free(&in);
     snprintf(want, sizeof want, "%s: ", path);
     for (long k = 0; k < total; k++) {

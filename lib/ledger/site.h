@@ -27,7 +27,8 @@ typedef struct tally_frame_sym {
 int tally__symbolize(uintptr_t pc, tally_frame_sym_t *f, int max);
 /* Whether libdw could be loaded (file and line information available). */
 bool tally__symbolizer_has_dwarf(void);
-/* "0x... in func file.c:LINE", or "0x... in func+0xOFF (module+0xOFF)". */
+/* "0x... in func file.c:LINE", "0x... in func+0xOFF (module+0xOFF)", "0x... in
+ * func+0xOFF" (no module), "0x... in ?? (module+0xOFF)" or "0x... in ??". */
 void tally__frame_format(const tally_frame_sym_t *f, char *buf, size_t len);
 
 /* ---- pystack.c: Python frames ------------------------------------------- */

@@ -296,6 +296,9 @@ void tally__frame_format(const tally_frame_sym_t *f, char *buf, size_t len)
     else if (f->func[0] && f->module[0])
         snprintf(buf, len, "0x%012llx in %s+0x%llx (%s+0x%llx)", (unsigned long long)f->pc, func,
                  (unsigned long long)f->func_offset, base_name(f->module), (unsigned long long)f->module_offset);
+    else if (f->func[0])
+        snprintf(buf, len, "0x%012llx in %s+0x%llx", (unsigned long long)f->pc, func,
+                 (unsigned long long)f->func_offset);
     else if (f->module[0])
         snprintf(buf, len, "0x%012llx in ?? (%s+0x%llx)", (unsigned long long)f->pc, base_name(f->module),
                  (unsigned long long)f->module_offset);

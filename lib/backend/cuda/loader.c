@@ -132,8 +132,7 @@ static void load(void)
     }
     if (n > TALLY_MAX_DEVICES)
         n = TALLY_MAX_DEVICES;
-    tally__cu.ndev = n;
-    snprintf(why, whylen, "CUDA driver %d.%d, %d device%s", v / 1000, v % 1000 / 10, n, n == 1 ? "" : "s");
+    tally__cu.ndev = n; /* why stays empty: it names only what went wrong */
     load_count = n;
 }
 
