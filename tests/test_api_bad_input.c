@@ -352,6 +352,10 @@ static void test_bad_input_configuration_strings(void **state)
     free(after);
     /* Blanks around items and empty items are fine. */
     EQ(tally_configure("  stage_report:false , ,leak_report:off  ,"), 0);
+    /* An empty first item (nothing before the first comma), and nothing at all. */
+    EQ(tally_configure(",stage_report:false"), 0);
+    EQ(tally_configure(""), 0);
+    EQ(tally_configure(","), 0);
     after = tu_options_text();
     HAS(after, "stage_report:false");
     free(after);
