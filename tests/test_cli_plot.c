@@ -823,6 +823,38 @@ static void test_plot_events_at_one_time_stay_finite(void **state)
     free(svg);
 }
 
+/* The y axis's unit is the largest whose count at the peak is at least 1: a
+ * peak of exactly 1 MiB is drawn in MiB, one byte less in KiB. */
+static void plot_unit_at_peak(size_t peak, const char *unit)
+{
+    char path[PATH_MAX + 16], out[PATH_MAX + 16];
+    FILE *f = open_timeline_report("unit", path, out);
+    static const char ev[] = "%s{\"device\":0,\"time_us\":%d,\"action\":\"%s\",\"addr\":%zu,\"size\":%zu,"
+                             "\"stream\":0,\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"kv\",\"stage\":\"s\"}\n";
+    fprintf(f, ev, "", 1000, "alloc", 4 * MiB, (size_t)512, (size_t)512, peak);
+    fprintf(f, ev, ",", 2000, "free_requested", 4 * MiB, (size_t)512, (size_t)0, peak);
+    fputs("]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("plot '%s' -o '%s'", path, out);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    char *svg = slurp(out);
+    assert_non_null(svg);
+    char want[64];
+    snprintf(want, sizeof want, "memory (%s)</text>", unit);
+    if (!strstr(svg, want))
+        fail_msg("a peak of %zu bytes: no '%s' in the plot", peak, want);
+    free(svg);
+}
+
+static void test_plot_axis_unit_changes_at_1024_of_it(void **state)
+{
+    (void)state;
+    plot_unit_at_peak(MiB, "MiB");
+    plot_unit_at_peak(MiB - 1, "KiB");
+    plot_unit_at_peak(1024, "KiB");
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -832,6 +864,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_areas_close_along_the_area_below),
         cmocka_unit_test(test_plot_by_time_covers_every_event),
         cmocka_unit_test(test_plot_axis_unit_stops_at_tib),
+        cmocka_unit_test(test_plot_axis_unit_changes_at_1024_of_it),
         cmocka_unit_test(test_plot_says_how_many_events_were_dropped),
         cmocka_unit_test(test_plot_without_timeline),
         cmocka_unit_test(test_plot_stage_band_starts_at_stage_begin),

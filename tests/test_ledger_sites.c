@@ -177,6 +177,18 @@ static int child_symbolizer(void)
                  (unsigned long long)(pc - (uintptr_t)info.dli_fbase));
         LU_REQUIRE(strcmp(text, want) == 0);
     }
+    /* An address in the library's own ELF header: in the module, in no
+     * function (libdw's symbol lookup finds nothing there): the module and
+     * its offset, no function. */
+    uintptr_t hdr = (uintptr_t)info.dli_fbase + 64;
+    memset(f, 0x5a, sizeof f);
+    LU_REQUIRE(tally__symbolize(hdr, f, TALLY_INLINE_MAX) >= 1);
+    LU_REQUIRE(f[0].func[0] == 0 && f[0].line == 0);
+    tally__frame_format(&f[0], text, sizeof text);
+    char want[200];
+    snprintf(want, sizeof want, "0x%012llx in ?? (libcuda.so.1+0x40)", (unsigned long long)hdr);
+    printf("header: %s\n", text);
+    LU_REQUIRE(strcmp(text, want) == 0);
     return 0;
 }
 

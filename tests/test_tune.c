@@ -491,6 +491,11 @@ static void test_rows_give_peak_reserved(void **state)
     tally_json_t *rows = tune_json(path, "--capacity 1GiB");
     assert_int_equal(jint(&rows->items[0], "peak_reserved_bytes"), 800 << 20);
     tally__json_free(rows);
+    /* The table's heading counts the trace: one stream is "1 stream". */
+    run_t t = tune("--capacity 1GiB '%s'", path);
+    if (t.rc != 0 || !strstr(t.out, "(CSV trace: 6 events, 3 allocations, 1 stream)"))
+        fail_msg("status %d, stdout:\n%s", t.rc, t.out);
+    run_free(&t);
     /* A CSV trace has no devices to pick from: --device is refused, not ignored. */
     expect_one_line_error(tune("--device 0 '%s'", path), 2,
                           "is a CSV trace, which holds one device's allocations (--device picks a device of a "
@@ -1185,10 +1190,14 @@ static void test_capacity(void **state)
         fail_msg("the default row is not marked as not fitting:\n%s", r.out);
     run_free(&r);
     /* 30 MiB: less than the peak of live bytes (35 MiB); nothing fits. */
-    expect_refusal(tune("--capacity 30MiB '%s'", path), "no setting fits 30.0 MiB: the least needs ");
+    expect_refusal(tune("--capacity 30MiB '%s'", path), "no setting fits 30.0 MiB: the least needs 38.0 MiB (");
     /* 1000 TiB in one allocation: no memory tried holds it. */
     snprintf(path, sizeof path, "%s/huge.csv", scratch);
     write_text(path, "op,id,size,stream\na,1,1099511627776000,0\nf,1,1099511627776000,0\n");
+    expect_refusal(tune("'%s'", path), "no setting fits 80.00 GiB: the least needs at least 1000.0 TiB");
+    /* The same after allocations that did fit (so every row made backend calls): still no least known. */
+    snprintf(path, sizeof path, "%s/huge-late.csv", scratch);
+    write_text(path, "op,id,size,stream\na,1,1048576,0\na,2,1099511627776000,0\nf,2,1099511627776000,0\nf,1,1048576,0\n");
     expect_refusal(tune("'%s'", path), "no setting fits 80.00 GiB: the least needs at least 1000.0 TiB");
 }
 

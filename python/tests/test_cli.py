@@ -556,5 +556,41 @@ class BuildTest(unittest.TestCase):
             self.assertIn("tally merge: 1 report", out)
 
 
+class DistanceTest(unittest.TestCase):
+    """The edit distance behind the checker's "did you mean": one per
+    insertion, deletion, substitution or swap of neighbours, as the C
+    side's (test_core_config_errors); none between equal strings."""
+
+    def test_one_per_edit(self):
+        from tally._check import _distance
+        cases = [("abc", "abc", 0), ("", "", 0), ("", "abc", 3), ("abc", "", 3), ("abc", "ab", 1),
+                 ("ab", "abc", 1), ("abc", "bc", 1), ("bc", "abc", 1), ("abc", "abd", 1), ("abc", "acb", 1),
+                 ("abcd", "badc", 2), ("kitten", "sitting", 3), ("allocated", "alocatd", 2)]
+        for a, b, want in cases:
+            self.assertEqual(_distance(a, b), want, f"{a!r} -> {b!r}")
+
+    def test_matches_a_recursive_definition(self):
+        # The restricted edit distance (no substring edited twice), defined
+        # recursively on the strings' ends, on every pair of strings of up
+        # to four letters over a three-letter alphabet.
+        import functools
+        import itertools
+        from tally._check import _distance
+
+        @functools.lru_cache(maxsize=None)
+        def ref(a, b):
+            if not a or not b:
+                return len(a) + len(b)
+            best = min(ref(a[:-1], b) + 1, ref(a, b[:-1]) + 1, ref(a[:-1], b[:-1]) + (a[-1] != b[-1]))
+            if len(a) > 1 and len(b) > 1 and a[-1] == b[-2] and a[-2] == b[-1]:
+                best = min(best, ref(a[:-2], b[:-2]) + 1)
+            return best
+
+        words = ["".join(w) for n in range(5) for w in itertools.product("abc", repeat=n)]
+        for a in words:
+            for b in words:
+                self.assertEqual(_distance(a, b), ref(a, b), f"{a!r} -> {b!r}")
+
+
 if __name__ == "__main__":
     unittest.main()
