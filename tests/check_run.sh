@@ -37,17 +37,24 @@ last=$(tail -n1 "$tmp/out")
 [ "$last" = "tests: 7 passed, 4 failed, 4 skipped" ] && ok "last line is the total" ||
   bad "last line is the total" "last line: $last"
 
-# LeakSanitizer failing at exit after every test passed: run once more.
-# lsanonce fails that way the first time only (a marker file), lsantwice
-# every time; leaking reports a real leak, which is never run again.
+# LeakSanitizer failing at exit after every test passed: run up to twice
+# more. lsanonce fails that way the first time only (a marker file),
+# lsantwice the first two times (a count), lsanalways every time; leaking
+# reports a real leak, which is never run again.
 lsan_tail='[  PASSED  ] 1 test(s).\nTracer caught signal 11: addr=0xc0\n==1==LeakSanitizer has encountered a fatal error.\n'
 stub lsanonce "printf '[ RUN      ] t_one\\n[       OK ] t_one\\n'; if [ -e '$tmp/lsan-ran' ]; then printf '[  PASSED  ] 1 test(s).\\n'; exit 0; fi; : >'$tmp/lsan-ran'; printf '$lsan_tail'; exit 1"
-stub lsantwice "printf '[ RUN      ] t_one\\n[       OK ] t_one\\n$lsan_tail'; exit 1"
+stub lsantwice "echo run >>'$tmp/lsan2-runs'; printf '[ RUN      ] t_one\\n[       OK ] t_one\\n'; if [ \$(wc -l <'$tmp/lsan2-runs') -ge 3 ]; then printf '[  PASSED  ] 1 test(s).\\n'; exit 0; fi; printf '$lsan_tail'; exit 1"
+stub lsanalways "echo run >>'$tmp/lsan3-runs'; printf '[ RUN      ] t_one\\n[       OK ] t_one\\n$lsan_tail'; exit 1"
 stub leaking "echo run >>'$tmp/leak-runs'; printf '[ RUN      ] t_one\\n[       OK ] t_one\\n[  PASSED  ] 1 test(s).\\n==1==ERROR: LeakSanitizer: detected memory leaks\\n'; exit 1"
-bash "$root/tests/run.sh" "$tmp/lsanonce" "$tmp/lsantwice" "$tmp/leaking" >"$tmp/out" 2>&1
+bash "$root/tests/run.sh" "$tmp/lsanonce" "$tmp/lsantwice" "$tmp/lsanalways" "$tmp/leaking" >"$tmp/out" 2>&1
 expect "sanitizer failure retried, said" '^lsanonce: LeakSanitizer itself failed at exit .*running it again$'
 expect "sanitizer failure once passes" '^lsanonce: 1 passed, 0 failed, 0 skipped$'
-expect "sanitizer failure twice fails" '^lsantwice: 1 passed, 1 failed, 0 skipped, exited with status 1$'
+expect "sanitizer failure twice passes on the third run" '^lsantwice: 1 passed, 0 failed, 0 skipped$'
+expect "sanitizer failure three times fails" '^lsanalways: 1 passed, 1 failed, 0 skipped, exited with status 1$'
+[ "$(wc -l <"$tmp/lsan3-runs")" -eq 3 ] && ok "a sanitizer failure is run three times at most" ||
+  bad "a sanitizer failure is run three times at most" "$(wc -l <"$tmp/lsan3-runs") runs"
+[ "$(grep -c '^lsanalways: LeakSanitizer itself failed at exit' "$tmp/out")" -eq 2 ] && ok "each rerun said" ||
+  bad "each rerun said" "$(grep -c '^lsanalways: LeakSanitizer' "$tmp/out") lines"
 expect "a leak fails" '^leaking: 1 passed, 1 failed, 0 skipped, exited with status 1$'
 [ "$(wc -l <"$tmp/leak-runs")" -eq 1 ] && ok "a leak is not run again" || bad "a leak is not run again" "$(wc -l <"$tmp/leak-runs") runs"
 

@@ -93,11 +93,13 @@ cmocka_suite() {
   local t=$1 name
   name=$(basename "$t")
   run "$name" "$t"
-  if lsan_broke; then
-    # Once more, and say so: a second failure counts as any other.
+  # Up to twice more, saying so each time: a third failure counts as any other.
+  local tries=1
+  while lsan_broke && [ $tries -lt 3 ]; do
     echo "$name: LeakSanitizer itself failed at exit (google/sanitizers#1353); running it again"
     run "$name" "$t"
-  fi
+    tries=$((tries + 1))
+  done
   # Per test: its SKIP reason (printed between its RUN and SKIPPED lines).
   local counts
   counts=$(awk '
