@@ -238,15 +238,26 @@ static void print_recommendation(const tune_outcome_t *o, bool pytorch)
     }
     const tune_row_t *r = &o->rows[k];
     const char *name = r->setting[0] ? r->setting : pytorch ? "PyTorch's default" : "tally's default";
-    if (k == 0 || r->peak_reserved >= def->peak_reserved)
+    bool def_over_time = o->max_driver_us >= 0 && tune_driver_us(def, o->gpu) > o->max_driver_us;
+    if (k == 0)
         printf("keep the default (no setting within the budget reserves less): %s", mib(r->peak_reserved, a, sizeof a));
+    else if (!tune_fits(def))
+        printf("%s reserves %s, where the default does not fit in %s", name, mib(r->peak_reserved, a, sizeof a),
+               mib((int64_t)o->capacity, b, sizeof b));
+    else if (def->backend_calls > o->budget || def_over_time)
+        printf("%s reserves %s, where the default is over the %s budget", name, mib(r->peak_reserved, a, sizeof a),
+               def_over_time ? "driver time" : "call");
+    else if (r->peak_reserved >= def->peak_reserved)
+        printf("%s reserves the same %s as the default", name,
+               mib(r->peak_reserved, a, sizeof a));
     else
         printf("%s reserves %s, %s (%.1f%%) less than the default", name, mib(r->peak_reserved, a, sizeof a),
                mib(def->peak_reserved - r->peak_reserved, b, sizeof b),
                def->peak_reserved ? 100.0 * (double)(def->peak_reserved - r->peak_reserved) / (double)def->peak_reserved
                                   : 0.0);
-    printf(", %" PRId64 " backend calls (default %" PRId64 "), %.1f ms of driver time on %s", r->backend_calls,
-           def->backend_calls, tune_driver_us(r, o->gpu) / 1000.0, si_cost_column_name(o->gpu));
+    printf(", %" PRId64 " backend call%s (default %" PRId64 "), %.1f ms of driver time on %s", r->backend_calls,
+           r->backend_calls == 1 ? "" : "s", def->backend_calls, tune_driver_us(r, o->gpu) / 1000.0,
+           si_cost_column_name(o->gpu));
     if (r->min_bytes > 0)
         printf("; runs in %s", tune_size_text(r->min_bytes, c, sizeof c));
     printf("\n");
