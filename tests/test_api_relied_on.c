@@ -20,7 +20,8 @@
  *   a frame's module written as its file           the same test
  *   U+10FFFF refused in a name                     test_names_accept_utf8_up_to_the_last_code_point
  *   cached_free_bytes from allocated, not reserved test_cached_free_bytes_is_reserved_less_active
- *   a use with no event not waited for             test_use_whose_event_cannot_be_had_is_waited_for_on_its_stream */
+ *   a use with no event not waited for             test_use_whose_event_cannot_be_had_is_waited_for_on_its_stream
+ *   a released backed segment's pages kept          test_host_backed_segment_released_goes_back_to_the_kernel */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -42,6 +43,7 @@
 #include "backend/backend.h" /* tally__backend_host */
 #include "core/internal.h"   /* tally__meta_fail */
 #include "cudachild.h"
+#include "sleeputil.h" /* su_faults */
 #include "tally.h"
 
 #define MiB ((size_t)1 << 20)
@@ -625,6 +627,39 @@ static void test_use_whose_event_cannot_be_had_is_waited_for_on_its_stream(void 
     in_child("backend:cuda,leak_report:off", body_use_without_event);
 }
 
+/* The host backend in backed mode gives a released segment's pages back to
+ * the kernel (MADV_DONTNEED) and makes its range inaccessible until it is
+ * handed out again: a use after empty_cache faults, as it must not quietly
+ * read what was there, and the next segment at that address (the arena's
+ * lowest free one) starts from fresh, zeroed pages, not the old bytes. */
+static void body_host_backed_release(void)
+{
+    EXPECT(tally_init() == 0);
+    const size_t n = 8 * MiB;
+    unsigned char *p = tally_malloc(n, 0, NULL);
+    EXPECT(p != NULL);
+    memset(p, 0xab, n);
+    EXPECT(!su_faults(p) && !su_faults(p + n - 1));
+    tally_free(p);
+    EXPECT(tally_empty_cache(0) == 20 * MiB); /* its 20 MiB segment went back */
+    EXPECT(su_faults(p) && su_faults(p + n - 1));
+    unsigned char *q = tally_malloc(n, 0, NULL);
+    EXPECT(q == p);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < n; i += 4096)
+        nonzero += q[i] != 0 || q[i + 4095] != 0;
+    EXPECT(nonzero == 0);
+    tally_free(q);
+    EXPECT(tally_check() == 0);
+}
+
+static void test_host_backed_segment_released_goes_back_to_the_kernel(void **state)
+{
+    (void)state;
+    in_child("backend:host,host_devices:1,host_mode:backed,host_capacity:1GiB,leak_report:off",
+             body_host_backed_release);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -642,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_names_accept_utf8_up_to_the_last_code_point),
         cmocka_unit_test(test_cached_free_bytes_is_reserved_less_active),
         cmocka_unit_test(test_use_whose_event_cannot_be_had_is_waited_for_on_its_stream),
+        cmocka_unit_test(test_host_backed_segment_released_goes_back_to_the_kernel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

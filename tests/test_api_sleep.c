@@ -468,6 +468,52 @@ static void test_memory_fraction_bounds_a_wake(void **state)
     LU_CHECK_OK();
 }
 
+/* The fraction is a bound, not a strict one: a wake that brings reserved
+ * memory to exactly the limit succeeds (as an allocation that does). A
+ * 100 MiB kv segment on the 1 GiB device, asleep; a limit of reserved +
+ * 100 MiB (an exact fraction: 1 GiB is a power of two) lets it wake, and
+ * one 2 MiB less does not. */
+static void test_wake_up_to_exactly_the_fraction(void **state)
+{
+    (void)state;
+    void *k = tagged("kv", 100 * MB, 0);
+    LU_OK(tally_sleep(KV, 1, 0));
+    int64_t r = reserved(0);
+    LU_OK(tally_set_memory_fraction((double)(r + 98 * (int64_t)MB) / (double)(1024 * MB), 0));
+    lu_cap_begin();
+    LU_EQ(tally_wake(KV, 1), -TALLY_ENOMEM);
+    lu_cap_end();
+    LU_HAS(tally_last_error(), "out of memory, 2.0 MiB missing (memory fraction limit of 102760448 bytes reached)");
+    LU_EQ(info("kv", 0).asleep, 1);
+    LU_OK(tally_set_memory_fraction((double)(r + 100 * (int64_t)MB) / (double)(1024 * MB), 0));
+    LU_OK(tally_wake(KV, 1));
+    LU_EQ(info("kv", 0).asleep, 0);
+    LU_EQ(reserved(0), r + 100 * (int64_t)MB);
+    LU_OK(tally_set_memory_fraction(1.0, 0));
+    tally_free(k);
+    LU_CHECK_OK();
+}
+
+/* What a wake stopped by the fraction is missing: all it needs when the
+ * limit leaves no room (a fraction of 0 here), to the byte: 1 GiB, not a
+ * byte less ("1024.0 MiB"). */
+static void test_wake_with_no_room_under_the_fraction_misses_all_it_needs(void **state)
+{
+    (void)state;
+    void *k = tagged("kv", 1024 * MB, 0);
+    LU_OK(tally_sleep(KV, 1, 0));
+    LU_EQ(reserved(0), 0);
+    LU_OK(tally_set_memory_fraction(0.0, 0));
+    lu_cap_begin();
+    LU_EQ(tally_wake(KV, 1), -TALLY_ENOMEM);
+    lu_cap_end();
+    LU_HAS(tally_last_error(), "out of memory, 1.0 GiB missing (memory fraction limit of 0 bytes reached)");
+    LU_OK(tally_set_memory_fraction(1.0, 0));
+    LU_OK(tally_wake(KV, 1));
+    tally_free(k);
+    LU_CHECK_OK();
+}
+
 /* ---- accounting ------------------------------------------------------------------------- */
 
 static const tally_json_t *private_row(const tally_json_t *root, const char *tag, int device)
@@ -654,6 +700,8 @@ int main(int argc, char **argv)
         T(test_free_of_a_sleeping_block_drops_its_backup),
         T(test_wake_out_of_memory_rolls_back),
         T(test_memory_fraction_bounds_a_wake),
+        T(test_wake_up_to_exactly_the_fraction),
+        T(test_wake_with_no_room_under_the_fraction_misses_all_it_needs),
         T(test_reports_show_sleeping_bytes),
         T(test_virtual_mode_refuses_offload),
         T(test_async_backend_refuses_private_tags),

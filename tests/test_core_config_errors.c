@@ -214,6 +214,24 @@ static void test_report_path_refuses_unknown_escapes(void **state)
     EQ(access("/tmp/tally-%Y.json", F_OK), -1);
 }
 
+/* A string value must read back from the printed configuration: a control
+ * character (a tab, a byte under 0x20 such as 0x1f, DEL is not one) or a
+ * bracket in it is refused, whichever string key holds it, and the
+ * configuration stays as it was. */
+static void test_string_values_refuse_control_characters_and_brackets(void **state)
+{
+    (void)state;
+    refused("report_path:/tmp/a\tb.json",
+            "config: report_path: value may not contain control characters or brackets");
+    refused("report_path:/tmp/a\x1f.json",
+            "config: report_path: value may not contain control characters or brackets");
+    refused("leak_suppressions:a[0]", "config: leak_suppressions: value may not contain control characters or "
+                                      "brackets");
+    refused("persistent_tags:x]", "config: persistent_tags: value may not contain control characters or brackets");
+    EQ(tally_configure("report_path:/tmp/tally-\x7f-ok.json"), 0);
+    EQ(tally_configure("report_path:"), 0);
+}
+
 /* What tally_write_options prints is what was configured, in the units a
  * person writes, and reading it back prints the same text. */
 static void test_printed_configuration_is_what_was_configured(void **state)
@@ -335,6 +353,7 @@ int main(void)
         cmocka_unit_test(test_enum_values_in_any_case),
         cmocka_unit_test(test_blanks_after_a_colon_count_the_same_for_every_key),
         cmocka_unit_test(test_report_path_refuses_unknown_escapes),
+        cmocka_unit_test(test_string_values_refuse_control_characters_and_brackets),
         cmocka_unit_test(test_printed_configuration_is_what_was_configured),
         cmocka_unit_test(test_printed_sizes_stop_at_tib),
         cmocka_unit_test(test_configuration_of_4096_characters_read_4097_refused),

@@ -92,6 +92,12 @@ static void test_json_strings(void **state)
     assert_string_equal(v->s, "\xc4\xa3\xe4\x95\xa7\xe8\xa6\xab\xec\xb7\xaf\xe8\xa6\xab\xec\xb7\xaf");
     tally__json_free(v);
 
+    /* The edges of each UTF-8 length: U+007F is one byte, U+0080 two,
+     * U+07FF two, U+0800 three, U+FFFF three, U+10000 four. */
+    v = parse_ok("\"\\u007f|\\u0080|\\u07ff|\\u0800|\\uffff|\\ud800\\udc00\"");
+    assert_string_equal(v->s, "\x7f|\xc2\x80|\xdf\xbf|\xe0\xa0\x80|\xef\xbf\xbf|\xf0\x90\x80\x80");
+    tally__json_free(v);
+
     /* A key holding a NUL is found only through the length-taking lookup. */
     v = parse_ok("{\"k\\u0000z\": 1}");
     assert_null(tally__json_get(v, "k"));
@@ -172,6 +178,21 @@ static void test_json_number_grammar(void **state)
         {"[+1]", "byte 1: unexpected '+' (expected a value)"},
         {"[.5]", "byte 1: unexpected '.' (expected a value)"},
     };
+    /* A number that is not an integer is copied out to be converted: into a
+     * 64-byte buffer when it and its terminator fit, else into one of its
+     * own; lengths about that edge read the same (ASan sees an overrun). */
+    for (size_t len = 60; len <= 68; len++) {
+        char num[80], text[90];
+        memset(num, '0', len);
+        num[1] = '.';
+        num[len - 1] = '7';
+        num[len] = 0;
+        snprintf(text, sizeof text, "[%s]", num);
+        tally_json_t *v = parse_ok(text);
+        if (v->len != 1 || v->items[0].is_int || v->items[0].d != strtod(num, NULL))
+            fail_msg("%zu digits: %s read as %.17g", len, num, v->items[0].d);
+        tally__json_free(v);
+    }
     for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
         char err[256] = "";
         tally_json_t *v = tally__json_parse(bad[k].text, strlen(bad[k].text), err, sizeof err, NULL);

@@ -322,6 +322,46 @@ static void test_stats_json_errors(void **state)
     assert_int_equal(tally__stats_from_json(NULL, 0, &s, NULL, 0), -TALLY_EINVAL);
 }
 
+/* A key longer than every statistic, or one holding a NUL, matches none:
+ * a report's own stats (strict) name it, cut to 40 characters of its
+ * family and 40 of its own name; a PyTorch dump skips it, and whatever is
+ * nested under it. */
+static void test_stats_json_key_too_long_or_holding_a_nul(void **state)
+{
+    (void)state;
+    char a40[41];
+    memset(a40, 'a', 40);
+    a40[40] = 0;
+    char text[200], want[200], err[256];
+    tally_stats_t s;
+    /* Nested: the family's name is the prefix the message shows. */
+    snprintf(text, sizeof text, "{\"allocation\": {\"%sbbb\": 1}}", a40);
+    size_t at = (size_t)(strstr(text, ": 1") + 2 - text);
+    assert_int_equal(tally__stats_from_json_mode(text, strlen(text), &s, TALLY_STATS_STRICT, err, sizeof err),
+                     -TALLY_EINVAL);
+    snprintf(want, sizeof want, "stats JSON: byte %zu: key \"allocation.%s...\" is not a statistic", at, a40);
+    assert_string_equal(err, want);
+    memset(&s, 0x77, sizeof s);
+    assert_int_equal(tally__stats_from_json_mode(text, strlen(text), &s, TALLY_STATS_DUMP, err, sizeof err), 0);
+    assert_int_equal(s.allocation[TALLY_POOL_ALL].current, 0);
+    /* At the top level, an object under the long name is not read either. */
+    snprintf(text, sizeof text, "{\"%saaaaaaaaaa\": {\"num_ooms\": 3}, \"num_ooms\": 1}", a40);
+    assert_int_equal(tally__stats_from_json_mode(text, strlen(text), &s, TALLY_STATS_DUMP, err, sizeof err), 0);
+    assert_int_equal(s.num_ooms, 1);
+    assert_int_equal(tally__stats_from_json_mode(text, strlen(text), &s, TALLY_STATS_STRICT, err, sizeof err),
+                     -TALLY_EINVAL);
+    snprintf(want, sizeof want, "stats JSON: byte %d: key \"%s...\" is not a statistic", 55, a40);
+    assert_string_equal(err, want);
+    /* A NUL inside a key: the message shows the name up to it. */
+    static const char nul[] = "{\"num\\u0000ooms\": 2}";
+    memset(&s, 0x77, sizeof s);
+    assert_int_equal(tally__stats_from_json_mode(nul, strlen(nul), &s, TALLY_STATS_DUMP, err, sizeof err), 0);
+    assert_int_equal(s.num_ooms, 0);
+    assert_int_equal(tally__stats_from_json_mode(nul, strlen(nul), &s, TALLY_STATS_STRICT, err, sizeof err),
+                     -TALLY_EINVAL);
+    assert_string_equal(err, "stats JSON: byte 18: key \"num...\" is not a statistic");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -329,6 +369,7 @@ int main(void)
         cmocka_unit_test(test_stats_json_round_trip),
         cmocka_unit_test(test_stats_json_lenient_input),
         cmocka_unit_test(test_stats_json_errors),
+        cmocka_unit_test(test_stats_json_key_too_long_or_holding_a_nul),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
