@@ -315,6 +315,7 @@ static void test_merge_names_foreign_memory_freed_since(void **state)
     assert_int_equal(spawn_child("rank_freed", env), 0);
     run_t r = tally_run("merge '%s/staged5.json'", dir);
     EXPECT_RC(r, 0);
+    HAS(r.out, "tally merge: 1 report, ranks 5"); /* one report: singular */
     HAS(r.out, "rank 5 held up to 64.0 MiB on device 0, freed since: stage load, tag staging (its home device is 1)\n");
     run_free(&r);
 }

@@ -133,6 +133,8 @@ static void test_error_bad_flags(void **state)
         const char *args, *msg;
     } cases[] = {
         {"summary --bogus x.json", "tally summary: unknown option '--bogus'\nTry 'tally summary --help'.\n"},
+        /* An option one letter from -a is not -a. */
+        {"summary -b x.json", "tally summary: unknown option '-b'\nTry 'tally summary --help'.\n"},
         {"summary --device", "--device needs a device number"},
         {"summary --device -1 x.json", "--device needs a device number (0, 1, ...), not '-1'"},
         {"summary --device two x.json", "not 'two'"},

@@ -921,6 +921,38 @@ static void test_snapshot_without_streams_is_stream_0(void **state)
     tally__json_free(rows);
 }
 
+/* A recorded PYTORCH_CUDA_ALLOC_CONF is the user's text, quotes and
+ * backslashes included: --json escapes them, so the row reads back as the
+ * setting recorded (quoted.pickle: the nostream snapshot's shape, under a
+ * setting tally refuses, whose row fails and says why). */
+static void test_recorded_setting_with_quotes_and_backslashes_reads_back(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32], cmd[2 * PATH_MAX + 1200];
+    snprintf(path, sizeof path, "%s/quoted.pickle", scratch);
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import pickle, sys\n"
+             "M, S = 1 << 20, 1 << 30\n"
+             "d = {\"allocator_settings\": {\"PYTORCH_CUDA_ALLOC_CONF\": \"max_split_size_mb:40,x\\x22y\\x5cz\"},\n"
+             " \"device_traces\": [[{\"action\": \"alloc\", \"addr\": S, \"size\": 8 * M, \"stream\": 0},\n"
+             "   {\"action\": \"free_requested\", \"addr\": S, \"size\": 8 * M, \"stream\": 0}]],\n"
+             " \"segments\": []}\n"
+             "pickle.dump(d, open(sys.argv[1], \"wb\"), protocol=2)' '%s' 2>/dev/null",
+             path);
+    if (system(cmd) != 0)
+        SKIP("python3 is needed to write the snapshot");
+    run_t r = tune("--json '%s'", path);
+    assert_int_equal(r.rc, 0);
+    tally_json_t *rows = tally__json_parse(r.out, strlen(r.out), NULL, 0, NULL);
+    if (!rows)
+        fail_msg("not JSON:\n%s", r.out);
+    const tally_json_t *last = &rows->items[rows->len - 1];
+    assert_string_equal(tally__json_get(last, "setting")->s, "max_split_size_mb:40,x\"y\\z");
+    assert_string_equal(tally__json_get(last, "line")->s, "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:40,x\"y\\z");
+    tally__json_free(rows);
+    run_free(&r);
+}
+
 /* release.pickle: 4 MiB in a 20 MiB segment, freed, empty_cache (its
  * segment_free), then 30 MiB. Replayed as a release, the 20 MiB goes back
  * before the 30 MiB segment: 30 MiB, as PyTorch; kept, it would be 50. */
@@ -1801,6 +1833,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_torch_version),
         cmocka_unit_test(test_recorded_state),
         cmocka_unit_test(test_snapshot_without_streams_is_stream_0),
+        cmocka_unit_test(test_recorded_setting_with_quotes_and_backslashes_reads_back),
         cmocka_unit_test(test_release),
         cmocka_unit_test(test_expandable_recording),
         cmocka_unit_test(test_csv_start_unknown),

@@ -458,6 +458,11 @@ static void test_command_refuses_bad_arguments(void **state)
     expect_error(tune("--capacity 0.5 a.csv"), 2, "--capacity '0.5' is not a size (e.g. 80GiB, 40960MiB, 85899345920)");
     expect_error(tune("--capacity 2000000TB a.csv"), 2,
                  "--capacity '2000000TB' is not a size (e.g. 80GiB, 40960MiB, 85899345920)");
+    /* Units are us, ms and s; a unit one letter from ms is none of them. */
+    expect_error(tune("--max-driver-time 5ns a.csv"), 2,
+                 "--max-driver-time '5ns' is not a duration (e.g. 250ms, 1.5s, 800us)");
+    expect_error(tune("--max-driver-time 5mt a.csv"), 2,
+                 "--max-driver-time '5mt' is not a duration (e.g. 250ms, 1.5s, 800us)");
     expect_error(tune("--max-driver-time x a.csv"), 2,
                  "--max-driver-time 'x' is not a duration (e.g. 250ms, 1.5s, 800us)");
     expect_error(tune("--torch-version 2.9x a.csv"), 2, "--torch-version '2.9x' is not a torch version (e.g. 2.9.1, 2.11)");
