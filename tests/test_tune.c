@@ -890,20 +890,15 @@ static void test_recorded_state(void **state)
 static void test_snapshot_without_streams_is_stream_0(void **state)
 {
     (void)state;
-    char path[PATH_MAX + 32], cmd[2 * PATH_MAX + 1200], err[512];
+    char path[PATH_MAX + 32], err[512];
     snprintf(path, sizeof path, "%s/nostream.pickle", scratch);
-    snprintf(cmd, sizeof cmd,
-             "python3 -c 'import pickle, sys\n"
-             "M, S = 1 << 20, 1 << 30\n"
-             "d = {\"allocator_settings\": {\"PYTORCH_CUDA_ALLOC_CONF\": \"\"},\n"
-             " \"device_traces\": [[{\"action\": \"alloc\", \"addr\": S + 4 * M, \"size\": 8 * M},\n"
-             "   {\"action\": \"free_requested\", \"addr\": S + 4 * M, \"size\": 8 * M}]],\n"
-             " \"segments\": [{\"address\": S, \"device\": 0, \"segment_type\": \"large\", \"total_size\": 20 * M,\n"
-             "   \"blocks\": [{\"address\": S, \"requested_size\": 4 * M, \"size\": 4 * M, \"state\": \"active_allocated\"},\n"
-             "   {\"address\": S + 4 * M, \"requested_size\": 0, \"size\": 16 * M, \"state\": \"inactive\"}]}]}\n"
-             "pickle.dump(d, open(sys.argv[1], \"wb\"), protocol=2)' '%s' 2>/dev/null",
-             path);
-    if (system(cmd) != 0)
+    if (tune_write_pickle(path,
+                          "d = {\"allocator_settings\": {\"PYTORCH_CUDA_ALLOC_CONF\": \"\"},\n"
+                          " \"device_traces\": [[{\"action\": \"alloc\", \"addr\": S + 4 * M, \"size\": 8 * M},\n"
+                          "   {\"action\": \"free_requested\", \"addr\": S + 4 * M, \"size\": 8 * M}]],\n"
+                          " \"segments\": [{\"address\": S, \"device\": 0, \"segment_type\": \"large\", \"total_size\": 20 * M,\n"
+                          "   \"blocks\": [{\"address\": S, \"requested_size\": 4 * M, \"size\": 4 * M, \"state\": \"active_allocated\"},\n"
+                          "   {\"address\": S + 4 * M, \"requested_size\": 0, \"size\": 16 * M, \"state\": \"inactive\"}]}]}") != 0)
         SKIP("python3 is needed to write the snapshot");
     tune_input_t in;
     if (tune_input_load(path, -1, &in, err, sizeof err))
@@ -928,18 +923,13 @@ static void test_snapshot_without_streams_is_stream_0(void **state)
 static void test_recorded_setting_with_quotes_and_backslashes_reads_back(void **state)
 {
     (void)state;
-    char path[PATH_MAX + 32], cmd[2 * PATH_MAX + 1200];
+    char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/quoted.pickle", scratch);
-    snprintf(cmd, sizeof cmd,
-             "python3 -c 'import pickle, sys\n"
-             "M, S = 1 << 20, 1 << 30\n"
-             "d = {\"allocator_settings\": {\"PYTORCH_CUDA_ALLOC_CONF\": \"max_split_size_mb:40,x\\x22y\\x5cz\"},\n"
-             " \"device_traces\": [[{\"action\": \"alloc\", \"addr\": S, \"size\": 8 * M, \"stream\": 0},\n"
-             "   {\"action\": \"free_requested\", \"addr\": S, \"size\": 8 * M, \"stream\": 0}]],\n"
-             " \"segments\": []}\n"
-             "pickle.dump(d, open(sys.argv[1], \"wb\"), protocol=2)' '%s' 2>/dev/null",
-             path);
-    if (system(cmd) != 0)
+    if (tune_write_pickle(path,
+                          "d = {\"allocator_settings\": {\"PYTORCH_CUDA_ALLOC_CONF\": \"max_split_size_mb:40,x\\x22y\\x5cz\"},\n"
+                          " \"device_traces\": [[{\"action\": \"alloc\", \"addr\": S, \"size\": 8 * M, \"stream\": 0},\n"
+                          "   {\"action\": \"free_requested\", \"addr\": S, \"size\": 8 * M, \"stream\": 0}]],\n"
+                          " \"segments\": []}") != 0)
         SKIP("python3 is needed to write the snapshot");
     run_t r = tune("--json '%s'", path);
     assert_int_equal(r.rc, 0);

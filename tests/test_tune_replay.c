@@ -316,23 +316,18 @@ static void test_split_candidates_are_quantiles_of_the_large_allocations(void **
 static void test_recorded_state_keeps_a_512_byte_remainder_free(void **state)
 {
     (void)state;
-    char path[PATH_MAX + 32], cmd[2 * PATH_MAX + 1500];
+    char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/rem.pickle", scratch);
-    snprintf(cmd, sizeof cmd,
-             "python3 -c 'import pickle, sys\n"
-             "M, S = 1 << 20, 1 << 30\n"
-             "def ev(a, addr, size): return {\"action\": a, \"addr\": addr, \"size\": size, \"stream\": 0}\n"
-             "def blk(addr, size, req, st): return {\"address\": addr, \"frames\": [], \"requested_size\": req, "
-             "\"size\": size, \"state\": st}\n"
-             "d = {\"allocator_settings\": {\"PYTORCH_CUDA_ALLOC_CONF\": \"\"},\n"
-             " \"device_traces\": [[ev(\"alloc\", S, M), ev(\"alloc\", S + 2 * M - 512, 512),\n"
-             "   ev(\"free_requested\", S, M), ev(\"free_requested\", S + 2 * M - 512, 512)]],\n"
-             " \"segments\": [{\"address\": S, \"device\": 0, \"segment_type\": \"small\", \"stream\": 0, "
-             "\"total_size\": 2 * M, \"blocks\": [blk(S, M, 0, \"inactive\"),\n"
-             "   blk(S + M, M - 512, M - 1000, \"active_allocated\"), blk(S + 2 * M - 512, 512, 0, \"inactive\")]}]}\n"
-             "pickle.dump(d, open(sys.argv[1], \"wb\"), protocol=2)' '%s' 2>/dev/null",
-             path);
-    if (system(cmd) != 0)
+    if (tune_write_pickle(path,
+                          "def ev(a, addr, size): return {\"action\": a, \"addr\": addr, \"size\": size, \"stream\": 0}\n"
+                          "def blk(addr, size, req, st): return {\"address\": addr, \"frames\": [], \"requested_size\": req, "
+                          "\"size\": size, \"state\": st}\n"
+                          "d = {\"allocator_settings\": {\"PYTORCH_CUDA_ALLOC_CONF\": \"\"},\n"
+                          " \"device_traces\": [[ev(\"alloc\", S, M), ev(\"alloc\", S + 2 * M - 512, 512),\n"
+                          "   ev(\"free_requested\", S, M), ev(\"free_requested\", S + 2 * M - 512, 512)]],\n"
+                          " \"segments\": [{\"address\": S, \"device\": 0, \"segment_type\": \"small\", \"stream\": 0, "
+                          "\"total_size\": 2 * M, \"blocks\": [blk(S, M, 0, \"inactive\"),\n"
+                          "   blk(S + M, M - 512, M - 1000, \"active_allocated\"), blk(S + 2 * M - 512, 512, 0, \"inactive\")]}]}") != 0)
         SKIP("python3 is needed to write the snapshot");
     tally_json_t *rows = tune_rows(path, "");
     const tally_json_t *def = &rows->items[0];

@@ -1,7 +1,7 @@
 /* What the tests of tally tune share (test_tune.c, test_tune_replay.c,
  * test_tune_plot_ticks.c): the built command beside the test binary, a
- * scratch folder, running `tally tune -q`, writing a trace, and reading the
- * JSON rows. Include after cmocka.h, cliutil.h and report/json.h. */
+ * scratch folder, running `tally tune -q`, writing a trace or a snapshot
+ * pickle, and reading the JSON rows. Include after cmocka.h, cliutil.h and report/json.h. */
 #ifndef TALLY_TESTS_TUNEUTIL_H
 #define TALLY_TESTS_TUNEUTIL_H
 
@@ -35,6 +35,25 @@ static inline int tune_setup(const char *name, const char *tmpl, char *bin_dir, 
     }
     snprintf(scratch, sizeof scratch, "%s", tmpl);
     return mkdtemp(scratch) ? 0 : -1;
+}
+
+/* Write a PyTorch snapshot pickle to path with python3: body is Python that
+ * sets d, the snapshot's dict, with M (1 MiB) and S (1 GiB, an address) at
+ * hand; no single quote in it (the program is quoted for the shell). 0, or
+ * -1 when python3 is missing or the program fails (the caller skips). */
+static inline int tune_write_pickle(const char *path, const char *body)
+{
+    size_t len = strlen(body) + strlen(path) + 256;
+    char *cmd = malloc(len);
+    if (!cmd)
+        return -1;
+    snprintf(cmd, len,
+             "python3 -c 'import pickle, sys\nM, S = 1 << 20, 1 << 30\n%s\n"
+             "pickle.dump(d, open(sys.argv[1], \"wb\"), protocol=2)' '%s' 2>/dev/null",
+             body, path);
+    int rc = system(cmd) == 0 ? 0 : -1;
+    free(cmd);
+    return rc;
 }
 
 static inline int tune_teardown(void **state)
