@@ -207,14 +207,30 @@ static bool is_c_library(const char *module)
     return strncmp(b, "libc.so", 7) == 0 || strncmp(b, "ld-linux", 8) == 0 || strncmp(b, "libpthread.so", 13) == 0;
 }
 
+/* The session's module that holds address a, or NULL. dwfl_addrmodule's
+ * answer is checked against the module's own bounds: elfutils 0.188 can
+ * answer with the module below a gap for an address in that gap. A library
+ * loaded since the last report into the gap above libdw's own mapping came
+ * back as libdw, with no line for the address (1 run in 12 under TSan, whose
+ * address-space layout puts libraries there), so the caller refreshed
+ * nothing and printed no file and line. */
+static Dwfl_Module *dw_module_at(uint64_t a)
+{
+    Dwfl_Module *m = dw.addrmodule(dw.dwfl, a);
+    uint64_t lo = 0, hi = 0;
+    if (!m || !dw.module_info(m, NULL, &lo, &hi, NULL, NULL, NULL, NULL))
+        return NULL;
+    return a >= lo && a < hi ? m : NULL;
+}
+
 /* Fill f[0..] from libdw; the number of frames, 0 when the address lies in
  * no known module. */
 static int dw_lookup(uintptr_t pc, tally_frame_sym_t *f, int max)
 {
     uint64_t a = pc - 1; /* a return address: look up the call itself */
-    Dwfl_Module *m = dw.addrmodule(dw.dwfl, a);
+    Dwfl_Module *m = dw_module_at(a);
     if (!m) {
-        if (dw_refresh() != 0 || !(m = dw.addrmodule(dw.dwfl, a)))
+        if (dw_refresh() != 0 || !(m = dw_module_at(a)))
             return 0;
     }
     uint64_t start = 0;
