@@ -109,6 +109,8 @@ static void test_configure_before_init_rejects_bad_values(void **state)
         {"roundup_power2_divisions:[256:3]", "roundup_power2_divisions", "'3'"},
         {"roundup_power2_divisions:[100:4]", "roundup_power2_divisions", "'100'"},
         {"roundup_power2_divisions:[4:2,4:8]", "roundup_power2_divisions", "must increase"},
+        /* 32 GiB and 64 GiB share the last slot (sizes of 32 GiB and up). */
+        {"roundup_power2_divisions:[32768:2,65536:4]", "roundup_power2_divisions", "must increase ('65536')"},
         {"memory_fraction:1.5", "memory_fraction", "'1.5'"},
         {"backend:tpu", "backend", "'tpu'"},
         {"host_devices:0", "host_devices", "'0'"},

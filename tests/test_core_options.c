@@ -251,6 +251,27 @@ static void test_host_capacity_units_in_children(void **state)
     }
 }
 
+/* An entry of 64 GiB or more sets the last of the 16 slots, the one for
+ * every size of 32 GiB and up (as PyTorch clamps its interval index):
+ * [1:2,65536:4] rounds 3000 B with 2 divisions and 33 GiB + 1 with 4. */
+static void test_divisions_entry_past_the_last_slot_sets_the_last(void **state)
+{
+    (void)state;
+    static const child_case_t cases[] = {
+        {3000, 3072},             /* slot 0 = 2: step 1024 */
+        {3 * MiB + 1, 3 * MiB + 512}, /* slot 1 untouched: off */
+        {33 * GiB + 1, 40 * GiB}, /* slot 15 = 4: step 8 GiB */
+    };
+    static const unsigned d[16] = {[0] = 2, [15] = 4};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tu_ctx("request %zu", cases[i].request);
+        EQ(tu_round(cases[i].request, d), cases[i].block);
+    }
+    tu_ctx("%s", "");
+    child_rounding("backend:host,host_mode:virtual,roundup_power2_divisions:[1:2,65536:4]", cases,
+                   sizeof cases / sizeof cases[0]);
+}
+
 /* The first list entry also covers every smaller interval, and slots no
  * entry names stay 0 (off): [4:2,16:8] gives slots 0..2 = 2, slot 4 = 8,
  * everything else 0. (Sizes here are the rounded sizes; see blocks below.) */
@@ -642,6 +663,7 @@ int main(void)
         cmocka_unit_test(test_max_split_size_leaves_expandable_blocks_alone_in_a_child),
         cmocka_unit_test(test_oversize_release_leaves_a_split_segment_alone_in_a_child), /* before init */
         cmocka_unit_test(test_divisions_list_first_entry_covers_smaller_sizes),
+        cmocka_unit_test(test_divisions_entry_past_the_last_slot_sets_the_last),
         cmocka_unit_test_setup(test_divisions_list_rounds_per_interval, setup_clean),
         cmocka_unit_test_setup(test_write_options_shows_the_effective_config, setup_clean),
         cmocka_unit_test_setup(test_oversize_block_not_split_and_counted, setup_clean),

@@ -70,6 +70,29 @@ static void test_oom_report_names_the_holders(void **state)
     lu_child_free(&c);
 }
 
+/* A request whose segment is larger than its rounded size: 3 MiB needs a
+ * 20 MiB segment (the large pool's rule for 1 to 10 MiB), which a 16 MiB
+ * device cannot give; the report names all three sizes. */
+static int child_oom_segment(void)
+{
+    void *p = tally_malloc(3 * MB, 0, NULL);
+    printf("result=%s\n", p ? "non-null" : "null");
+    return 0;
+}
+
+static void test_oom_report_names_the_segment_it_needed(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    lu_child_run(&c, "oom-segment", "backend:host,host_devices:1,host_capacity:16MiB,host_mode:virtual,leak_report:off",
+                 NULL);
+    LU_CHILD_EXIT(&c, 0);
+    LU_HAS(c.out, "result=null\n");
+    LU_HAS(c.err, "tally: out of memory on device 0: asked 3145728 bytes (3.0 MiB, rounded to 3145728, needing a "
+                  "20.0 MiB segment): ");
+    lu_child_free(&c);
+}
+
 /* ---- allocation sites ---------------------------------------------------------- */
 
 /* Two allocation sites. Each allocates n blocks from one call instruction
@@ -288,6 +311,7 @@ static void test_leak_groups_of_equal_size_go_by_device(void **state)
 
 static const lu_role_t roles[] = {
     {"oom", child_oom},
+    {"oom-segment", child_oom_segment},
     {NULL, NULL},
 };
 
@@ -297,6 +321,7 @@ int main(int argc, char **argv)
         return lu_child_main(argv[2], roles);
     const struct CMUnitTest tests[] = {
         LU_T(test_oom_report_names_the_holders),
+        LU_T(test_oom_report_names_the_segment_it_needed),
         LU_T(test_backtrace_sites_split_leak_groups),
         LU_T(test_one_frame_sites_are_the_callers),
         LU_T(test_leak_report_without_sites_groups_by_owner),

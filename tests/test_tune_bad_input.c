@@ -289,6 +289,11 @@ static void test_snapshot_names_bad_traces_and_events(void **state)
     expect_snapshot_error("{'segments': [], 'device_traces': [5]}", "'device_traces[]' is int, not a list");
     expect_snapshot_error("{'segments': [], " TRACE_OF("{'action': 'alloc', 'addr': 0, 'size': 8, 'stream': 'x'}"),
                           "device_traces event[0]: 'stream' is a str, not an integer");
+    /* An event's action is a string, or the event is refused. */
+    expect_snapshot_error("{'segments': [], " TRACE_OF(ONE_ALLOC ", {'action': 5, 'addr': 4096, 'size': 512}"),
+                          "device_traces event[1]: 'action' is an int, not a string");
+    expect_snapshot_error("{'segments': [], " TRACE_OF("{'addr': 4096, 'size': 512}"),
+                          "device_traces event[0]: 'action' is missing");
 }
 
 /* The snapshot of every path through the reader that grows a table: a free

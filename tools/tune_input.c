@@ -153,9 +153,15 @@ static int snap_feed(const snap_ctx_t *c, snap_events_t *s, trace_builder_t *b, 
     for (size_t i = 0; i < s->ev->n; i++) {
         const pk_value_t *e = s->ev->items[i];
         const pk_value_t *action = pk_get(e, "action");
-        if (!action || action->type != PK_STR)
-            return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu has no 'action' string",
+        if (!action)
+            return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event[%zu]: 'action' is missing",
                            c->path, i);
+        if (action->type != PK_STR) {
+            const char *t = pk_type_name(action);
+            return in_fail(c->err, c->errlen,
+                           "%s: PyTorch snapshot: device_traces event[%zu]: 'action' is %s %s, not a string", c->path,
+                           i, strchr("aeiou", t[0]) ? "an" : "a", t);
+        }
         bool alloc = pk_str_is(action, "alloc"), free_req = pk_str_is(action, "free_requested");
         bool fire = s->fire && s->fire[i];
         if (s->defer && s->defer[i] && !first)
