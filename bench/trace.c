@@ -137,6 +137,7 @@ int trace_begin(trace_builder_t *b, trace_t *t, const char *path, char *err, siz
     t->name = base_name(t->path);
     b->t = t;
     b->cap = 0;
+    b->live_bytes = 0;
     b->live = malloc(sizeof(live_map_t));
     if (!b->live || map_init(b->live, 1024)) {
         free(b->live);
@@ -207,10 +208,15 @@ int trace_add(trace_builder_t *b, char op, uint64_t id, uint64_t size, uint64_t 
             return fail(err, errlen, "allocation of id %llu, which is already live", (unsigned long long)id);
         if (t->nalloc >= UINT32_MAX - 1)
             return fail(err, errlen, "too many allocations");
+        if (size > (uint64_t)INT64_MAX - b->live_bytes)
+            return fail(err, errlen,
+                        "allocation of id %llu (%llu bytes) takes the live bytes past 2^63 - 1 (%llu live before it)",
+                        (unsigned long long)id, (unsigned long long)size, (unsigned long long)b->live_bytes);
         e->slot = (uint32_t)t->nalloc++;
         e->size = size;
         if (map_put(live, id, e->slot, size))
             return fail(err, errlen, "out of memory");
+        b->live_bytes += size;
     } else {
         if (!is_live)
             return fail(err, errlen, "free of id %llu, which is not live (never allocated, or freed twice)",
@@ -220,6 +226,7 @@ int trace_add(trace_builder_t *b, char op, uint64_t id, uint64_t size, uint64_t 
                         (unsigned long long)id, (unsigned long long)size, (unsigned long long)live->sizes[at]);
         e->slot = live->slots[at];
         e->size = live->sizes[at];
+        b->live_bytes -= e->size;
         map_erase(live, at);
         t->nfree++;
     }

@@ -32,11 +32,15 @@ typedef struct trace_builder {
     trace_t *t;
     void *live; /* live ids: id -> (slot, size) */
     size_t cap; /* events allocated in t->ev */
+    uint64_t live_bytes; /* bytes live after the events so far (at most INT64_MAX) */
 } trace_builder_t;
 
 int trace_begin(trace_builder_t *b, trace_t *t, const char *path, char *err, size_t errlen);
 /* One event: op 'a' (allocate id with size), 'f' (free id; size 0 or the
- * allocation's) or 'e' (release cached memory; id, size, stream ignored). On error returns -1 with "what" in err (no file or line). */
+ * allocation's) or 'e' (release cached memory; id, size, stream ignored).
+ * An allocation that takes the live bytes past INT64_MAX is refused: every
+ * figure a replay derives from the trace is an int64_t. On error returns -1
+ * with "what" in err (no file or line). */
 int trace_add(trace_builder_t *b, char op, uint64_t id, uint64_t size, uint64_t stream, char *err, size_t errlen);
 /* Whether id is live in the trace built so far. */
 int trace_is_live(const trace_builder_t *b, uint64_t id);

@@ -1663,6 +1663,11 @@ static void test_report_without_trace(void **state)
         {"0,-2,100,0 5,-2,100,0", "alloc_trace: block 2 freed twice before any allocation of it"},
         {"0,1,100,0 5,1,100,0", "alloc_trace event 1: allocation of id 1, which is already live"},
         {"0,1,100,7", "alloc_trace event 0: not 'dt,id,size,stream'"}, /* stream index 7 of 1 */
+        /* Live bytes past 2^63 - 1 (every replayed figure is an int64_t); up to it is read. */
+        {"0,1,9223372036854775807,0 5,2,1,0",
+         "alloc_trace event 1: allocation of id 2 (1 bytes) takes the live bytes past 2^63 - 1 "
+         "(9223372036854775807 live before it)"},
+        {"0,1,18446744073709551615,0", "alloc_trace event 0: not 'dt,id,size,stream' with dt, size >= 0"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         f = fopen(path, "w");

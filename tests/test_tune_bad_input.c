@@ -296,6 +296,55 @@ static void test_snapshot_names_bad_traces_and_events(void **state)
                           "device_traces event[0]: 'action' is missing");
 }
 
+#define I63 "9223372036854775807" /* 2^63 - 1 */
+#define I62 "4611686018427387904" /* 2^62 */
+
+/* Sizes that add up past 2^63 - 1 (every figure of a replay is an int64_t)
+ * are refused, each where it happens: tally tune printed a negative peak
+ * live for two allocations of 2^62, and the reserved bytes' sums overflowed
+ * (found by fuzz_tune_input in a CI run of 2026-12-03). Up to 2^63 - 1 is read. */
+static void test_snapshot_refuses_sizes_past_int64(void **state)
+{
+    (void)state;
+    expect_snapshot_error("{'segments': [], " TRACE_OF("{'action': 'alloc', 'addr': 0, 'size': " I62 "}, "
+                                                       "{'action': 'alloc', 'addr': 4096, 'size': " I62 "}"),
+                          "device_traces event 1 (alloc at address 4096): allocation of id 4096 (" I62
+                          " bytes) takes the live bytes past 2^63 - 1 (" I62 " live before it)");
+    expect_snapshot_error("{'segments': [{'total_size': -1, 'blocks': []}], " TRACE_OF(ONE_ALLOC),
+                          "segments[0]: 'total_size' is negative");
+    expect_snapshot_error("{'segments': [{'total_size': " I63 ", 'blocks': []}, {'total_size': 1, 'blocks': []}], "
+                          TRACE_OF(ONE_ALLOC),
+                          "segments[1]: device 0's segments add up past 2^63 - 1 bytes");
+    expect_snapshot_error("{'segments': [], " TRACE_OF("{'action': 'segment_alloc', 'addr': 0, 'size': " I63 "}, "
+                                                       "{'action': 'segment_map', 'addr': 0, 'size': 1}, " ONE_ALLOC),
+                          "the segment events' sizes add up past 2^63 - 1 bytes");
+    expect_snapshot_error("{'segments': [{'total_size': " I63 ", 'blocks': []}], "
+                          TRACE_OF("{'action': 'segment_alloc', 'addr': 0, 'size': 1}, "
+                                   "{'action': 'segment_free', 'addr': 0, 'size': 1}, " ONE_ALLOC),
+                          "device_traces event 0: the reserved bytes go past 2^63 - 1");
+    expect_snapshot_error("{'segments': [{'total_size': " I63 ", 'blocks': ["
+                          "{'state': 'active_allocated', 'address': 0, 'requested_size': " I62 "}, "
+                          "{'state': 'active_allocated', 'address': 8192, 'requested_size': " I62 "}]}], "
+                          TRACE_OF(ONE_ALLOC),
+                          "the blocks live before recording began: allocation of id 8192 (" I62
+                          " bytes) takes the live bytes past 2^63 - 1 (" I62 " live before it)");
+    /* Up to 2^63 - 1 live is read, and a free gives its bytes back. */
+    size_t n;
+    unsigned char *data = pickle_of("{'segments': [{'address': 0, 'total_size': " I63 ", 'blocks': []}], "
+                     TRACE_OF("{'action': 'alloc', 'addr': 0, 'size': 4611686018427387903}, "
+                              "{'action': 'alloc', 'addr': 4096, 'size': " I62 "}, "
+                              "{'action': 'free_requested', 'addr': 4096, 'size': " I62 "}, "
+                              "{'action': 'alloc', 'addr': 8192, 'size': " I62 "}"),
+                     &n);
+    tune_input_t in;
+    char err[512];
+    if (tune_snapshot_parse(data, n, "hand.pickle", &in, err, sizeof err) != 0)
+        fail_msg("2^63 - 1 live bytes refused: %s", err);
+    assert_int_equal(in.trace.nalloc, 3);
+    assert_int_equal(in.recorded_start, INT64_MAX);
+    tune_input_free(&in);
+}
+
 /* The snapshot of every path through the reader that grows a table: a free
  * of a block allocated before recording (a live block noted from the
  * trace), an active block no allocation explains (one noted from the
@@ -598,6 +647,7 @@ int main(void)
         cmocka_unit_test(test_pickle_file_that_cannot_be_opened_or_read),
         cmocka_unit_test(test_snapshot_names_each_bad_segment_field),
         cmocka_unit_test(test_snapshot_names_bad_traces_and_events),
+        cmocka_unit_test(test_snapshot_refuses_sizes_past_int64),
         cmocka_unit_test(test_snapshot_read_out_of_host_memory_at_each_realloc),
         cmocka_unit_test(test_report_longer_than_one_read_is_read_whole),
         cmocka_unit_test(test_report_read_out_of_host_memory_at_each_realloc),

@@ -182,7 +182,10 @@ static int snap_feed(const snap_ctx_t *c, snap_events_t *s, trace_builder_t *b, 
                            c->path, i);
         if (seg_up || seg_down) {
             if (rec) {
-                reserved += seg_up ? size : -size;
+                if (__builtin_add_overflow(reserved, seg_up ? size : -size, &reserved))
+                    return in_fail(c->err, c->errlen,
+                                   "%s: PyTorch snapshot: device_traces event %zu: the reserved bytes go past 2^63 - 1",
+                                   c->path, i);
                 if (reserved > rec->recorded_peak)
                     rec->recorded_peak = reserved;
                 rec->recorded_segment_allocs += pk_str_is(action, "segment_alloc");
@@ -230,7 +233,13 @@ static int snap_segments(const snap_ctx_t *c, const pk_value_t *segs, int device
             return -1;
         if (pk_get(seg, "stream") && snap_int(c, seg, "stream", "segments", i, &stream))
             return -1;
-        *total += size;
+        if (size < 0)
+            return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: segments[%zu]: 'total_size' is negative", c->path,
+                           i);
+        if (__builtin_add_overflow(*total, size, total))
+            return in_fail(c->err, c->errlen,
+                           "%s: PyTorch snapshot: segments[%zu]: device %d's segments add up past 2^63 - 1 bytes",
+                           c->path, i, device);
         const pk_value_t *blocks = snap_list(c, pk_get(seg, "blocks"), "segments[].blocks");
         if (!blocks)
             return -1;
@@ -254,8 +263,9 @@ static int snap_segments(const snap_ctx_t *c, const pk_value_t *segs, int device
     return 0;
 }
 
-/* Reserved memory the window's segment events added, net. */
-static int64_t snap_segment_net(const pk_value_t *ev)
+/* Reserved memory the window's segment events added, net, in *net; -1 if
+ * it does not fit in an int64_t. */
+static int snap_segment_net(const pk_value_t *ev, int64_t *out)
 {
     int64_t net = 0;
     for (size_t i = 0; i < ev->n; i++) {
@@ -263,12 +273,16 @@ static int64_t snap_segment_net(const pk_value_t *ev)
         const pk_value_t *sz = pk_get(ev->items[i], "size");
         if (!sz || sz->type != PK_INT)
             continue;
+        bool over = false;
         if (pk_str_is(a, "segment_alloc") || pk_str_is(a, "segment_map"))
-            net += sz->i;
+            over = __builtin_add_overflow(net, sz->i, &net);
         else if (pk_str_is(a, "segment_free") || pk_str_is(a, "segment_unmap"))
-            net -= sz->i;
+            over = __builtin_sub_overflow(net, sz->i, &net);
+        if (over)
+            return -1;
     }
-    return net;
+    *out = net;
+    return 0;
 }
 
 /* The device with the most traced events. */
@@ -468,16 +482,25 @@ static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, int dev
     /* Pass 2: those first, then the window. Reserved at the start: the
      * segments at dump time less what the window allocated, plus what it freed. */
     if (!rc) {
-        in->recorded_start = total - snap_segment_net(s.ev);
+        int64_t net;
+        if (snap_segment_net(s.ev, &net) || __builtin_sub_overflow(total, net, &in->recorded_start))
+            rc = in_fail(c->err, c->errlen,
+                         "%s: PyTorch snapshot: the segment events' sizes add up past 2^63 - 1 bytes", c->path);
         in->recorded_peak = in->recorded_start;
-        rc = trace_begin(&b, &in->trace, c->path, c->err, c->errlen);
+        if (!rc)
+            rc = trace_begin(&b, &in->trace, c->path, c->err, c->errlen);
         char why[400];
-        for (size_t i = 0; !rc && i < s.npre; i++)
+        for (size_t i = 0; !rc && i < s.npre; i++) {
+            bool shared = trace_is_live(&b, s.pre[i].addr);
             if (trace_add(&b, 'a', s.pre[i].addr, s.pre[i].size, s.pre[i].stream, why, sizeof why))
-                rc = in_fail(c->err, c->errlen,
-                             "%s: PyTorch snapshot: two allocations live before recording began share address %llu "
-                             "(freed twice with no allocation between, or freed and still active at dump): %s",
-                             c->path, (unsigned long long)s.pre[i].addr, why);
+                rc = shared ? in_fail(c->err, c->errlen,
+                                      "%s: PyTorch snapshot: two allocations live before recording began share address "
+                                      "%llu (freed twice with no allocation between, or freed and still active at "
+                                      "dump): %s",
+                                      c->path, (unsigned long long)s.pre[i].addr, why)
+                            : in_fail(c->err, c->errlen, "%s: PyTorch snapshot: the blocks live before recording began: %s",
+                                      c->path, why);
+        }
         if (!rc)
             rc = snap_feed(c, &s, &b, false, in);
         trace_end(&b);
