@@ -6,12 +6,15 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/internal.h" /* tally__meta_fail */
 #include "report/json.h"
+#include "skip.h"
 
 /* ---- JSON reader -------------------------------------------------------- */
 
@@ -388,6 +391,69 @@ static void test_json_int_of_a_missing_member_is_not_a_number(void **state)
     tally__json_free(v);
 }
 
+/* A double converts to an integer when it is integral and in [-2^63, 2^63):
+ * both ends written as doubles (an exponent makes the reader keep a double). */
+static void test_json_int_of_doubles_at_the_int64_bounds(void **state)
+{
+    (void)state;
+    tally_json_t *v = parse_ok("[-9.223372036854775808e18, 9.223372036854775808e18, -9.2233720368547758e18, 4.0e0]");
+    int64_t x = 77;
+    assert_false(tally__json_at(v, 0)->is_int);
+    assert_int_equal(tally__json_int(tally__json_at(v, 0), &x), 0); /* -2^63 exactly */
+    assert_true(x == INT64_MIN);
+    x = 77;
+    assert_int_equal(tally__json_int(tally__json_at(v, 1), &x), -1); /* 2^63 */
+    assert_int_equal(x, 77);
+    assert_int_equal(tally__json_int(tally__json_at(v, 2), &x), 0); /* rounds to -2^63 as a double */
+    assert_true(x == INT64_MIN);
+    assert_int_equal(tally__json_int(tally__json_at(v, 3), &x), 0);
+    assert_int_equal(x, 4);
+    tally__json_free(v);
+}
+
+/* Doubles are read in the C locale whatever the program set: under a locale
+ * whose decimal separator is a comma (de_DE, made with localedef into a
+ * scratch LOCPATH when the system has none), "2.5" is still 2.5, where the
+ * C library's strtod would stop at the point and read 2. */
+static void test_json_doubles_read_in_the_c_locale(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/tally-locale-XXXXXX";
+    bool made = false;
+    if (!setlocale(LC_NUMERIC, "de_DE.UTF-8")) {
+        if (!mkdtemp(dir))
+            SKIP("no scratch folder for a locale");
+        made = true;
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "localedef -i de_DE -f UTF-8 %s/de_DE.UTF-8 >/dev/null 2>&1", dir);
+        int rc = system(cmd);
+        setenv("LOCPATH", dir, 1);
+        if (rc != 0 || !setlocale(LC_NUMERIC, "de_DE.UTF-8")) {
+            unsetenv("LOCPATH");
+            snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+            if (system(cmd) != 0)
+                fprintf(stderr, "could not remove %s\n", dir);
+            SKIP("no de_DE locale and localedef could not make one (Debian's locales package has it)");
+        }
+    }
+    char shown[16];
+    snprintf(shown, sizeof shown, "%.1f", 2.5);
+    assert_string_equal(shown, "2,5"); /* the locale is in force */
+    tally_json_t *v = parse_ok("{\"util\": 2.5, \"e\": 1.25e1, \"neg\": -0.75}");
+    setlocale(LC_NUMERIC, "C");
+    if (made) {
+        unsetenv("LOCPATH");
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "could not remove %s\n", dir);
+    }
+    assert_true(tally__json_get(v, "util")->d == 2.5);
+    assert_true(tally__json_get(v, "e")->d == 12.5);
+    assert_true(tally__json_get(v, "neg")->d == -0.75);
+    tally__json_free(v);
+}
+
 static void test_json_depth_limit(void **state)
 {
     (void)state;
@@ -507,6 +573,8 @@ int main(void)
         cmocka_unit_test(test_json_int_of_a_missing_member_is_not_a_number),
         cmocka_unit_test(test_json_error_quotes_printable_bytes_and_hex_for_others),
         cmocka_unit_test(test_json_depth_limit),
+        cmocka_unit_test(test_json_int_of_doubles_at_the_int64_bounds),
+        cmocka_unit_test(test_json_doubles_read_in_the_c_locale),
         cmocka_unit_test(test_json_mangled_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1648,6 +1648,43 @@ static void test_report_busiest_device_ties_go_to_the_first(void **state)
         fail_msg("--device 0 without a trace of it: %s", err);
 }
 
+/* A snapshot's busiest device is chosen the same way: of two devices with as
+ * many trace events, the first listed; a device with more wins wherever it
+ * stands. The sizes say which device's trace was read. */
+static void test_snapshot_busiest_device_ties_go_to_the_first(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32], err[512];
+    snprintf(path, sizeof path, "%s/tie.pickle", scratch);
+    static const struct {
+        const char *traces;
+        uint64_t first_size;
+    } cases[] = {
+        /* one event each: device 0's 1 MiB */
+        {"[[ev(S, 1 * M)], [ev(S, 2 * M)], []]", 1 * MiB},
+        /* device 0 and 2 tie with one event, device 1 has two */
+        {"[[ev(S, 1 * M)], [ev(S, 2 * M), ev(S + 2 * M, M)], [ev(S, 3 * M)]]", 2 * MiB},
+        /* devices 1 and 2 tie with two, ahead of device 0 */
+        {"[[ev(S, 1 * M)], [ev(S, 2 * M), ev(S + 2 * M, M)], [ev(S, 3 * M), ev(S + 3 * M, M)]]", 2 * MiB},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[1024];
+        snprintf(body, sizeof body,
+                 "def ev(a, s):\n    return {\"action\": \"alloc\", \"addr\": a, \"size\": s, \"stream\": 0}\n"
+                 "d = {\"device_traces\": %s, \"segments\": []}",
+                 cases[i].traces);
+        if (tune_write_pickle(path, body) != 0)
+            SKIP("python3 is needed to write the snapshot");
+        tune_input_t in;
+        if (tune_input_load(path, -1, &in, err, sizeof err))
+            fail_msg("case %zu: %s", i, err);
+        if (in.trace.nev < 1 || in.trace.ev[0].size != cases[i].first_size)
+            fail_msg("case %zu (%s): read device %d, first size %llu", i, cases[i].traces, in.device,
+                     in.trace.nev ? (unsigned long long)in.trace.ev[0].size : 0ull);
+        tune_input_free(&in);
+    }
+}
+
 /* A report written without trace:true says how to get one. */
 static void test_report_without_trace(void **state)
 {
@@ -1847,6 +1884,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_damaged_report_is_named_as_summary_names_it),
         cmocka_unit_test(test_report_trace_started_late),
         cmocka_unit_test(test_report_busiest_device_ties_go_to_the_first),
+        cmocka_unit_test(test_snapshot_busiest_device_ties_go_to_the_first),
         cmocka_unit_test(test_report_without_trace),
         cmocka_unit_test(test_shared_snapshots),
         cmocka_unit_test(test_shared_recommendation),

@@ -47,7 +47,9 @@ esac
 # Optional: runtime libraries loaded with dlopen (libdw names file:line in
 # reports, libunwind is the fast unwinder, jemalloc serves tally's metadata
 # when it is in the process: test_core_meta_faults preloads it) and pkg-config (the install
-# check builds with it), python3 (the Python tests). Without them those
+# check builds with it), python3 (the Python tests), locales (the de_DE
+# source test_report_json_reader compiles with localedef, to read numbers
+# under a decimal comma). Without them those
 # tests skip; as root they are installed with the rest.
 if [ "$kind" = test ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   ldconfig -p 2>/dev/null | grep -q 'libdw\.so\.1 ' || need libdw1
@@ -55,6 +57,7 @@ if [ "$kind" = test ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&
   ldconfig -p 2>/dev/null | grep -q 'libjemalloc\.so\.2 ' || need libjemalloc2
   command -v pkg-config >/dev/null 2>&1 || need pkg-config
   command -v python3 >/dev/null 2>&1 || need python3
+  [ -e /usr/share/i18n/locales/de_DE ] || need locales
 fi
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
