@@ -7,6 +7,11 @@
  *   wherever it sits among the live ones, so the next segment of that size
  *   lands at the lowest free address: the freed one.
  *
+ * - where the arena's range cannot be reserved (here: an address-space limit
+ *   under four times the capacity), each segment is its own mmap, with the
+ *   mode's protection: writable memory when backed, no access when virtual
+ *   (a child process per mode, under RLIMIT_AS).
+ *
  * This process runs with backend:host,host_devices:2,host_mode:virtual,
  * expandable_segments:true,expandable_move_budget:-1. Device 0 is used through the backend directly
  * for its arena; device 1 for the handle counts. */
@@ -15,6 +20,10 @@
 #include "backend/backend.h"
 
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define PAGE (2 * MiB)
@@ -158,6 +167,96 @@ static void test_freed_segment_among_live_ones_is_reused(void **state)
     unseg(all, N * sz);
 }
 
+/* ---- segments outside the arena ---- */
+
+/* The protection /proc/self/maps gives the mapping holding p ("rw-p",
+ * "---p"), in perms (5 bytes); false when no mapping holds it. */
+static bool maps_perms(const void *p, char perms[5])
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return false;
+    char line[512];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char pr[5];
+        if (sscanf(line, "%lx-%lx %4s", &lo, &hi, pr) == 3 && (uintptr_t)p >= lo && (uintptr_t)p < hi) {
+            memcpy(perms, pr, 5);
+            found = true;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* The child: an address-space limit 512 MiB above what the process maps now,
+ * a 1 GiB device (its arena would need 4 GiB of addresses), then a 1 MiB
+ * block in a 2 MiB segment of its own mmap. Exit 0 when the segment has the
+ * mode's protection (and, backed, holds what is written), else 1, saying why. */
+static int fallback_child(const char *mode)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long pages = 0;
+    if (!f || fscanf(f, "%lu", &pages) != 1) {
+        fprintf(stderr, "fallback child: cannot read /proc/self/statm\n");
+        return 1;
+    }
+    fclose(f);
+    rlim_t limit = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + 512 * MiB;
+    struct rlimit rl = {limit, limit};
+    if (setrlimit(RLIMIT_AS, &rl) != 0) {
+        fprintf(stderr, "fallback child: setrlimit failed\n");
+        return 1;
+    }
+    char conf[160];
+    snprintf(conf, sizeof conf, "backend:host,host_devices:1,host_mode:%s,host_capacity:1GiB,leak_report:off", mode);
+    tu_conf(conf);
+    unsigned char *p = tally_malloc(MiB, 0, NULL);
+    if (!p) {
+        fprintf(stderr, "fallback child (%s): no 1 MiB block under the limit\n", mode);
+        return 1;
+    }
+    char perms[5];
+    if (!maps_perms(p, perms)) {
+        fprintf(stderr, "fallback child (%s): no mapping holds the block\n", mode);
+        return 1;
+    }
+    bool backed = strcmp(mode, "backed") == 0;
+    if (strncmp(perms, backed ? "rw" : "--", 2) != 0) {
+        fprintf(stderr, "fallback child (%s): the segment's mapping is %s\n", mode, perms);
+        return 1;
+    }
+    if (backed) {
+        memset(p, 0xa5, MiB);
+        for (size_t i = 0; i < MiB; i += 4099)
+            if (p[i] != 0xa5) {
+                fprintf(stderr, "fallback child (backed): byte %zu reads %u\n", i, p[i]);
+                return 1;
+            }
+    }
+    tally_free(p);
+    return 0;
+}
+
+static void test_segments_outside_the_arena_keep_the_mode(void **state)
+{
+    (void)state;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    /* Their runtimes reserve terabytes of shadow addresses at start, over
+     * any address-space limit the child could set (make asan, make tsan). */
+    SKIP("ASan's and TSan's shadow memory does not start under an address-space limit");
+#endif
+    static const char *const modes[] = {"backed", "virtual"};
+    for (int i = 0; i < 2; i++) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "/proc/%d/exe --fallback-child %s", (int)getpid(), modes[i]);
+        int st = system(cmd);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            fail_msg("host_mode:%s, arena out of reach: the child failed (status %d)", modes[i], st);
+    }
+}
+
 /* A search that never ends would hang the suite: fail it instead. */
 static void on_alarm(int sig)
 {
@@ -168,8 +267,10 @@ static void on_alarm(int sig)
     _exit(1);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "--fallback-child") == 0)
+        return fallback_child(argv[2]);
     tu_conf("backend:host,host_devices:2,host_mode:virtual,host_capacity:256MiB,expandable_segments:true,"
             "expandable_grow_chunk_mb:2,expandable_move_budget:-1,leak_report:off");
     signal(SIGALRM, on_alarm);
@@ -179,6 +280,7 @@ int main(void)
         cmocka_unit_test(test_unmap_counts_each_handle_it_takes_down_once),
         cmocka_unit_test(test_empty_cache_releases_the_handles_the_segment_mapped),
         cmocka_unit_test(test_freed_segment_among_live_ones_is_reused),
+        cmocka_unit_test(test_segments_outside_the_arena_keep_the_mode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

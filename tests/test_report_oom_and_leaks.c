@@ -307,6 +307,51 @@ static void test_leak_groups_of_equal_size_go_by_device(void **state)
         tally_free(p[i]);
 }
 
+/* Groups of equal size on one device go by tag, then by stage, each in the
+ * order its name was first used (docs/reports.md): tag lt-one is named
+ * before lt-two and stage ls-one begins before ls-two, but lt-two's block is
+ * taken in ls-one and lt-one's in ls-two, so ordering by stage first would
+ * swap them; lt-one's second block, in ls-one, comes before its ls-two one. */
+static void test_leak_groups_of_equal_size_go_by_tag_then_stage(void **state)
+{
+    (void)state;
+    LU_OK(tally_tag_push("lt-one"));
+    LU_OK(tally_tag_pop());
+    LU_OK(tally_tag_push("lt-two"));
+    LU_OK(tally_tag_pop());
+    void *p[3];
+    lu_cap_begin();
+    LU_OK(tally_stage_begin("ls-one"));
+    LU_OK(tally_tag_push("lt-two"));
+    p[0] = lu_malloc(5 * MB, 0);
+    LU_OK(tally_tag_pop());
+    LU_OK(tally_tag_push("lt-one"));
+    p[1] = lu_malloc(5 * MB, 0);
+    LU_OK(tally_tag_pop());
+    LU_OK(tally_stage_end("ls-one"));
+    LU_OK(tally_stage_begin("ls-two"));
+    LU_OK(tally_tag_push("lt-one"));
+    p[2] = lu_malloc(5 * MB, 0);
+    LU_OK(tally_tag_pop());
+    LU_OK(tally_stage_end("ls-two"));
+    lu_cap_end();
+    lu_buf_t buf = {0};
+    LU_OK(tally_write_leaks(1, lu_buf_write, &buf));
+    const char *t = lu_buf_str(&buf);
+    static const char *const want[] = {"tag lt-one, stage ls-one, device 0\n", "tag lt-one, stage ls-two, device 0\n",
+                                       "tag lt-two, stage ls-one, device 0\n"};
+    const char *at = t;
+    for (int i = 0; i < 3; i++) {
+        const char *here = strstr(t, want[i]);
+        if (!here || here < at)
+            fail_msg("group '%.*s' missing or out of order (tag, then stage):\n%s", (int)strlen(want[i]) - 1, want[i], t);
+        at = here;
+    }
+    lu_buf_free(&buf);
+    for (int i = 0; i < 3; i++)
+        tally_free(p[i]);
+}
+
 /* ---- main ------------------------------------------------------------------------- */
 
 static const lu_role_t roles[] = {
@@ -327,6 +372,7 @@ int main(int argc, char **argv)
         LU_T(test_leak_report_without_sites_groups_by_owner),
         LU_T(test_leak_report_names_every_one_of_forty_groups),
         LU_T(test_leak_groups_of_equal_size_go_by_device),
+        LU_T(test_leak_groups_of_equal_size_go_by_tag_then_stage),
     };
     return LU_LEDGER_RUN("oom_and_leak_reports", tests);
 }
