@@ -105,6 +105,14 @@ static void test_configure_before_init_rejects_bad_values(void **state)
         {"garbage_collection_threshold:-0.1", "garbage_collection_threshold", "'-0.1'"},
         {"host_capacity:abc", "host_capacity", "'abc'"},
         {"host_capacity:1000.5", "host_capacity", "'1000.5'"}, /* half a byte */
+        /* 2^64 bytes and more do not fit a size (2^64 - 1 rounds to 2^64 as a double) */
+        {"host_capacity:16777216TiB", "host_capacity", "'16777216TiB'"},
+        {"host_capacity:18446744073709551615", "host_capacity", "'18446744073709551615'"},
+        {"host_capacity:1e30", "host_capacity", "'1e30'"},
+        /* a key that takes any size up to 2^64 - 1 (its default) */
+        {"async_release_threshold:16777216TiB", "async_release_threshold", "'16777216TiB'"},
+        {"async_release_threshold:18446744073709551616", "async_release_threshold", "'18446744073709551616'"},
+        {"async_release_threshold:1e30", "async_release_threshold", "'1e30'"},
         {"roundup_power2_divisions:3", "roundup_power2_divisions", "'3'"},
         {"roundup_power2_divisions:[256:3]", "roundup_power2_divisions", "'3'"},
         {"roundup_power2_divisions:[100:4]", "roundup_power2_divisions", "'100'"},

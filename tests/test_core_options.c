@@ -11,6 +11,8 @@
  * test's own implementation of the rule) is checked against them too. */
 #include "testutil.h"
 
+#include "core/internal.h" /* tally__parse_size */
+
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -653,6 +655,34 @@ static void test_memory_fraction_key_reapplies_to_every_device(void **state)
         fail_msg("48 GiB allocated after memory_fraction:0.5 was set (cap not applied)");
 }
 
+/* tally__parse_size, the reader of every size key, directly: a size is a
+ * whole number of bytes below 2^64. 2^64 (written as 16777216TiB or in
+ * digits) and more are refused, where a conversion to uint64_t would wrap
+ * (x86-64 gives 0, aarch64 saturates). */
+static void test_parse_size_refuses_2_to_the_64_and_more(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {"16777216TiB", "18446744073709551616", "18446744073709551615",
+                                      "1e30", "1e300", "16384PiB", "0.5", "-1", "+1", "", "12 MiB"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint64_t v = 12345;
+        if (tally__parse_size(bad[i], &v))
+            fail_msg("'%s' read as a size (%llu)", bad[i], (unsigned long long)v);
+        assert_true(v == 12345);
+    }
+    static const struct {
+        const char *text;
+        uint64_t v;
+    } good[] = {{"16777215TiB", (uint64_t)16777215 << 40}, {"9007199254740992", (uint64_t)1 << 53},
+                {"1.5KiB", 1536}, {"0", 0}, {"2GB", 2000000000}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        uint64_t v = 0;
+        if (!tally__parse_size(good[i].text, &v) || v != good[i].v)
+            fail_msg("'%s' read as %llu, expected %llu", good[i].text, (unsigned long long)v,
+                     (unsigned long long)good[i].v);
+    }
+}
+
 int main(void)
 {
     tu_conf(CONF_MAIN);
@@ -660,6 +690,7 @@ int main(void)
         cmocka_unit_test(test_divisions_single_number_in_a_child),
         cmocka_unit_test(test_divisions_list_of_255_characters_read_256_refused), /* first: fork before init */
         cmocka_unit_test(test_host_capacity_units_in_children), /* also before init */
+        cmocka_unit_test(test_parse_size_refuses_2_to_the_64_and_more),
         cmocka_unit_test(test_max_split_size_leaves_expandable_blocks_alone_in_a_child),
         cmocka_unit_test(test_oversize_release_leaves_a_split_segment_alone_in_a_child), /* before init */
         cmocka_unit_test(test_divisions_list_first_entry_covers_smaller_sizes),

@@ -220,6 +220,29 @@ static void test_json_report_unwritable_path_fails_cleanly(void **state)
     LU_EQ(lu_cap_lines(), 4);
 }
 
+/* A program whose standard input is closed (a daemon, a job under a launcher
+ * that closes it) gets descriptor 0 for the next file it opens: the report's
+ * temporary then is descriptor 0, and the report is written as any other. */
+static void test_json_report_written_with_stdin_closed(void **state)
+{
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/stdin-closed.json", lu_tmpdir());
+    int saved = dup(0);
+    assert_true(saved > 0);
+    assert_int_equal(close(0), 0);
+    int rc = tally_write_report(path);
+    int again = dup2(saved, 0);
+    close(saved);
+    assert_int_equal(again, 0);
+    if (rc != 0)
+        fail_msg("tally_write_report with descriptor 0 free: %d (%s)", rc, tally_last_error());
+    tally_json_t *root = lu_json_file(path);
+    LU_EQ(lu_jint(root, "pid"), getpid());
+    tally__json_free(root);
+    LU_EQ(lu_dir_count(lu_tmpdir(), ".tmp"), 0);
+}
+
 static void test_json_report_path_expands_pid_and_rank(void **state)
 {
     (void)state;
@@ -374,6 +397,7 @@ int main(int argc, char **argv)
         LU_T(test_json_report_has_the_documented_keys),
         LU_T(test_json_report_marks_suppressed_leaks),
         LU_T(test_json_report_unwritable_path_fails_cleanly),
+        LU_T(test_json_report_written_with_stdin_closed),
         LU_T(test_json_report_path_expands_pid_and_rank),
         LU_T(test_json_report_launcher_variables_as_set_within_bounds),
         LU_T(test_timeline_records_events),
