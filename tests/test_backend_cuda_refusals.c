@@ -9,7 +9,8 @@
  *   peer access without expandable segments         test_cuda_peer_access_follows_the_program
  *   an async pool that cannot be set up             test_async_pool_setup_refused_then_taken
  *   a peer refused access to the async pool         test_async_peer_refused_pool_access_is_said
- *   the async pool's peaks reset                    test_async_reset_peak_resets_the_pool_highs */
+ *   the async pool's peaks reset                    test_async_reset_peak_resets_the_pool_highs
+ *   a free whose streams get no event               test_async_free_without_events_waits_for_its_streams */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -252,6 +253,56 @@ static void body_reset_peak(void)
     EXPECT(reserved_high == reserved);
 }
 
+/* ---- a free whose streams cannot be waited for with events ------------------ */
+
+CF_WRAP(cuEventRecord, (CUevent event, CUstream stream), (event, stream))
+
+static tally_pfn_cuStreamSynchronize real_sync;
+static CUstream synced[16];
+static int nsynced;
+static CUresult counting_sync(CUstream stream)
+{
+    if (nsynced < 16)
+        synced[nsynced] = stream;
+    nsynced++;
+    return real_sync(stream);
+}
+
+static bool was_synced(CUstream s)
+{
+    for (int i = 0; i < nsynced && i < 16; i++)
+        if (synced[i] == s)
+            return true;
+    return false;
+}
+
+/* The async backend frees a block used on a second stream on its free
+ * stream, which waits for the block's stream and the use through events.
+ * With every event record refused, it waits for each of those streams
+ * instead (cuStreamSynchronize on each), and the block is still freed. */
+static void body_free_without_events(void)
+{
+    driver_up();
+    EXPECT(tally_init() == 0);
+    CUstream s1 = make_stream(0), s2 = make_stream(0);
+    void *c = tally_malloc(MiB, 0, s1);
+    EXPECT(c != NULL);
+    EXPECT(tally_record_stream(c, s2) == 0);
+    real_sync = tally__cu.cuStreamSynchronize;
+    tally__cu.cuStreamSynchronize = counting_sync;
+    CF_FAIL(cuEventRecord, -1, CUDA_ERROR_LAUNCH_FAILED);
+    tally_free(c);
+    CF_RESTORE(cuEventRecord);
+    tally__cu.cuStreamSynchronize = real_sync;
+    EXPECT(was_synced(s1)); /* the block's own stream */
+    EXPECT(was_synced(s2)); /* its use */
+    tally_stats_t st;
+    EXPECT(tally_get_stats(0, &st) == 0);
+    EXPECT(st.active_bytes[0].current == 0);
+    EXPECT(tally_check() == 0);
+    block_works(0);
+}
+
 #define CUDA_CONF "backend:cuda,leak_report:off"
 #define ASYNC_CONF "backend:async,leak_report:off"
 CUDA_TEST(test_cuda_context_refused_then_taken, CUDA_CONF, body_context_refused, 1)
@@ -262,6 +313,7 @@ CUDA_TEST(test_cuda_peer_access_follows_the_program, CUDA_CONF, body_peer_access
 CUDA_TEST(test_async_pool_setup_refused_then_taken, ASYNC_CONF, body_pool_setup_refused, 2)
 CUDA_TEST(test_async_peer_refused_pool_access_is_said, ASYNC_CONF, body_peer_refused, 3)
 CUDA_TEST(test_async_reset_peak_resets_the_pool_highs, ASYNC_CONF, body_reset_peak, 2)
+CUDA_TEST(test_async_free_without_events_waits_for_its_streams, ASYNC_CONF, body_free_without_events, 1)
 
 int main(void)
 {
@@ -274,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_async_pool_setup_refused_then_taken),
         cmocka_unit_test(test_async_peer_refused_pool_access_is_said),
         cmocka_unit_test(test_async_reset_peak_resets_the_pool_highs),
+        cmocka_unit_test(test_async_free_without_events_waits_for_its_streams),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
