@@ -368,6 +368,13 @@ class VizTest(unittest.TestCase):
         r = self.run_cli("--bogus")
         self.assertEqual(r.returncode, 2)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "x.pickle")))
+        # A readable report and an output that cannot be written: status 1,
+        # one line naming the output and why, nothing printed as written.
+        out = os.path.join(self.tmp, "nodir", "y.pickle")
+        r = self.run_cli(self.path, "-o", out)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(r.stderr, f"tally.viz: cannot write {out}: No such file or directory\n")
+        self.assertEqual(r.stdout, "")
 
     @unittest.skipUnless(importlib.util.find_spec("torch"), "torch is not installed")
     def test_torch_tools_read_it(self):
