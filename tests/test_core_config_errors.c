@@ -343,6 +343,40 @@ static void test_printed_sizes_stop_at_tib(void **state)
     }
 }
 
+/* Variables of every name length around the 64-byte buffers the hints copy
+ * names into: 62 and 63 characters are read (an underscore, capitals: a
+ * candidate), 64 and longer are passed over; none is a key, so no line is
+ * written, and nothing is written past the buffers (make asan checks the
+ * copy of a 64-character name would overrun them). */
+static void test_env_hints_take_names_up_to_63_characters(void **state)
+{
+    (void)state;
+    char name[80];
+    for (size_t len = 62; len <= 66; len++) {
+        memset(name, 'Q', len);
+        name[0] = 'X';
+        name[1] = '_';
+        name[len] = 0;
+        assert_int_equal(setenv(name, "full", 1), 0);
+        name[1] = 'A'; /* the same length with TALLY_ in front */
+        memcpy(name, "TALLY_", 6);
+        assert_int_equal(setenv(name, "full", 1), 0);
+    }
+    cap_begin();
+    tally__env_hints();
+    cap_end();
+    for (size_t len = 62; len <= 66; len++) {
+        memset(name, 'Q', len);
+        name[0] = 'X';
+        name[1] = '_';
+        name[len] = 0;
+        unsetenv(name);
+        memcpy(name, "TALLY_", 6);
+        unsetenv(name);
+    }
+    EQ(cap_lines(), 0);
+}
+
 int main(void)
 {
     tu_conf("backend:host,host_devices:2,leak_report:off,stage_report:false");
@@ -359,6 +393,7 @@ int main(void)
         cmocka_unit_test(test_string_values_refuse_control_characters_and_brackets),
         cmocka_unit_test(test_printed_configuration_is_what_was_configured),
         cmocka_unit_test(test_printed_sizes_stop_at_tib),
+        cmocka_unit_test(test_env_hints_take_names_up_to_63_characters),
         cmocka_unit_test(test_configuration_of_4096_characters_read_4097_refused),
         cmocka_unit_test(test_split_size_refusal_offers_none_only_for_max_split_size),
     };
