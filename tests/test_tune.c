@@ -1010,6 +1010,47 @@ static void test_csv_start_unknown(void **state)
     run_free(&r);
 }
 
+/* The default call budget is 4 x the default row's backend calls (device
+ * allocations and frees), at least 64. Each trace takes N blocks of 30 MiB
+ * and frees them, then M blocks of BIG MiB in 1 GiB: the default makes N + M
+ * allocations and, when a BIG block does not fit, frees the N cached
+ * segments. 20 and 20 x 50 MiB: 60 calls, a budget of 240 (allocations
+ * alone would give 160); 8 and 4 x 200 MiB: 20 calls, 80 (12 allocations
+ * alone stay under 64). */
+static void expect_budget(int n, int m, int big, int64_t calls, int64_t allocs, int64_t budget)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/budget.csv", scratch);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("op,id,size,stream\n", f);
+    for (int i = 1; i <= n; i++)
+        fprintf(f, "a,%d,%d,0\n", i, 30 << 20);
+    for (int i = 1; i <= n; i++)
+        fprintf(f, "f,%d,%d,0\n", i, 30 << 20);
+    for (int i = n + 1; i <= n + m; i++)
+        fprintf(f, "a,%d,%d,0\n", i, big << 20);
+    fclose(f);
+    tally_json_t *rows = tune_json(path, "--capacity 1GiB");
+    assert_int_equal(jint(&rows->items[0], "backend_calls"), calls);
+    assert_int_equal(jint(&rows->items[0], "device_allocs"), allocs);
+    tally__json_free(rows);
+    run_t r = tune("--capacity 1GiB '%s'", path);
+    assert_int_equal(r.rc, 0);
+    char want[128];
+    snprintf(want, sizeof want, "; capacity 1024.0 MiB; call budget %lld\n", (long long)budget);
+    if (!strstr(r.out, want))
+        fail_msg("want '%s' in the table:\n%s", want, r.out);
+    run_free(&r);
+}
+
+static void test_default_call_budget_counts_allocations_and_frees(void **state)
+{
+    (void)state;
+    expect_budget(20, 20, 50, 60, 40, 240);
+    expect_budget(8, 4, 200, 20, 12, 80);
+}
+
 /* ---- streams ------------------------------------------------------------------------ */
 
 /* Each stream keeps its pool: 20 MiB on stream 0, freed, then 20 MiB on
@@ -1869,6 +1910,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_release),
         cmocka_unit_test(test_expandable_recording),
         cmocka_unit_test(test_csv_start_unknown),
+        cmocka_unit_test(test_default_call_budget_counts_allocations_and_frees),
         cmocka_unit_test(test_stream_pools),
         cmocka_unit_test(test_cross_stream_snapshot),
         cmocka_unit_test(test_multistream_trace),
