@@ -20,6 +20,9 @@ count "weights come back" "$tmp/out" '^woken: weights restored +reserved +512 Mi
 count "stage reports name the sleeps" "$tmp/err" '^tally: stage rollout-[123]: private tags weights slept \(offloaded to host\), kv_cache slept \(discarded\)$' 3
 count "stage reports name the wakes" "$tmp/err" '^tally: stage train-[123]: private tags weights woke, kv_cache woke$' 3
 has "the ledger's private tags table" "$tmp/out" '^0 +weights +awake +256\.0 MiB +0 B +0 +0 B +3 +3$'
+# Every block the demo took is given back before exit: the report written
+# at exit lists no live block.
+has "nothing is left live at exit" "$tmp/demo-sleep.json" '"leaks":\[\]'
 "$tally" plot "$tmp/demo-sleep.json" -o "$tmp/demo-sleep.svg" >/dev/null 2>"$tmp/plot.err"
 [ $? -eq 0 ] && ok "tally plot reads the report" || bad "tally plot reads the report" "$(cat "$tmp/plot.err")"
 count "tally plot marks each sleep" "$tmp/demo-sleep.svg" '<path class="sleep"' 6

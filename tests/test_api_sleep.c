@@ -673,9 +673,56 @@ static void test_async_backend_refuses_private_tags(void **state)
     lu_child_free(&c);
 }
 
+/* private_tags names are 1 to 200 bytes, as every tag name: an empty name or
+ * a longer one is refused at initialisation with one line that gives the
+ * reason first (the list may be long), and nothing is made private ("kv|",
+ * a list ended by its separator, is kv alone). A child
+ * per list (the key is read once, at start). */
+static int child_init_only(void)
+{
+    tally_set_sink(lu_null_sink, NULL);
+    int rc = tally_init();
+    printf("init=%d %s\n", rc, rc ? tally_last_error() : "");
+    return 0;
+}
+
+static void test_private_tag_names_empty_or_overlong_refused(void **state)
+{
+    (void)state;
+    char name[400], conf[500];
+    memset(name, 'n', sizeof name);
+    static const size_t lens[] = {200, 201, 255, 256, 300};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        name[lens[i]] = 0;
+        snprintf(conf, sizeof conf, "backend:host,host_mode:virtual,private_tags:kv|%s|w", name);
+        lu_child_t c;
+        lu_child_run(&c, "init-only", conf, NULL);
+        LU_CHILD_EXIT(&c, 0);
+        if (lens[i] == 200)
+            LU_HAS(c.out, "init=0 \n");
+        else
+            LU_HAS(c.out, "init=-3 private_tags: tag name 'nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn...' is longer "
+                          "than 200 characters\n");
+        lu_child_free(&c);
+        name[lens[i]] = 'n';
+    }
+    static const char *const empty[] = {"kv||w", "|kv"}; /* a trailing | ends the list */
+    for (size_t i = 0; i < 2; i++) {
+        char want[100];
+        snprintf(conf, sizeof conf, "backend:host,host_mode:virtual,private_tags:%s", empty[i]);
+        lu_child_t c;
+        lu_child_run(&c, "init-only", conf, NULL);
+        LU_CHILD_EXIT(&c, 0);
+        snprintf(want, sizeof want, "init=-3 private_tags: an empty tag name in '%s'\n", empty[i]);
+        LU_HAS(c.out, want);
+        lu_child_free(&c);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const lu_role_t roles[] = {{"virtual", child_virtual_offload},
+                                      {"init-only", child_init_only},
                                       {"async", child_async},
                                       {"async-runtime", child_async_runtime},
                                       {NULL, NULL}};
@@ -705,6 +752,7 @@ int main(int argc, char **argv)
         T(test_reports_show_sleeping_bytes),
         T(test_virtual_mode_refuses_offload),
         T(test_async_backend_refuses_private_tags),
+        T(test_private_tag_names_empty_or_overlong_refused),
     };
     unsetenv("RANK");
     unsetenv("LOCAL_RANK");

@@ -67,9 +67,13 @@ int tally__private_init_locked(const tally_backend_t *be, char *err, size_t errl
     for (const char *p = list; *p;) {
         const char *end = strchr(p, '|');
         size_t len = end ? (size_t)(end - p) : strlen(p);
-        char name[256];
-        if (len == 0 || len >= sizeof name) {
-            snprintf(err, errlen, "private_tags: '%s': empty or overlong tag name", list);
+        char name[256]; /* tag names are at most 200 bytes (names.c) */
+        if (len == 0) {
+            snprintf(err, errlen, "private_tags: an empty tag name in '%s'", list);
+            return -TALLY_ECONF;
+        }
+        if (len > 200) { /* the reason first: the list may be long */
+            snprintf(err, errlen, "private_tags: tag name '%.40s...' is longer than 200 characters", p);
             return -TALLY_ECONF;
         }
         memcpy(name, p, len);
