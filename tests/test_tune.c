@@ -916,6 +916,41 @@ static void test_snapshot_without_streams_is_stream_0(void **state)
     tally__json_free(rows);
 }
 
+/* A block live before recording whose 'size' the snapshot leaves out is
+ * placed at its requested size rounded as PyTorch's small pool rounds it:
+ * up to a multiple of 512, at least 512 (100 -> 512, 1000 -> 1024, 3000 ->
+ * 3072); a block with its size keeps it. */
+static void test_snapshot_live_block_without_size_is_rounded(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32], err[512];
+    snprintf(path, sizeof path, "%s/nosize.pickle", scratch);
+    if (tune_write_pickle(path,
+                          "def blk(a, r, **k):\n"
+                          "    return dict(address=a, requested_size=r, state=\"active_allocated\", **k)\n"
+                          "d = {\"device_traces\": [[{\"action\": \"alloc\", \"addr\": S + M, \"size\": 512, \"stream\": 0},\n"
+                          "   {\"action\": \"free_requested\", \"addr\": S + M, \"size\": 512, \"stream\": 0}]],\n"
+                          " \"segments\": [{\"address\": S, \"device\": 0, \"segment_type\": \"small\", \"total_size\": 2 * M,\n"
+                          "   \"blocks\": [blk(S, 100), blk(S + 512, 1000), blk(S + 1536, 3000), blk(S + 4608, 700, size=1536)]}]}") != 0)
+        SKIP("python3 is needed to write the snapshot");
+    tune_input_t in;
+    if (tune_input_load(path, -1, &in, err, sizeof err))
+        fail_msg("%s", err);
+    assert_int_equal(in.start.nlive, 4);
+    static const uint64_t want[][2] = {{0, 512}, {512, 1024}, {1536, 3072}, {4608, 1536}};
+    for (size_t i = 0; i < 4; i++) {
+        const ptx_live_t *l = NULL;
+        for (size_t k = 0; k < in.start.nlive; k++)
+            if (in.start.live[k].addr == ((uint64_t)1 << 30) + want[i][0])
+                l = &in.start.live[k];
+        if (!l || l->size != want[i][1])
+            fail_msg("the block at S + %llu: %s %llu bytes, want %llu", (unsigned long long)want[i][0],
+                     l ? "placed at" : "missing,", l ? (unsigned long long)l->size : 0ull,
+                     (unsigned long long)want[i][1]);
+    }
+    tune_input_free(&in);
+}
+
 /* A recorded PYTORCH_CUDA_ALLOC_CONF is the user's text, quotes and
  * backslashes included: --json escapes them, so the row reads back as the
  * setting recorded (quoted.pickle: the nostream snapshot's shape, under a
@@ -1927,6 +1962,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_report_trace_started_late),
         cmocka_unit_test(test_report_busiest_device_ties_go_to_the_first),
         cmocka_unit_test(test_snapshot_busiest_device_ties_go_to_the_first),
+        cmocka_unit_test(test_snapshot_live_block_without_size_is_rounded),
         cmocka_unit_test(test_report_without_trace),
         cmocka_unit_test(test_shared_snapshots),
         cmocka_unit_test(test_shared_recommendation),
