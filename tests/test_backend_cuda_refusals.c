@@ -256,6 +256,15 @@ static void body_reset_peak(void)
     CU_EXPECT(cu.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &reserved_high));
     CU_EXPECT(cu.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved));
     EXPECT(reserved_high == reserved);
+    /* tally's statistics give the pool's own figures for reserved memory:
+     * the freed 64 MiB the pool keeps (async_release_threshold defaults to
+     * keeping all) is reserved now and its high after the reset, where
+     * tally's own count of live pass-through blocks fell to 0. */
+    EXPECT(reserved >= 64 * MiB);
+    tally_stats_t st;
+    EXPECT(tally_get_stats(0, &st) == 0);
+    EXPECT(st.reserved_bytes[0].current == (int64_t)reserved);
+    EXPECT(st.reserved_bytes[0].peak == (int64_t)reserved_high);
 }
 
 /* ---- a free whose streams cannot be waited for with events ------------------ */

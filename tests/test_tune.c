@@ -26,6 +26,13 @@ static void *input_calloc(size_t n, size_t size)
 #define grow ptx_test_grow
 #include "../tools/pt_expand.c"
 #undef grow
+/* tune_run.c: the grid and the worker processes (its cmp_u64 is pt_expand.c's). */
+#define cmp_u64 tune_run_cmp_u64
+#include "../tools/tune_run.c"
+#undef cmp_u64
+#define rows si_cost_rows /* cost.c's table; the tests name their rows "rows" */
+#include "../tests/standin/cost.c"
+#undef rows
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -38,6 +45,8 @@ static void *input_calloc(size_t n, size_t size)
 #include <libgen.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
+#include <sys/time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -331,6 +340,50 @@ static void test_pytorch_expandable_model_counts_pages(void **state)
         if (reserved[i] != want[i] << 20)
             fail_msg("after event %d: %lld MiB mapped, expected %lld", i, (long long)(reserved[i] >> 20),
                      (long long)want[i]);
+    trace_free(&t);
+}
+
+/* Replays survive signals: a program that runs tune's replays under a
+ * profiler's timer (SIGALRM here, with a handler and no SA_RESTART, every
+ * 100 us) sees wait() interrupted over and over; each interruption is
+ * waited out, and every row runs as without the timer. */
+static volatile sig_atomic_t alarms;
+static void count_alarm(int sig)
+{
+    (void)sig;
+    alarms++;
+}
+
+static void test_replays_wait_out_interrupting_signals(void **state)
+{
+    (void)state;
+    trace_builder_t b;
+    trace_t t;
+    char err[256];
+    assert_int_equal(trace_begin(&b, &t, "signals", err, sizeof err), 0);
+    for (int k = 0; k < 1500; k++) {
+        assert_int_equal(trace_add(&b, 'a', (uint64_t)(2 * k + 1), (uint64_t)(1 + k % 97) << 16, 0, err, sizeof err), 0);
+        if (k > 8)
+            assert_int_equal(trace_add(&b, 'f', (uint64_t)(2 * (k - 8) + 1), 0, 0, err, sizeof err), 0);
+    }
+    trace_end(&b);
+    tune_row_t rows[64];
+    size_t n = tune_grid(&t, 80ull << 30, rows, 64);
+    assert_true(n >= 8);
+    struct sigaction sa = {0}, old;
+    sa.sa_handler = count_alarm; /* no SA_RESTART: wait() returns EINTR */
+    assert_int_equal(sigaction(SIGALRM, &sa, &old), 0);
+    struct itimerval every = {{0, 100}, {0, 100}}, off = {{0, 0}, {0, 0}};
+    assert_int_equal(setitimer(ITIMER_REAL, &every, NULL), 0);
+    int rc = tune_run(&t, 80ull << 30, rows, n, 2, true, NULL, 0, NULL, err, sizeof err);
+    setitimer(ITIMER_REAL, &off, NULL);
+    sigaction(SIGALRM, &old, NULL);
+    if (rc != 0)
+        fail_msg("tune_run under a 100 us timer: %s (%d alarms)", err, (int)alarms);
+    assert_true(alarms > 0);
+    for (size_t i = 0; i < n; i++)
+        if (!rows[i].ok || rows[i].peak_reserved <= 0)
+            fail_msg("row %zu (%s) did not run: %s", i, rows[i].setting, rows[i].error);
     trace_free(&t);
 }
 
@@ -1928,6 +1981,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pickle_dict_from_marked_items),
         cmocka_unit_test(test_pickle_stack_opcodes),
         cmocka_unit_test(test_pytorch_expandable_model_counts_pages),
+        cmocka_unit_test(test_replays_wait_out_interrupting_signals),
         cmocka_unit_test(test_snapshot_rules),
         cmocka_unit_test(test_snapshot_read_out_of_host_memory_is_an_error),
         cmocka_unit_test(test_snapshot_command),
