@@ -219,6 +219,8 @@ static bool runner_file(const char *file)
 
 const tally_pysite_t *tally__py_capture(int depth)
 {
+    if (depth <= 0)
+        return NULL; /* nothing to take: Python (its symbols, the GIL) is not touched */
     int st = atomic_load_explicit(&py_state, memory_order_acquire);
     if (st == 0) {
         st = py_resolve();

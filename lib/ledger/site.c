@@ -72,7 +72,7 @@ __attribute__((noinline)) tally_site_t *tally__site_capture(int depth, int pydep
 {
     enum { SLACK = 5 };
     void *frames[64 + SLACK];
-    const tally_pysite_t *py = pydepth > 0 ? tally__py_capture(pydepth) : NULL;
+    const tally_pysite_t *py = tally__py_capture(pydepth); /* NULL at python_stack:0 */
     int keep = 0, first = 0;
     if (depth > 0) {
         int want = depth + SLACK;

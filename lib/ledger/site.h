@@ -44,7 +44,8 @@ typedef struct tally_pysite {
 } tally_pysite_t;
 /* The calling thread's innermost Python frames (at most depth), interned;
  * NULL when the process has no interpreter or the thread no Python thread
- * state. Call with no tally lock held: it may wait for the GIL. */
+ * state, and NULL at once for a depth of 0 or less (Python, its symbols and
+ * the GIL untouched). Call with no tally lock held: it may wait for the GIL. */
 const tally_pysite_t *tally__py_capture(int depth);
 
 /* ---- unwind.c: native return addresses --------------------------------- */
