@@ -415,6 +415,30 @@ static void test_stage_end_without_a_stage_fails(void **state)
 
 /* ---- main ------------------------------------------------------------------------- */
 
+/* The open stages, outermost first, as the tests' clean-up reads them
+ * (tally__stage_open): at most max ids written, nothing past them. */
+static void test_open_stages_fill_at_most_max(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"open-a", "open-b", "open-c"};
+    for (int i = 0; i < 3; i++)
+        LU_OK(tally_stage_begin(names[i]));
+    uint32_t ids[5];
+    for (int i = 0; i < 5; i++)
+        ids[i] = 0xdeadbeefu;
+    LU_EQ(tally__stage_open(ids, 2), 2);
+    LU_STREQ(tally_stage_name(ids[0]), "open-a");
+    LU_STREQ(tally_stage_name(ids[1]), "open-b");
+    LU_EQ(ids[2], 0xdeadbeefu);
+    LU_EQ(tally__stage_open(ids, 4), 3);
+    LU_STREQ(tally_stage_name(ids[2]), "open-c");
+    LU_EQ(ids[3], 0xdeadbeefu);
+    LU_EQ(tally__stage_open(ids, 0), 0);
+    for (int i = 2; i >= 0; i--)
+        LU_OK(tally_stage_end(names[i]));
+    LU_EQ(tally__stage_open(ids, 5), 0);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -434,6 +458,7 @@ int main(int argc, char **argv)
         LU_T(test_stage_applies_to_every_thread),
         LU_T(test_ending_a_non_innermost_stage_fails),
         LU_T(test_stage_end_without_a_stage_fails),
+        LU_T(test_open_stages_fill_at_most_max),
     };
     return LU_LEDGER_RUN("tags_stages", tests);
 }
