@@ -388,6 +388,43 @@ static void test_replays_wait_out_interrupting_signals(void **state)
     trace_free(&t);
 }
 
+/* The grid's max_split_size_mb candidates are quantiles of the allocations
+ * above 20 MiB (PyTorch's least allowed value): blocks of exactly 20 MiB do
+ * not count. Ten of 20 MiB and one of 100 MiB give one candidate, 100 (the
+ * ten counted would put every quantile on 20 MiB: 21); one of
+ * 20 MiB + 512 B and one of 100 MiB give 21 (the value above 20 MiB, rounded
+ * up to whole MiB). */
+static void expect_split_candidates(int n20, bool just_above, const char *want)
+{
+    trace_builder_t b;
+    trace_t t;
+    char err[256], got[256] = "";
+    assert_int_equal(trace_begin(&b, &t, "split", err, sizeof err), 0);
+    uint64_t id = 1;
+    for (int i = 0; i < n20; i++)
+        assert_int_equal(trace_add(&b, 'a', id++, 20u << 20, 0, err, sizeof err), 0);
+    if (just_above)
+        assert_int_equal(trace_add(&b, 'a', id++, (20u << 20) + 512, 0, err, sizeof err), 0);
+    assert_int_equal(trace_add(&b, 'a', id++, 100u << 20, 0, err, sizeof err), 0);
+    trace_end(&b);
+    tune_row_t grid[64];
+    size_t n = tune_grid(&t, 80ull << 30, grid, 64);
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(grid[i].setting, "max_split_size_mb:", 18) == 0 && !strchr(grid[i].setting, ','))
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%s", got[0] ? " " : "", grid[i].setting + 18);
+    if (strcmp(got, want) != 0)
+        fail_msg("%d blocks of 20 MiB%s and one of 100 MiB: candidates '%s', want '%s'", n20,
+                 just_above ? ", one of 20 MiB + 512 B" : "", got, want);
+    trace_free(&t);
+}
+
+static void test_split_candidates_are_quantiles_above_20_mib(void **state)
+{
+    (void)state;
+    expect_split_candidates(10, false, "100");
+    expect_split_candidates(0, true, "21"); /* both quantiles fall on the lower: (n - 1) x q < 1 */
+}
+
 static void test_pickle_refuses_bad_input(void **state)
 {
     (void)state;
@@ -1983,6 +2020,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pickle_stack_opcodes),
         cmocka_unit_test(test_pytorch_expandable_model_counts_pages),
         cmocka_unit_test(test_replays_wait_out_interrupting_signals),
+        cmocka_unit_test(test_split_candidates_are_quantiles_above_20_mib),
         cmocka_unit_test(test_snapshot_rules),
         cmocka_unit_test(test_snapshot_read_out_of_host_memory_is_an_error),
         cmocka_unit_test(test_snapshot_command),
