@@ -1872,6 +1872,11 @@ static void test_report_without_trace(void **state)
          "alloc_trace event 1: allocation of id 2 (1 bytes) takes the live bytes past 2^63 - 1 "
          "(9223372036854775807 live before it)"},
         {"0,1,18446744073709551615,0", "alloc_trace event 0: not 'dt,id,size,stream' with dt, size >= 0"},
+        /* The same limit met only once block 7, freed at event 1 and so live
+         * since before tracing began, is placed first (the second reading). */
+        {"0,8,4611686018427387904,0 5,-7,4611686018427387904,0",
+         "alloc_trace event 0: allocation of id 8 (4611686018427387904 bytes) takes the live bytes past 2^63 - 1 "
+         "(4611686018427387904 live before it)"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         f = fopen(path, "w");
