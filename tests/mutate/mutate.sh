@@ -80,6 +80,20 @@ mkdir -p "$src"
 # is now (uncommitted edits included); the working tree is never touched.
 (cd "$root" && git ls-files -z --cached --others --exclude-standard) |
     (cd "$root" && xargs -0 cp -p --parents -t "$src" 2>/dev/null)
+# A clean copy of those files: before each mutant the tree is restored from
+# it, so a mutant that writes over a test's input (a tune mutant whose
+# --plot took the next argument wrote its picture over a fixture pickle)
+# cannot fail the suites of every mutant after it. restore_tree says when it
+# put anything back.
+clean=$scratch/clean
+mkdir -p "$clean"
+cp -a "$src/." "$clean/"
+restore_tree() {
+    diff -rq -x 'build-*' -x '__pycache__' "$clean" "$src" >"$scratch/restore.log" 2>&1 && return
+    grep -Eq "^Files |^Only in $clean" "$scratch/restore.log" || return
+    echo "mutate: the last mutant changed the tree's own files; put back ($(head -1 "$scratch/restore.log"))"
+    cp -a "$clean/." "$src/"
+}
 
 # The suites, as `make test` runs them: every C and C++ test binary
 # (tests/test_*.c, tests/test_*.cc), the fuzz corpus replay (fuzz-replay),
@@ -319,6 +333,7 @@ PY
         killed=$((killed + 1))
         continue
     fi
+    restore_tree
     cp -p "$src/$file" "$scratch/pristine"
     python3 - "$src/$file" "$orig" "$repl" <<'PY'
 import sys
@@ -391,6 +406,7 @@ if [ "$blind" -gt 0 ] || [ -n "$blind_file" ]; then
             echo "$label"
             continue
         fi
+        restore_tree
         cp -p "$src/$file" "$scratch/pristine"
         rm -f "$scratch/pristine.o"
         case $file in *.c) [ "$check" = 1 ] || object_of "$file" "$scratch/pristine.o" || rm -f "$scratch/pristine.o" ;; esac
