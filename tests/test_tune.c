@@ -971,6 +971,19 @@ static void test_recorded_state(void **state)
                  "replay of the same setting (from an empty cache): 44.0 MiB; difference -16.0 MiB");
 }
 
+/* Write the snapshot body (tune_write_pickle's Python) to scratch/name and
+ * read it as tally tune reads a snapshot (every device: the busiest), into
+ * in; the path goes to path (PATH_MAX + 32 bytes). Skips without python3. */
+static void load_snapshot(const char *name, const char *body, char *path, tune_input_t *in)
+{
+    char err[512];
+    snprintf(path, PATH_MAX + 32, "%s/%s", scratch, name);
+    if (tune_write_pickle(path, body) != 0)
+        SKIP("python3 is needed to write the snapshot");
+    if (tune_input_load(path, -1, in, err, sizeof err))
+        fail_msg("%s: %s", name, err);
+}
+
 /* A snapshot whose segments and events carry no "stream" (PyTorch leaves it
  * out of no version we know, but the parser takes it as optional): all of
  * it is stream 0. nostream.pickle, made here: a 20 MiB segment holding a
@@ -981,19 +994,16 @@ static void test_recorded_state(void **state)
 static void test_snapshot_without_streams_is_stream_0(void **state)
 {
     (void)state;
-    char path[PATH_MAX + 32], err[512];
-    snprintf(path, sizeof path, "%s/nostream.pickle", scratch);
-    if (tune_write_pickle(path,
-                          "d = {\"allocator_settings\": {\"PYTORCH_CUDA_ALLOC_CONF\": \"\"},\n"
-                          " \"device_traces\": [[{\"action\": \"alloc\", \"addr\": S + 4 * M, \"size\": 8 * M},\n"
-                          "   {\"action\": \"free_requested\", \"addr\": S + 4 * M, \"size\": 8 * M}]],\n"
-                          " \"segments\": [{\"address\": S, \"device\": 0, \"segment_type\": \"large\", \"total_size\": 20 * M,\n"
-                          "   \"blocks\": [{\"address\": S, \"requested_size\": 4 * M, \"size\": 4 * M, \"state\": \"active_allocated\"},\n"
-                          "   {\"address\": S + 4 * M, \"requested_size\": 0, \"size\": 16 * M, \"state\": \"inactive\"}]}]}") != 0)
-        SKIP("python3 is needed to write the snapshot");
+    char path[PATH_MAX + 32];
     tune_input_t in;
-    if (tune_input_load(path, -1, &in, err, sizeof err))
-        fail_msg("%s", err);
+    load_snapshot("nostream.pickle",
+                  "d = {\"allocator_settings\": {\"PYTORCH_CUDA_ALLOC_CONF\": \"\"},\n"
+                  " \"device_traces\": [[{\"action\": \"alloc\", \"addr\": S + 4 * M, \"size\": 8 * M},\n"
+                  "   {\"action\": \"free_requested\", \"addr\": S + 4 * M, \"size\": 8 * M}]],\n"
+                  " \"segments\": [{\"address\": S, \"device\": 0, \"segment_type\": \"large\", \"total_size\": 20 * M,\n"
+                  "   \"blocks\": [{\"address\": S, \"requested_size\": 4 * M, \"size\": 4 * M, \"state\": \"active_allocated\"},\n"
+                  "   {\"address\": S + 4 * M, \"requested_size\": 0, \"size\": 16 * M, \"state\": \"inactive\"}]}]}",
+                  path, &in);
     assert_int_equal(in.trace.nev, 3); /* the live block, then the window's alloc and free */
     assert_int_equal(in.trace.nstreams, 1);
     assert_int_equal(in.trace.stream_ids[0], 0);
@@ -1014,19 +1024,16 @@ static void test_snapshot_without_streams_is_stream_0(void **state)
 static void test_snapshot_live_block_without_size_is_rounded(void **state)
 {
     (void)state;
-    char path[PATH_MAX + 32], err[512];
-    snprintf(path, sizeof path, "%s/nosize.pickle", scratch);
-    if (tune_write_pickle(path,
-                          "def blk(a, r, **k):\n"
-                          "    return dict(address=a, requested_size=r, state=\"active_allocated\", **k)\n"
-                          "d = {\"device_traces\": [[{\"action\": \"alloc\", \"addr\": S + M, \"size\": 512, \"stream\": 0},\n"
-                          "   {\"action\": \"free_requested\", \"addr\": S + M, \"size\": 512, \"stream\": 0}]],\n"
-                          " \"segments\": [{\"address\": S, \"device\": 0, \"segment_type\": \"small\", \"total_size\": 2 * M,\n"
-                          "   \"blocks\": [blk(S, 100), blk(S + 512, 1000), blk(S + 1536, 3000), blk(S + 4608, 700, size=1536)]}]}") != 0)
-        SKIP("python3 is needed to write the snapshot");
+    char path[PATH_MAX + 32];
     tune_input_t in;
-    if (tune_input_load(path, -1, &in, err, sizeof err))
-        fail_msg("%s", err);
+    load_snapshot("nosize.pickle",
+                  "def blk(a, r, **k):\n"
+                  "    return dict(address=a, requested_size=r, state=\"active_allocated\", **k)\n"
+                  "d = {\"device_traces\": [[{\"action\": \"alloc\", \"addr\": S + M, \"size\": 512, \"stream\": 0},\n"
+                  "   {\"action\": \"free_requested\", \"addr\": S + M, \"size\": 512, \"stream\": 0}]],\n"
+                  " \"segments\": [{\"address\": S, \"device\": 0, \"segment_type\": \"small\", \"total_size\": 2 * M,\n"
+                  "   \"blocks\": [blk(S, 100), blk(S + 512, 1000), blk(S + 1536, 3000), blk(S + 4608, 700, size=1536)]}]}",
+                  path, &in);
     assert_int_equal(in.start.nlive, 4);
     static const uint64_t want[][2] = {{0, 512}, {512, 1024}, {1536, 3072}, {4608, 1536}};
     for (size_t i = 0; i < 4; i++) {
@@ -1821,8 +1828,7 @@ static void test_report_busiest_device_ties_go_to_the_first(void **state)
 static void test_snapshot_busiest_device_ties_go_to_the_first(void **state)
 {
     (void)state;
-    char path[PATH_MAX + 32], err[512];
-    snprintf(path, sizeof path, "%s/tie.pickle", scratch);
+    char path[PATH_MAX + 32];
     static const struct {
         const char *traces;
         uint64_t first_size;
@@ -1840,11 +1846,8 @@ static void test_snapshot_busiest_device_ties_go_to_the_first(void **state)
                  "def ev(a, s):\n    return {\"action\": \"alloc\", \"addr\": a, \"size\": s, \"stream\": 0}\n"
                  "d = {\"device_traces\": %s, \"segments\": []}",
                  cases[i].traces);
-        if (tune_write_pickle(path, body) != 0)
-            SKIP("python3 is needed to write the snapshot");
         tune_input_t in;
-        if (tune_input_load(path, -1, &in, err, sizeof err))
-            fail_msg("case %zu: %s", i, err);
+        load_snapshot("tie.pickle", body, path, &in);
         if (in.trace.nev < 1 || in.trace.ev[0].size != cases[i].first_size)
             fail_msg("case %zu (%s): read device %d, first size %llu", i, cases[i].traces, in.device,
                      in.trace.nev ? (unsigned long long)in.trace.ev[0].size : 0ull);
