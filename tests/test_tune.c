@@ -1049,6 +1049,30 @@ static void test_snapshot_live_block_without_size_is_rounded(void **state)
     tune_input_free(&in);
 }
 
+/* A segment the window frees (segment_free) was there when recording began:
+ * it joins the recorded state, in the small pool when it is 2 MiB (PyTorch's
+ * small segments' size) or less, else in the large pool: 2 MiB, 2 MiB + 512 B
+ * and 3 MiB freed give one small range and two large ones. */
+static void test_snapshot_freed_segments_join_their_pool(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    tune_input_t in;
+    load_snapshot("freed.pickle",
+                  "def ev(a, s, act):\n"
+                  "    return {\"action\": act, \"addr\": a, \"size\": s, \"stream\": 0}\n"
+                  "d = {\"device_traces\": [[ev(S, 2 * M, \"segment_free\"), ev(S + 4 * M, 2 * M + 512, \"segment_free\"),\n"
+                  "   ev(S + 8 * M, 3 * M, \"segment_free\"), ev(S + 16 * M, 512, \"alloc\")]], \"segments\": []}",
+                  path, &in);
+    assert_int_equal(in.start.nranges, 3);
+    static const bool small[3] = {true, false, false};
+    for (size_t i = 0; i < 3; i++)
+        if (in.start.ranges[i].small != small[i])
+            fail_msg("range %zu (%llu bytes): small %d", i, (unsigned long long)in.start.ranges[i].size,
+                     (int)in.start.ranges[i].small);
+    tune_input_free(&in);
+}
+
 /* A recorded PYTORCH_CUDA_ALLOC_CONF is the user's text, quotes and
  * backslashes included: --json escapes them, so the row reads back as the
  * setting recorded (quoted.pickle: the nostream snapshot's shape, under a
@@ -2064,6 +2088,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_report_busiest_device_ties_go_to_the_first),
         cmocka_unit_test(test_snapshot_busiest_device_ties_go_to_the_first),
         cmocka_unit_test(test_snapshot_live_block_without_size_is_rounded),
+        cmocka_unit_test(test_snapshot_freed_segments_join_their_pool),
         cmocka_unit_test(test_report_without_trace),
         cmocka_unit_test(test_shared_snapshots),
         cmocka_unit_test(test_shared_recommendation),
