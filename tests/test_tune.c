@@ -1049,6 +1049,38 @@ static void test_snapshot_live_block_without_size_is_rounded(void **state)
     tune_input_free(&in);
 }
 
+/* A live block whose size the snapshot gives as 513 bytes (no PyTorch block
+ * has it: they are multiples of 512) with the next live block 511 bytes
+ * after its end: the remainder is too small to split off, so the replay from
+ * the recorded state places 1024 bytes there, as a PyTorch allocator that
+ * rounds to 512 would have, and the next block then sits where it was
+ * recorded (odd.pickle: 2 MiB, as recorded). Were the 511 bytes a gap of
+ * their own, the next block would land 511 bytes early and the replay from
+ * the recorded state could not start. */
+static void test_snapshot_remainder_under_512_stays_with_its_block(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    tune_input_t in;
+    load_snapshot("odd.pickle",
+                  "def blk(a, s):\n"
+                  "    return dict(address=a, requested_size=s, size=s, state=\"active_allocated\")\n"
+                  "d = {\"device_traces\": [[{\"action\": \"alloc\", \"addr\": S + 1536, \"size\": 512, \"stream\": 0},\n"
+                  "   {\"action\": \"free_requested\", \"addr\": S + 1536, \"size\": 512, \"stream\": 0}]],\n"
+                  " \"segments\": [{\"address\": S, \"device\": 0, \"segment_type\": \"small\", \"total_size\": 2 * M,\n"
+                  "   \"blocks\": [blk(S, 513), blk(S + 1024, 512)]}]}",
+                  path, &in);
+    assert_int_equal(in.start.nranges, 1);
+    assert_int_equal(in.start.nlive, 2);
+    tune_input_free(&in);
+    tally_json_t *rows = tune_json(path, "");
+    const tally_json_t *got = tally__json_get(&rows->items[0], "recorded_replay_peak_reserved_bytes");
+    if (!got)
+        fail_msg("the replay from the recorded state did not start");
+    assert_int_equal(jint(&rows->items[0], "recorded_replay_peak_reserved_bytes"), 2 * MiB);
+    tally__json_free(rows);
+}
+
 /* A segment the window frees (segment_free) was there when recording began:
  * it joins the recorded state, in the small pool when it is 2 MiB (PyTorch's
  * small segments' size) or less, else in the large pool: 2 MiB, 2 MiB + 512 B
@@ -2088,6 +2120,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_report_busiest_device_ties_go_to_the_first),
         cmocka_unit_test(test_snapshot_busiest_device_ties_go_to_the_first),
         cmocka_unit_test(test_snapshot_live_block_without_size_is_rounded),
+        cmocka_unit_test(test_snapshot_remainder_under_512_stays_with_its_block),
         cmocka_unit_test(test_snapshot_freed_segments_join_their_pool),
         cmocka_unit_test(test_report_without_trace),
         cmocka_unit_test(test_shared_snapshots),
