@@ -159,6 +159,7 @@ static void test_vmm_backend_accepted_by_cuda_only(void **state)
  * large allocation fails with one line saying why; small ones still work. */
 static tally_pfn_cuDeviceGetAttribute real_get_attribute;
 static tally_pfn_cuMemGetAllocationGranularity real_granularity;
+static size_t odd_granularity_bytes; /* what odd_granularity answers */
 
 static CUresult no_vmm_attribute(int *value, CUdevice_attribute attrib, CUdevice dev)
 {
@@ -173,7 +174,7 @@ static CUresult odd_granularity(size_t *granularity, const CUmemAllocationProp *
 {
     CUresult r = real_granularity(granularity, prop, option);
     if (r == CUDA_SUCCESS)
-        *granularity = 3 * MiB;
+        *granularity = odd_granularity_bytes;
     return r;
 }
 
@@ -205,7 +206,20 @@ static void body_odd_granularity(int fd)
     NEED(tally_init() == 0);
     real_granularity = tally__cu.cuMemGetAllocationGranularity;
     tally__cu.cuMemGetAllocationGranularity = odd_granularity;
+    odd_granularity_bytes = 3 * MiB;
     refused_then_small_works("allocation granularity 3145728 bytes does not divide the 2 MiB page");
+}
+
+/* A driver that answers a granularity of 0 bytes (no page size at all) is
+ * refused as one that does not divide the page, never divided by. */
+static void body_zero_granularity(int fd)
+{
+    (void)fd;
+    NEED(tally_init() == 0);
+    real_granularity = tally__cu.cuMemGetAllocationGranularity;
+    tally__cu.cuMemGetAllocationGranularity = odd_granularity;
+    odd_granularity_bytes = 0;
+    refused_then_small_works("allocation granularity 0 bytes does not divide the 2 MiB page");
 }
 
 static void test_vmm_unsupported_device_refused(void **state)
@@ -215,6 +229,7 @@ static void test_vmm_unsupported_device_refused(void **state)
                                "backend:cuda,expandable_segments:true,leak_report:off", NULL};
     expect_child_ok(env, body_no_vmm);
     expect_child_ok(env, body_odd_granularity);
+    expect_child_ok(env, body_zero_granularity);
 }
 
 /* Peers: tally_pool_peer_access grants a peer the pages mapped so far (one
