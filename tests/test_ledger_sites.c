@@ -82,6 +82,40 @@ static int child_two_sites(void)
     return 0;
 }
 
+/* A chain of callers deeper than the depth kept: the site's frames are the
+ * innermost ones outside the library, as many as backtrace_depth asks. The
+ * chain keeps its frame pointers (this file is built without), so that
+ * unwinder:fp can walk it too. */
+#define FP_KEPT __attribute__((noinline, optimize("no-omit-frame-pointer")))
+static volatile int deep_calls;
+FP_KEPT static void deep1(void)
+{
+    keep[nkeep++] = tally_malloc(MB, 0, NULL);
+    LU_REQUIRE(keep[nkeep - 1] != NULL);
+    deep_calls++; /* (no tail call: every function keeps its frame) */
+}
+FP_KEPT static void deep2(void)
+{
+    deep1();
+    deep_calls++;
+}
+FP_KEPT static void deep3(void)
+{
+    deep2();
+    deep_calls++;
+}
+FP_KEPT static void deep4(void)
+{
+    deep3();
+    deep_calls++;
+}
+
+static int child_deep(void)
+{
+    deep4();
+    return 0;
+}
+
 /* One site, two groups: make_model's blocks under two tags. */
 static int child_one_site_two_tags(void)
 {
@@ -351,6 +385,28 @@ static void test_inlined_functions_get_their_own_frames(void **state)
     assert_true(lu_pos(c.err, "#1 0x") < lu_pos(c.err, " in make_inlined "));
     assert_true(lu_pos(c.err, " in make_inlined ") < lu_pos(c.err, "#2 0x"));
     lu_child_free(&c);
+}
+
+/* backtrace_depth:2 under a chain of four callers keeps exactly the two
+ * innermost, deep1 and deep2, under every unwinder: the frames the library
+ * itself adds (the unwinder, the capture, the hooks, the entry point) are
+ * unwound beyond the depth asked and dropped, never counted in it. */
+static void test_depth_counts_the_callers_frames_only(void **state)
+{
+    (void)state;
+    static const char *const unwinders[] = {"auto", "glibc", "fp"};
+    for (int i = 0; i < 3; i++) {
+        char conf[256];
+        snprintf(conf, sizeof conf, BASE ",backtrace_depth:2,leak_report:full,unwinder:%s", unwinders[i]);
+        lu_child_t c;
+        lu_child_run(&c, "deep", conf, NULL);
+        LU_CHILD_EXIT(&c, 0);
+        if (!strstr(c.err, "#0 0x") || !strstr(c.err, " in deep1 ") || !strstr(c.err, "#1 0x") ||
+            !strstr(c.err, " in deep2 ") || strstr(c.err, "#2 0x") || strstr(c.err, " in deep3 "))
+            fail_msg("unwinder:%s: want deep1 and deep2 as #0 and #1, nothing more:\n%s", unwinders[i], c.err);
+        assert_true(lu_pos(c.err, " in deep1 ") < lu_pos(c.err, "#1 0x"));
+        lu_child_free(&c);
+    }
 }
 
 static void test_each_unwinder_names_the_caller(void **state)
@@ -822,6 +878,7 @@ static const lu_role_t roles[] = {
     {"one-site-two-tags", child_one_site_two_tags},
     {"ignored", child_ignored},
     {"inlined", child_inlined},
+    {"deep", child_deep},
     {"garbage-fp", child_garbage_fp},
     {"stage", child_stage},
     {"symbolizer", child_symbolizer},
@@ -838,6 +895,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_leak_report_names_function_file_and_line),
         cmocka_unit_test(test_inlined_functions_get_their_own_frames),
         cmocka_unit_test(test_each_unwinder_names_the_caller),
+        cmocka_unit_test(test_depth_counts_the_callers_frames_only),
         cmocka_unit_test(test_frame_pointer_walk_survives_garbage),
         cmocka_unit_test(test_python_stack_without_an_interpreter_records_nothing),
         cmocka_unit_test(test_python_stack_without_an_interpreter_stays_off_for_later_allocations),
