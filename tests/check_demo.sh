@@ -33,6 +33,21 @@ lacks "every other block freed once" "$tmp/err" 'tally_free'
 # gradients and eval's), 72 live at the end (the two models, the optimizer).
 has "summary counts the demo's allocations" "$tmp/out" '^\| Allocations +\| +72 +\| +85 +\| +563 +\| +491 +\|$'
 
+# Both streams into one pipe, as a terminal or `make demo | less` shows them:
+# stdout is line-buffered, so the intro comes before the first stage line
+# and the memory summary (printed after the stages) after the last one.
+TALLY_CONF=backend:host "$demo" 2>&1 | cat >"$tmp/both"
+intro_at=$(grep -n -m1 '^What runs' "$tmp/both" | cut -d: -f1)
+stage_at=$(grep -n -m1 '^tally: stage load ended' "$tmp/both" | cut -d: -f1)
+last_stage_at=$(grep -n '^tally: stage eval released' "$tmp/both" | cut -d: -f1)
+summary_at=$(grep -n -m1 'PyTorch CUDA memory summary' "$tmp/both" | cut -d: -f1)
+if [ -n "$intro_at" ] && [ -n "$stage_at" ] && [ -n "$last_stage_at" ] && [ -n "$summary_at" ] &&
+   [ "$intro_at" -lt "$stage_at" ] && [ "$last_stage_at" -lt "$summary_at" ]; then
+  ok "stdout and stderr interleave in order"
+else
+  bad "stdout and stderr interleave in order" "intro at line ${intro_at:-none}, first stage line ${stage_at:-none}, last ${last_stage_at:-none}, summary ${summary_at:-none}"
+fi
+
 TALLY_CONF=backend:host,leak_report:off,persistent_tags:weights "$demo" >"$tmp/out" 2>"$tmp/err"
 lacks "TALLY_CONF leak_report:off wins" "$tmp/err" 'leak report|SUMMARY'
 has "TALLY_CONF persistent_tags wins" "$tmp/err" '^tally: stage train ended with 136\.5 MiB still live under tag optimizer'
