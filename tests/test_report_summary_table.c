@@ -385,6 +385,18 @@ static void test_negative_values(void **state)
     assert_string_equal(line_at(t, ROW_ALLOCATIONS + 2),
                         "|       from small pool |      -1 K  |       0    |       0    |       0    |");
     free(t);
+    /* An exact multiple divides exactly: -1024 B is -1 KiB and -1000 is -1 K, not one lower. */
+    memset(&s, 0, sizeof s);
+    s.active_bytes[TALLY_POOL_ALL].current = 1048576;
+    s.active_bytes[TALLY_POOL_LARGE].current = -1024;
+    s.allocation[TALLY_POOL_ALL].current = 750000;
+    s.allocation[TALLY_POOL_LARGE].current = -1000;
+    t = render(&s, 0, 0);
+    assert_string_equal(line_at(t, ROW_ALLOCATED + 4 + 1),
+                        "|       from large pool |     -1 KiB |      0 B   |      0 B   |      0 B   |");
+    assert_string_equal(line_at(t, ROW_ALLOCATIONS + 1),
+                        "|       from large pool |      -1 K  |       0    |       0    |       0    |");
+    free(t);
 }
 
 /* The oversize rows have no pools; each value is its own reference. */
