@@ -100,6 +100,17 @@ static tally_json_t *tune_json(const char *path, const char *extra)
         const char *alloc = tally__json_get(row, "allocator")->s;
         if (strcmp(alloc, "PyTorch/tally") && strcmp(alloc, "tally") && strcmp(alloc, "PyTorch (model)"))
             fail_msg("row %zu: allocator '%s'", i, alloc);
+        /* A row tally runs gives its TALLY_CONF line; the model's rows have none. */
+        const tally_json_t *tline = tally__json_get(row, "tally_line");
+        if (!strcmp(alloc, "PyTorch (model)")) {
+            if (tline)
+                fail_msg("row %zu (%s, the model) has a tally_line", i, tally__json_get(row, "setting")->s);
+        } else {
+            char want[256];
+            snprintf(want, sizeof want, "TALLY_CONF=%s", tally__json_get(row, "setting")->s);
+            if (!tline || tline->type != TALLY_JSON_STRING || strcmp(tline->s, want))
+                fail_msg("row %zu (%s): tally_line %s, want %s", i, alloc, tline ? tline->s : "missing", want);
+        }
         if (jtrue(row, "recommended_tally")) {
             recommended_tally++;
             assert_string_not_equal(alloc, "PyTorch (model)"); /* tally's recommendation runs under tally */
