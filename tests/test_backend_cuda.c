@@ -86,9 +86,14 @@ static void body_malloc_free(void)
     tally_free(b);
     EXPECT(tally_check() == 0);
     CU_EXPECT(cu.cuStreamSynchronize(s));
+    tally_stats_t before, after;
+    EXPECT(tally_get_stats(0, &before) == 0);
     size_t released = tally_empty_cache(0);
     if (is_cuda())
         EXPECT(released == 20 << 20); /* the 3 MiB block's 20 MiB segment: cuMemFree */
+    /* Emptying the cache waits for the device once, as PyTorch counts it (the async pool's trim too). */
+    EXPECT(tally_get_stats(0, &after) == 0);
+    EXPECT(after.num_sync_all_streams - before.num_sync_all_streams == 1);
     EXPECT(tally_check() == 0);
     if (atomic_load(&sink_lines) != 0 || tally_last_error()[0]) {
         fprintf(stderr, "%d lines on the sink; last error '%s'\n", atomic_load(&sink_lines), tally_last_error());
