@@ -790,6 +790,42 @@ static void test_plot_other_tags_on_top_of_nine(void **state)
     free(svg);
 }
 
+/* The legend gives a tag name of up to 24 characters whole, and a longer
+ * one as its first 22 and "..." (the area's title keeps the whole name). */
+static void test_plot_legend_shortens_names_past_24_characters(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16], out[PATH_MAX + 16];
+    FILE *f = open_timeline_report("names", path, out);
+    char n24[25], n25[26];
+    memset(n24, 'w', 24);
+    n24[24] = 0;
+    memset(n25, 'y', 25);
+    n25[25] = 0;
+    const char *names[2] = {n24, n25};
+    for (int k = 0; k < 2; k++)
+        fprintf(f,
+                "%s{\"device\":0,\"time_us\":%d,\"action\":\"alloc\",\"addr\":%zu,\"size\":%zu,\"stream\":0,"
+                "\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"%s\",\"stage\":\"s\"}\n",
+                k ? "," : "", 1000 * (k + 1), (size_t)(k + 1) * 64 * MiB, MiB, (size_t)(k + 1) * MiB, 64 * MiB,
+                names[k]);
+    fputs("]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("plot '%s' -o '%s'", path, out);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    double zero_y;
+    char *svg = slurp_plot(out, &zero_y);
+    char want[64];
+    snprintf(want, sizeof want, ">%s (peak 1.0 MiB)<", n24);
+    HAS(svg, want);
+    snprintf(want, sizeof want, ">%.22s... (peak 1.0 MiB)<", n25);
+    HAS(svg, want);
+    snprintf(want, sizeof want, "<title>%s</title>", n25);
+    HAS(svg, want);
+    free(svg);
+}
+
 /* Every event at the same microsecond: the time axis has no span, and the
  * plot still draws finite coordinates (an alloc and its free, one column). */
 static void test_plot_events_at_one_time_stay_finite(void **state)
@@ -873,6 +909,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_default_device_without_allocations_is_the_timelines),
         cmocka_unit_test(test_plot_burst_in_one_column_shows_a_pixel_wide),
         cmocka_unit_test(test_plot_other_tags_on_top_of_nine),
+        cmocka_unit_test(test_plot_legend_shortens_names_past_24_characters),
         cmocka_unit_test(test_plot_events_at_one_time_stay_finite),
     };
     return CLI_MAIN("cli_plot", tests);
