@@ -1439,6 +1439,30 @@ static void test_least_memory(void **state)
     tally__json_free(rows);
 }
 
+/* The bisection stops once its bracket is within its step, 0.1% of the
+ * upper end (2 MiB at least), as docs/tune.md says: tie.csv frees four
+ * 1 MiB small blocks (4 MiB of cached small segments), then takes 3996 MiB.
+ * The default reserves 4000 MiB and needs only 3996 (the cache is released
+ * when memory runs short); the bracket 3996 to 4000 MiB is exactly 4 MiB
+ * wide, 0.1% of 4000 MiB, so no replay inside it is made and the answer is
+ * its upper end, 4000 MiB (the row ran out nowhere, so the replay a step
+ * below, at 3998 MiB, only looks for where it would). */
+static void test_least_memory_stops_at_a_bracket_as_wide_as_its_step(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/tie.csv", scratch);
+    write_text(path, "op,id,size,stream\na,1,1048576,0\na,2,1048576,0\na,3,1048576,0\na,4,1048576,0\n"
+                     "f,1,1048576,0\nf,2,1048576,0\nf,3,1048576,0\nf,4,1048576,0\na,5,4190109696,0\n"
+                     "f,5,4190109696,0\n");
+    tally_json_t *rows = tune_json(path, "");
+    const tally_json_t *def = &rows->items[0];
+    assert_int_equal(jint(def, "peak_live_bytes"), 3996 * MiB);
+    assert_int_equal(jint(def, "peak_reserved_bytes"), 4000 * MiB);
+    assert_int_equal(jint(def, "min_device_bytes"), 4000 * MiB);
+    tally__json_free(rows);
+}
+
 /* A row that runs out in the device given (--capacity) says it ran out
  * there, with the least memory found above it: three.csv's default row
  * needs 52 MiB, so in 51 MiB it runs out at its third allocation (5 MiB,
@@ -2148,6 +2172,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_multistream_trace),
         cmocka_unit_test(test_least_memory),
         cmocka_unit_test(test_least_memory_just_above_the_device_given),
+        cmocka_unit_test(test_least_memory_stops_at_a_bracket_as_wide_as_its_step),
         cmocka_unit_test(test_least_memory_runs_out_in_the_largest_capacity_tried),
         cmocka_unit_test(test_least_memory_of_every_row_is_a_device_it_runs_in),
         cmocka_unit_test(test_capacity),
