@@ -784,6 +784,20 @@ static void test_plot(void **state)
     snprintf(svg, sizeof svg, "%s/tune.svg", scratch);
     run_t r = tune("--plot '%s' '%s/small.pickle'", svg, fixtures);
     assert_int_equal(r.rc, 0);
+    /* The table ends by naming the picture. */
+    char said[PATH_MAX + 48];
+    snprintf(said, sizeof said, "\nplot: %s\n", svg);
+    if (!strstr(r.out, said))
+        fail_msg("the table does not name the plot (%s):\n%s", said, r.out);
+    run_free(&r);
+    /* With --json the output stays one JSON array, the picture written all the same. */
+    remove(svg);
+    r = tune("--json --plot '%s' '%s/small.pickle'", svg, fixtures);
+    assert_int_equal(r.rc, 0);
+    tally_json_t *rows = tally__json_parse(r.out, strlen(r.out), NULL, 0, NULL);
+    if (!rows || strstr(r.out, "plot: "))
+        fail_msg("--json --plot output is not one JSON array:\n%s", r.out);
+    tally__json_free(rows);
     run_free(&r);
     char *text = slurp(svg);
     assert_non_null(text);
