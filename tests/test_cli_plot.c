@@ -859,16 +859,16 @@ static void test_plot_events_at_one_time_stay_finite(void **state)
     free(svg);
 }
 
-/* The y axis's unit is the largest whose count at the peak is at least 1: a
- * peak of exactly 1 MiB is drawn in MiB, one byte less in KiB. */
-static void plot_unit_at_peak(size_t peak, const char *unit)
+/* The plot of a report written by hand: one 512-byte block allocated at
+ * 1000 us and freed span_us later, under a reserved peak of peak bytes. */
+static char *plot_two_events(size_t peak, int span_us)
 {
     char path[PATH_MAX + 16], out[PATH_MAX + 16];
     FILE *f = open_timeline_report("unit", path, out);
     static const char ev[] = "%s{\"device\":0,\"time_us\":%d,\"action\":\"%s\",\"addr\":%zu,\"size\":%zu,"
                              "\"stream\":0,\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"kv\",\"stage\":\"s\"}\n";
     fprintf(f, ev, "", 1000, "alloc", 4 * MiB, (size_t)512, (size_t)512, peak);
-    fprintf(f, ev, ",", 2000, "free_requested", 4 * MiB, (size_t)512, (size_t)0, peak);
+    fprintf(f, ev, ",", 1000 + span_us, "free_requested", 4 * MiB, (size_t)512, (size_t)0, peak);
     fputs("]}\n", f);
     assert_int_equal(fclose(f), 0);
     run_t r = tally_run("plot '%s' -o '%s'", path, out);
@@ -876,6 +876,31 @@ static void plot_unit_at_peak(size_t peak, const char *unit)
     run_free(&r);
     char *svg = slurp(out);
     assert_non_null(svg);
+    return svg;
+}
+
+/* The labels of an axis's group (class cls), space-separated, into buf. */
+static void axis_labels(const char *svg, const char *cls, char *buf, size_t cap)
+{
+    char open[64];
+    snprintf(open, sizeof open, "<g class=\"%s\"", cls);
+    const char *g = strstr(svg, open), *end = g ? strstr(g, "</g>") : NULL;
+    assert_non_null(end);
+    size_t n = 0;
+    buf[0] = 0;
+    for (const char *t = strstr(g, "<text "); t && t < end; t = strstr(t + 1, "<text ")) {
+        const char *v = strchr(t, '>'), *ve = v ? strchr(v, '<') : NULL;
+        assert_non_null(ve);
+        n += (size_t)snprintf(buf + n, cap - n, "%s%.*s", n ? " " : "", (int)(ve - v - 1), v + 1);
+        assert_true(n < cap);
+    }
+}
+
+/* The y axis's unit is the largest whose count at the peak is at least 1: a
+ * peak of exactly 1 MiB is drawn in MiB, one byte less in KiB. */
+static void plot_unit_at_peak(size_t peak, const char *unit)
+{
+    char *svg = plot_two_events(peak, 1000);
     char want[64];
     snprintf(want, sizeof want, "memory (%s)</text>", unit);
     if (!strstr(svg, want))
@@ -891,6 +916,50 @@ static void test_plot_axis_unit_changes_at_1024_of_it(void **state)
     plot_unit_at_peak(1024, "KiB");
 }
 
+/* The y axis is labelled from 0 up in its step, one label per grid line: a
+ * peak of 1 MiB in steps of 0.2 MiB. */
+static void test_plot_y_axis_labels_start_at_zero(void **state)
+{
+    (void)state;
+    char *svg = plot_two_events(MiB, 1000);
+    char labels[256];
+    axis_labels(svg, "y-axis", labels, sizeof labels);
+    assert_string_equal(labels, "0 0.2 0.4 0.6 0.8 1");
+    const char *grid = strstr(svg, "<g class=\"grid\""), *grid_end = grid ? strstr(grid, "</g>") : NULL;
+    assert_non_null(grid_end);
+    size_t lines = 0;
+    for (const char *l = strstr(grid, "<line "); l && l < grid_end; l = strstr(l + 1, "<line "))
+        lines++;
+    assert_int_equal(lines, 6);
+    free(svg);
+}
+
+/* The time axis is in microseconds while it spans less than 2000 us, in
+ * milliseconds from there and in seconds from 2 s. The axis runs 2% past the
+ * last event, so an event span of 1960 us gives an axis of 1999.2 us, 1961 us
+ * one of 2000.2 us (no whole number of microseconds gives exactly 2000). */
+static void plot_time_unit(int span_us, const char *unit, const char *labels_want)
+{
+    char *svg = plot_two_events(MiB, span_us);
+    char want[64], labels[256];
+    snprintf(want, sizeof want, ">time since the first event (%s)</text>", unit);
+    if (!strstr(svg, want))
+        fail_msg("a span of %d us: no '%s' in the plot", span_us, want);
+    axis_labels(svg, "x-axis", labels, sizeof labels);
+    if (strcmp(labels, labels_want) != 0)
+        fail_msg("a span of %d us: x labels '%s', expected '%s'", span_us, labels, labels_want);
+    free(svg);
+}
+
+static void test_plot_time_unit_changes_at_an_axis_of_2000_of_it(void **state)
+{
+    (void)state;
+    plot_time_unit(1960, "\xc2\xb5s", "0 500 1000 1500");
+    plot_time_unit(1961, "ms", "0 0.5 1 1.5 2");
+    plot_time_unit(1960784, "ms", "0 500 1000 1500");
+    plot_time_unit(1960785, "s", "0 0.5 1 1.5 2");
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -901,6 +970,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_by_time_covers_every_event),
         cmocka_unit_test(test_plot_axis_unit_stops_at_tib),
         cmocka_unit_test(test_plot_axis_unit_changes_at_1024_of_it),
+        cmocka_unit_test(test_plot_y_axis_labels_start_at_zero),
+        cmocka_unit_test(test_plot_time_unit_changes_at_an_axis_of_2000_of_it),
         cmocka_unit_test(test_plot_says_how_many_events_were_dropped),
         cmocka_unit_test(test_plot_without_timeline),
         cmocka_unit_test(test_plot_stage_band_starts_at_stage_begin),
