@@ -251,14 +251,20 @@ class CliTest(unittest.TestCase):
         (3 to 7 letters after TALLY_) is never read: one line each names the TALLY_CONF item meant; generic
         names (BACKEND, TRACE) other programs use are left alone."""
         r = self.tally("options", LEAK_REPORT="full", TALLY_CONFIG="leak_report:full", TALLY_BACKTRACE_DEPTH="4",
-                       BACKEND="x", TRACE="1", TALLY_TRACES="/x", TALLY_CNF="x", TALLY_CO="x")
+                       BACKEND="x", TRACE="1", TALLY_TRACES="/x", TALLY_CNF="x", TALLY_CO="x",
+                       MAX_SPLIT_SIZE_MB="64", TALLY_C0NF="x", TALLY_CONF9="x", leak_report="full",
+                       TALLY_conf2="x")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(sorted(r.stderr.splitlines()), [
             "tally: LEAK_REPORT in the environment is not read (did you mean TALLY_CONF=leak_report:full?)",
+            "tally: MAX_SPLIT_SIZE_MB in the environment is not read (did you mean TALLY_CONF=max_split_size_mb:64?)",
             "tally: TALLY_BACKTRACE_DEPTH in the environment is not read (did you mean TALLY_CONF=backtrace_depth:4?)",
+            "tally: TALLY_C0NF is not read (did you mean TALLY_CONF?)",  # capitals, digits and _ count
             "tally: TALLY_CNF is not read (did you mean TALLY_CONF?)",  # three letters: the shortest named
+            "tally: TALLY_CONF9 is not read (did you mean TALLY_CONF?)",
             "tally: TALLY_CONFIG is not read (did you mean TALLY_CONF?)",
-        ])  # TALLY_CO, two letters, is too short to be taken for it
+        ])  # TALLY_CO, two letters, is too short to be taken for it; lower case (leak_report, TALLY_conf2) is
+        # some other program's
         self.assertIn("leak_report:summary", r.stdout)  # nothing changed
         r = self.tally("options")
         self.assertEqual(r.stderr, "")
