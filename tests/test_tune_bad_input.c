@@ -476,6 +476,23 @@ static void expect_report_error(const char *text, const char *want)
 static void test_report_names_bad_version_and_trace_entries(void **state)
 {
     (void)state;
+    /* "format" must be the string "tally-report": missing, of another type
+     * (a number, an array holding it) or another string is no report. */
+    static const char *const not_reports[] = {
+        "{}", "{\"format\":1}", "{\"format\":[\"tally-report\"]}", "{\"format\":\"tally-reports\"}",
+        "{\"format\":null,\"alloc_trace\":[{\"device\":0,\"streams\":[0],\"events\":\"0,1,512,0\"}]}",
+    };
+    for (size_t i = 0; i < sizeof not_reports / sizeof *not_reports; i++)
+        expect_report_error(not_reports[i], "hand.json: not a tally report (no \"format\":\"tally-report\")");
+    static const char *const no_trace[] = {
+        "{\"format\":\"tally-report\"}",
+        "{\"format\":\"tally-report\",\"alloc_trace\":{}}",
+        "{\"format\":\"tally-report\",\"alloc_trace\":{\"device\":0,\"streams\":[0],\"events\":\"0,1,512,0\"}}",
+        "{\"format\":\"tally-report\",\"alloc_trace\":[]}",
+    };
+    for (size_t i = 0; i < sizeof no_trace / sizeof *no_trace; i++)
+        expect_report_error(no_trace[i],
+                            "hand.json: the report holds no allocation trace (record it with TALLY_CONF=trace:true)");
     expect_report_error("{\"format\":\"tally-report\",\"version\":\"one\"}",
                         "hand.json: byte 35: \"version\" is not a tally version");
     expect_report_error("{\"format\":\"tally-report\",\"alloc_trace\":[{\"device\":0,\"events\":\"\"}]}",
