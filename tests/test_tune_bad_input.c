@@ -437,6 +437,31 @@ static void test_report_longer_than_one_read_is_read_whole(void **state)
     tune_input_free(&in);
 }
 
+/* A report is known by its first character past white space (space, tab,
+ * CR, LF: JSON's own), each alone before the brace: a file that starts
+ * "\r\n{" is a report, not a CSV trace. */
+static void test_report_after_white_space_is_a_report(void **state)
+{
+    (void)state;
+    static const char *const lead[] = {" ", "\t", "\r", "\n", "\r\n \t"};
+    for (size_t i = 0; i < sizeof lead / sizeof *lead; i++) {
+        char path[PATH_MAX + 32], err[PATH_MAX + 256];
+        snprintf(path, sizeof path, "%s/lead%zu.json", scratch, i);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fprintf(f, "%s{\"format\":\"tally-report\",\"version\":\"0.1.0\",\"alloc_trace\":[{\"device\":0,"
+                   "\"streams\":[0],\"events\":\"0,1,1000,0 0,-1,0,0\"}]}\n",
+                lead[i]);
+        assert_int_equal(fclose(f), 0);
+        tune_input_t in;
+        if (tune_input_load(path, -1, &in, err, sizeof err))
+            fail_msg("lead %zu: %s", i, err);
+        assert_string_equal(in.kind, "tally report");
+        assert_int_equal(in.trace.nev, 2);
+        tune_input_free(&in);
+    }
+}
+
 static void test_report_read_out_of_host_memory_at_each_realloc(void **state)
 {
     (void)state;
@@ -668,6 +693,7 @@ int main(void)
         cmocka_unit_test(test_snapshot_read_out_of_host_memory_at_each_realloc),
         cmocka_unit_test(test_report_longer_than_one_read_is_read_whole),
         cmocka_unit_test(test_report_read_out_of_host_memory_at_each_realloc),
+        cmocka_unit_test(test_report_after_white_space_is_a_report),
         cmocka_unit_test(test_report_names_bad_version_and_trace_entries),
         cmocka_unit_test(test_command_refuses_bad_arguments),
         cmocka_unit_test(test_command_output_that_cannot_be_written),
