@@ -154,8 +154,8 @@ $(BUILD)/tests/test_backend_driver_h: tests/test_backend_driver_h.c tests/driver
 # test_tune compiles tally tune's readers in (tools/, bench/trace.c).
 $(BUILD)/tests/test_tune: $(TOOL_SRC) $(wildcard tools/*.h) bench/trace.h
 $(BUILD)/tests/test_tune_bad_input: $(TOOL_SRC) $(wildcard tools/*.h) bench/trace.h
-# test_tune_plot_writer compiles the picture writer in, with the stand-in's cost table.
-$(BUILD)/tests/test_tune_plot_writer: tools/tune_output.c tools/tune.h tests/standin/cost.c tests/standin/cost.h
+# test_tune_output compiles tools/tune_output.c in (its picture writer and torch-version reader), with the stand-in's cost table.
+$(BUILD)/tests/test_tune_output: tools/tune_output.c tools/tune.h tests/standin/cost.c tests/standin/cost.h
 # test_tune_replay compiles the model of PyTorch's expandable segments in.
 $(BUILD)/tests/test_tune_replay: tools/pt_expand.c tools/pt_expand.h bench/trace.c bench/trace.h
 
