@@ -1660,6 +1660,52 @@ static void test_max_calls(void **state)
     tally__json_free(rows);
 }
 
+/* When several rows tie at the least calls or the least driver time, the
+ * refusal names the first of them in the table's order: one block of 30 MiB,
+ * which most settings serve with one device allocation (the default first). */
+static void test_refusal_names_the_first_row_of_a_tie(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/one.csv", scratch);
+    write_text(path, "op,id,size,stream\na,1,31457280,0\n");
+    tally_json_t *rows = tune_json(path, "--capacity 1GiB");
+    static const char *const key[2] = {"backend_calls", "driver_us_a100"};
+    for (int by = 0; by < 2; by++) {
+        double least = 1e300;
+        size_t first = 0, ties = 0;
+        for (size_t k = 0; k < rows->len; k++) {
+            if (!jtrue(&rows->items[k], "fits"))
+                continue;
+            double v = by ? jnum(&rows->items[k], key[by]) : (double)jint(&rows->items[k], key[by]);
+            if (v < least)
+                least = v, first = k, ties = 1;
+            else if (v == least)
+                ties++;
+        }
+        if (ties < 2)
+            fail_msg("one.csv: no tie at the least %s (%g): the test needs one", key[by], least);
+        const char *setting = tally__json_get(&rows->items[first], "setting")->s;
+        const char *allocator = tally__json_get(&rows->items[first], "allocator")->s;
+        char want[512];
+        if (by)
+            snprintf(want, sizeof want,
+                     "no setting keeps within 0.0 ms of driver time (A100): the least any setting needs is %.1f ms "
+                     "(%s, %s)\n",
+                     least / 1000.0, setting[0] ? setting : "the default", allocator);
+        else
+            snprintf(want, sizeof want,
+                     "no setting keeps within 0 backend calls: the least any setting needs is %.0f (%s, %s)\n", least,
+                     setting[0] ? setting : "the default", allocator);
+        run_t r = by ? tune("--capacity 1GiB --max-driver-time 0 '%s'", path)
+                     : tune("--capacity 1GiB --max-calls 0 '%s'", path);
+        if (r.rc != 1 || !strstr(r.err, want))
+            fail_msg("status %d, stderr '%s'; want '%s'", r.rc, r.err, want);
+        run_free(&r);
+    }
+    tally__json_free(rows);
+}
+
 /* --max-driver-time: the modelled driver time of tests/standin/cost.c's
  * table. three.csv's default makes 3 cuMemAlloc: 3 x 230.45 us on the A100,
  * 3 x 83.8 on the Blackwell. PyTorch's expandable segments (the model) map 3
@@ -2191,6 +2237,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_least_memory_of_every_row_is_a_device_it_runs_in),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_max_calls),
+        cmocka_unit_test(test_refusal_names_the_first_row_of_a_tie),
         cmocka_unit_test(test_max_driver_time),
         cmocka_unit_test(test_api_bad_input),
         cmocka_unit_test(test_report_input),
@@ -2205,5 +2252,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_shared_snapshots),
         cmocka_unit_test(test_shared_recommendation),
     };
+    /* The slowest suite: TALLY_TEST_FILTER=test_max_* runs only the tests named (cmocka's pattern). */
+    if (getenv("TALLY_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("TALLY_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, tune_teardown);
 }
