@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "core/internal.h" /* tally__meta_fail */
@@ -293,6 +294,36 @@ static void test_json_reads_nothing_past_its_length(void **state)
     }
 }
 
+/* Nor does it read the byte after them where no byte is there: every
+ * prefix of the document and of a few cut strings, numbers and literals,
+ * placed to end at a page whose next page cannot be read (a read past the
+ * length faults, whatever that byte would have held). */
+static void test_json_reads_no_byte_past_its_length_at_a_page_end(void **state)
+{
+    (void)state;
+    long page = sysconf(_SC_PAGESIZE);
+    char *map = mmap(NULL, (size_t)page * 2, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(map != MAP_FAILED);
+    assert_int_equal(mprotect(map + page, (size_t)page, PROT_NONE), 0);
+    static const char *const docs[] = {
+        "{\"a\":1,\"bc\":[2.5,-3e2,true,false,null],\"d\":{\"e\":\"f\\u00e9\"}}",
+        "\"ab\\\"cd\\\\\"", "[12345678901234567890.5e-3]", "-0.0e+00", "[nul]", "[tru", "\"\\ud83d\\ude00\"",
+    };
+    for (size_t d = 0; d < sizeof docs / sizeof *docs; d++) {
+        size_t n = strlen(docs[d]);
+        for (size_t k = 0; k <= n; k++) {
+            char *at = map + page - k;
+            memcpy(at, docs[d], k);
+            char err[256] = "";
+            tally_json_t *v = tally__json_parse(at, k, err, sizeof err, NULL);
+            if (!v && !err[0])
+                fail_msg("<%.*s>: no value and no message", (int)k, docs[d]);
+            tally__json_free(v);
+        }
+    }
+    munmap(map, (size_t)page * 2);
+}
+
 static void test_json_errors(void **state)
 {
     (void)state;
@@ -569,6 +600,7 @@ int main(void)
         cmocka_unit_test(test_json_numbers_end_at_the_given_length),
         cmocka_unit_test(test_json_errors),
         cmocka_unit_test(test_json_reads_nothing_past_its_length),
+        cmocka_unit_test(test_json_reads_no_byte_past_its_length_at_a_page_end),
         cmocka_unit_test(test_json_object_separator_error_names_the_byte_found),
         cmocka_unit_test(test_json_int_of_a_missing_member_is_not_a_number),
         cmocka_unit_test(test_json_error_quotes_printable_bytes_and_hex_for_others),
