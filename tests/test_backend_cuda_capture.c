@@ -4,6 +4,7 @@
  *   1a another thread allocates during a capture     test_capture_other_thread_allocates
  *   1b the capturing thread, on another stream first  test_capture_same_thread_other_stream
  *   2  backend:async frees during a capture            test_async_capture_defers_frees
+ *   2b backend:cuda: events of a freed block after it   test_cuda_capture_defers_events_to_its_end
  *   3  record_stream on a capturing stream             test_capture_record_stream_keeps_capture
  *   4  an OOM during a capture frees nothing           test_capture_oom_frees_nothing
  *   5  unmaps wait only for the pages' streams         test_unmap_waits_only_for_users
@@ -223,6 +224,51 @@ static void body_async_capture(int fd)
 static const char *const body_async_capture_env[] = {"CUDA_STANDIN_DEVICES", "2", "TALLY_CONF",
                                                      "backend:async,leak_report:off", NULL};
 CAPTURE_TEST(test_async_capture_defers_frees, body_async_capture_env, body_async_capture)
+
+/* ---- 2b: backend:cuda: a block freed during a capture gets its events after it ------------------------ */
+/* A block used on another stream and freed while a capture is under way
+ * keeps its uses until the capture has ended: tally records no event for it
+ * while the capture runs, however many calls tally makes meanwhile (each
+ * checks for the capture), and records one per use when the capture's pool
+ * ends (lib/cache/events.c, flush_deferred). The stand-in counts the
+ * records; a real driver counts nothing, and only the reuse is checked. */
+static void body_cuda_capture_defers_events(int fd)
+{
+    (void)fd;
+    start_driver();
+    CUstream s = new_stream(0), side = new_stream(0), u1 = new_stream(0);
+    void *x = tally_malloc(1 << 20, 0, side);
+    NEED(x != NULL);
+    NEED(tally_record_stream(x, u1) == 0);
+    NEED(tally_graph_pool_begin(0, 3, 1, only_stream, s) == 0);
+    NEED(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    void *g = tally_malloc(2 << 20, 0, s); /* tally sees the capture */
+    NEED(g != NULL);
+    tally_free(x); /* deferred: its use's event waits for the capture's end */
+    long long records = cu_calls("cuEventRecord");
+    for (int i = 0; i < 4; i++) {
+        void *h = tally_malloc(2 << 20, 0, s);
+        NEED(h != NULL);
+        tally_free(h);
+    }
+    void *other = tally_malloc(1 << 20, 0, side); /* x's size and stream: not x, still deferred */
+    NEED(other != NULL && other != x);
+    NEED(cu_calls("cuEventRecord") == records);
+    tally_free(g);
+    end_ok(s);
+    NEED(cu_calls("cuEventRecord") == records);
+    NEED(tally_graph_pool_end(0, 3, 1) == 0);
+    NEED(records < 0 || cu_calls("cuEventRecord") == records + 1); /* x's one use, on u1 */
+    NEED(cu.cuStreamSynchronize(u1) == CUDA_SUCCESS);
+    void *again = tally_malloc(1 << 20, 0, side);
+    NEED(again == x); /* back in its pool once u1's work is done */
+    tally_free(again);
+    tally_free(other);
+    NEED(tally_graph_pool_release(0, 3, 1) == 0);
+    NEED(tally_check() == 0);
+}
+
+CAPTURE_TEST(test_cuda_capture_defers_events_to_its_end, cuda_env, body_cuda_capture_defers_events)
 
 /* ---- 3: record_stream on a capturing stream ---------------------------------------------------------- */
 /* The stream's device comes from cuStreamGetCtx, not cuStreamGetDevice
@@ -523,6 +569,7 @@ int main(void)
         cmocka_unit_test(test_capture_other_thread_allocates),
         cmocka_unit_test(test_capture_same_thread_other_stream),
         cmocka_unit_test(test_async_capture_defers_frees),
+        cmocka_unit_test(test_cuda_capture_defers_events_to_its_end),
         cmocka_unit_test(test_capture_record_stream_keeps_capture),
         cmocka_unit_test(test_capture_oom_frees_nothing),
         cmocka_unit_test(test_unmap_waits_only_for_users),
