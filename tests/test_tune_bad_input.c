@@ -220,6 +220,37 @@ static void test_pickle_refuses_bad_protocol_and_unmarked_items(void **state)
     expect_pickle_error(pop_mark, sizeof pop_mark, "bad.pickle: not a readable pickle: items without a MARK (at byte 4)");
 }
 
+/* A pickle cut right after an opcode's whole argument lacks only its STOP;
+ * one cut inside the argument names the opcode cut short. */
+static void test_pickle_cut_after_an_argument_lacks_only_its_stop(void **state)
+{
+    (void)state;
+    static const char stop[] = "bad.pickle: not a readable pickle: truncated: the file ends before the STOP opcode";
+    static const struct {
+        unsigned char src[12];
+        size_t len;
+        const char *cut; /* the error one byte shorter */
+    } cases[] = {
+        {{0x80, 0x02}, 2, "truncated PROTO (at byte 1)"},
+        {{0x80, 0x02, 'K', 5}, 4, "truncated BININT1 (at byte 3)"},
+        {{0x80, 0x02, 'M', 5, 0}, 5, "truncated BININT2 (at byte 3)"},
+        {{0x80, 0x02, 'J', 5, 0, 0, 0}, 7, "truncated BININT (at byte 3)"},
+        {{0x80, 0x02, 'N', 'q', 1}, 5, "truncated BINPUT (at byte 4)"},
+        {{0x80, 0x04, 0x95, 1, 0, 0, 0, 0, 0, 0, 0}, 11, "truncated FRAME (at byte 3)"},
+        {{0x80, 0x02, 'X', 2, 0, 0, 0, 'a', 'b'}, 9, NULL},
+        {{0x80, 0x02, 'C', 3, 'c', 'd', 'e'}, 7, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char want[256];
+        snprintf(want, sizeof want, "%s (at byte %zu)", stop, cases[i].len);
+        expect_pickle_error(cases[i].src, cases[i].len, want);
+        if (cases[i].cut) {
+            snprintf(want, sizeof want, "bad.pickle: not a readable pickle: %s", cases[i].cut);
+            expect_pickle_error(cases[i].src, cases[i].len - 1, want);
+        }
+    }
+}
+
 /* A file that cannot be opened, and one that cannot be read (a folder). */
 static void test_pickle_file_that_cannot_be_opened_or_read(void **state)
 {
@@ -686,6 +717,7 @@ int main(void)
         cmocka_unit_test(test_pickle_names_each_opcode_that_constructs_an_object),
         cmocka_unit_test(test_pickle_reads_strings_and_bytes_of_every_length_width),
         cmocka_unit_test(test_pickle_refuses_bad_protocol_and_unmarked_items),
+        cmocka_unit_test(test_pickle_cut_after_an_argument_lacks_only_its_stop),
         cmocka_unit_test(test_pickle_file_that_cannot_be_opened_or_read),
         cmocka_unit_test(test_snapshot_names_each_bad_segment_field),
         cmocka_unit_test(test_snapshot_names_bad_traces_and_events),
