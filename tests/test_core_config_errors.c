@@ -231,6 +231,14 @@ static void test_string_values_refuse_control_characters_and_brackets(void **sta
     refused("leak_suppressions:a[0]", "config: leak_suppressions: value may not contain control characters or "
                                       "brackets");
     refused("persistent_tags:x]", "config: persistent_tags: value may not contain control characters or brackets");
+    /* "    #" starts the help text of a printed line (tally_write_options),
+     * so a value holding it would read back cut short; three blanks, or
+     * four before another character, read back whole. */
+    refused("persistent_tags:kv    #cache", "config: persistent_tags: value may not contain four blanks before '#' (the "
+                                            "printed configuration's help mark)");
+    refused("report_path:/tmp/a    #.json", "config: report_path: value may not contain four blanks before '#' (the "
+                                            "printed configuration's help mark)");
+    EQ(tally_configure("persistent_tags:a   #b|c    x#"), 0);
     EQ(tally_configure("report_path:/tmp/tally-\x7f-ok.json"), 0);
     EQ(tally_configure("report_path:"), 0);
 }

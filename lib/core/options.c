@@ -491,11 +491,16 @@ static int set_one(tally_options_t *o, const char *key, const char *val, bool ru
     case T_STRING:
         if (strlen(val) >= 512)
             return tally__fail(TALLY_ECONF, "config: %s: value longer than 511 characters", key);
-        /* What would not read back from the printed configuration. */
+        /* What would not read back from the printed configuration: a
+         * control character ends the line, a bracket joins items, and
+         * four blanks before '#' start the line's help text. */
         for (const char *c = val; *c; c++)
             if ((unsigned char)*c < 0x20 || *c == '[' || *c == ']')
                 return tally__fail(TALLY_ECONF, "config: %s: value may not contain control characters or brackets",
                                    key);
+        if (strstr(val, "    #"))
+            return tally__fail(TALLY_ECONF, "config: %s: value may not contain four blanks before '#' "
+                                            "(the printed configuration's help mark)", key);
         if (strcmp(key, "leak_suppressions") == 0 && checker && checker(key, val))
             return -TALLY_ECONF;
         if (strcmp(key, "report_path") == 0) {

@@ -21,8 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool strict; /* FUZZ_STRICT=1: known bugs fail too */
-
 static void quiet(void *arg, const char *text, size_t len)
 {
     (void)arg;
@@ -38,8 +36,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     /* As the library does before it parses anything (lib/api/api.c,
      * load_options): leak_suppressions must name a file that parses. */
     tally__options_set_checker(tally__sup_check_option);
-    const char *s = getenv("FUZZ_STRICT");
-    strict = s && *s == '1';
     return 0;
 }
 
@@ -99,12 +95,7 @@ static char *conf_from_text(const char *text)
             b++;
         while (e > b && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r'))
             e--;
-        /* KNOWN BUG 1 (docs/bad-input.md): the defaults of these two keys
-         * print as 0, which the parser refuses; skipped (they are the
-         * defaults, so the result is the same) unless FUZZ_STRICT=1. */
-        bool known_bug = !strict && (((size_t)(e - b) == 30 && memcmp(b, "garbage_collection_threshold:0", 30) == 0) ||
-                                     ((size_t)(e - b) == 17 && memcmp(b, "memory_fraction:0", 17) == 0));
-        if (!known_bug && memchr(b, ':', (size_t)(e - b))) {
+        if (memchr(b, ':', (size_t)(e - b))) {
             if (c.len)
                 text_write(&c, ",", 1);
             text_write(&c, b, (size_t)(e - b));
@@ -113,6 +104,17 @@ static char *conf_from_text(const char *text)
     }
     return c.p;
 }
+
+/* Every string key: compared up to its NUL (the bytes after it are left
+ * from earlier values), and each must print faithfully. */
+static const struct {
+    const char *name;
+    size_t off, size;
+} string_keys[] = {
+#define STRING_KEY(f) {#f, offsetof(tally_options_t, f), sizeof((tally_options_t *)0)->f}
+    STRING_KEY(persistent_tags), STRING_KEY(private_tags), STRING_KEY(report_path), STRING_KEY(leak_suppressions),
+#undef STRING_KEY
+};
 
 /* Field by field (the string fields only up to their NUL), then the whole
  * struct, so that a key added later is compared too. */
@@ -126,37 +128,19 @@ static const char *options_differ(const tally_options_t *a, const tally_options_
     SAME(backtrace_depth) SAME(release_at_stage_end) SAME(stage_report) SAME(leak_report) SAME(leak_exitcode)
     SAME(home_device) SAME(timeline) SAME(timeline_events) SAME(async_private_pool) SAME(async_release_threshold)
 #undef SAME
-    if (strcmp(a->persistent_tags, b->persistent_tags) != 0)
-        return "persistent_tags";
-    if (strcmp(a->report_path, b->report_path) != 0)
-        return "report_path";
     static tally_options_t x, y;
     x = *a;
     y = *b;
-    memset(x.persistent_tags, 0, sizeof x.persistent_tags);
-    memset(y.persistent_tags, 0, sizeof y.persistent_tags);
-    memset(x.report_path, 0, sizeof x.report_path);
-    memset(y.report_path, 0, sizeof y.report_path);
+    for (size_t i = 0; i < sizeof string_keys / sizeof string_keys[0]; i++) {
+        char *sx = (char *)&x + string_keys[i].off, *sy = (char *)&y + string_keys[i].off;
+        if (strcmp(sx, sy) != 0)
+            return string_keys[i].name;
+        memset(sx, 0, string_keys[i].size);
+        memset(sy, 0, string_keys[i].size);
+    }
     if (memcmp(&x, &y, sizeof x) != 0)
         return "a field not named in fuzz_options.c";
     return NULL;
-}
-
-/* KNOWN BUG 2 (docs/bad-input.md): a string value (report_path,
- * persistent_tags) is accepted whatever it holds, but one with a bracket
- * (an unbalanced '[' swallows the items after it when the printed lines
- * are joined again), a control character (a newline splits the line), a
- * "    #" (taken as the start of the help) or a trailing blank (stripped)
- * does not read back from the printed text. */
-static bool prints_faithfully(const char *v)
-{
-    size_t n = strlen(v);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)v[i];
-        if (c < 0x20 || c == 0x7f || c == '[' || c == ']')
-            return false;
-    }
-    return !strstr(v, "    #") && !(n && (v[n - 1] == ' ' || v[n - 1] == '\t'));
 }
 
 __attribute__((noreturn)) static void violated(const char *conf, const char *what, const char *detail)
@@ -203,8 +187,7 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     if (rc_rt != 0 && memcmp(&b, &def, sizeof b) != 0)
         violated(conf, "options changed by a failed runtime parse", NULL);
 
-    bool check_print = strict || (prints_faithfully(a.report_path) && prints_faithfully(a.persistent_tags));
-    if (rc == 0 && check_print) {
+    if (rc == 0) {
         char *text = print_options(&a);
         char *back = conf_from_text(text);
         tally_options_t c = def;
