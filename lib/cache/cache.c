@@ -621,8 +621,6 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
 tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t orig, void *stream, void *site,
                                              tally_gpool_t *priv)
 {
-    if (!priv)
-        return tally__cache_malloc_locked(d, orig, stream, site);
     return malloc_general(d, orig, stream, site, priv, alloc_begin(d, stream));
 }
 

@@ -290,8 +290,8 @@ void tally__ptrmap_free(tally_ptrmap_t *m);
 
 /* cache.c */
 tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t size, void *stream, void *site);
-/* The same, from private pool priv when no graph pool takes it (NULL: the
- * device's pools). */
+/* The same, from private pool priv (never NULL) when no graph pool takes
+ * it. */
 tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t size, void *stream, void *site,
                                              tally_gpool_t *priv);
 void tally__cache_free_locked(tally_device_t *d, tally_block_t *b);
