@@ -769,6 +769,20 @@ static void test_bad_suppressions_file_is_one_line(void **state)
     p = write_supp("long.supp", longline);
     snprintf(want, sizeof want, "%s:1: line longer than 1024 characters", p);
     expect_bad_file(p, want);
+    /* At most 256 patterns: the 256th is taken, a 257th is refused at its
+     * line (comments and blank lines between them do not count). */
+    static char many[257 * 12 + 64];
+    size_t n = (size_t)snprintf(many, sizeof many, "# many\n\n");
+    for (int i = 0; i < 256; i++)
+        n += (size_t)snprintf(many + n, sizeof many - n, "leak:f%d\n", i);
+    p = write_supp("max.supp", many);
+    snprintf(want, sizeof want, "leak_suppressions:%s", p);
+    LU_OK(tally_configure(want));
+    LU_OK(tally_configure("leak_suppressions:"));
+    snprintf(many + n, sizeof many - n, "# one more\nleak:f256\n");
+    p = write_supp("over.supp", many);
+    snprintf(want, sizeof want, "%s:260: more than 256 suppressions", p);
+    expect_bad_file(p, want);
     /* A good file is taken; made bad later, the report says so in one line
      * and suppresses nothing; "" turns them off. */
     p = write_supp("good.supp", "leak:x\n");
