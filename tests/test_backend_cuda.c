@@ -21,6 +21,7 @@
  *   lazy start                         test_cuda_lazy_start
  *   failed sync                        test_cuda_failed_event_frees_block
  *   failed record syncs the device     test_cuda_failed_record_waits_for_stream_only
+ *   completed events kept for reuse    test_cuda_completed_events_are_reused
  *
  * Gaps that mutation testing found (tests/mutate/mutations.txt):
  *   segment from the current device    test_cuda_caller_context_kept (device 1's free memory)
@@ -513,6 +514,30 @@ static void body_failed_event(void)
     EXPECT(tally_check() == 0);
 }
 
+/* An event tally recorded for a freed block is kept once it has completed
+ * and serves the next free that needs one: twenty rounds of allocate,
+ * record_stream, free and wait create one event, not twenty (on a real
+ * driver, which counts nothing, only the frees are checked). */
+static void body_events_reused(void)
+{
+    driver_up();
+    CUstream s1 = make_stream(0);
+    long long made = cu_calls("cuEventCreate");
+    for (int i = 0; i < 20; i++) {
+        void *p = tally_malloc(1 << 20, 0, NULL);
+        EXPECT(p != NULL);
+        EXPECT(tally_record_stream(p, s1) == 0);
+        tally_free(p); /* an event on s1 holds the block */
+        CU_EXPECT(cu.cuStreamSynchronize(s1));
+    }
+    if (made >= 0)
+        EXPECT(cu_calls("cuEventCreate") - made == 1);
+    tally_stats_t st;
+    EXPECT(tally_get_stats(0, &st) == 0);
+    EXPECT(st.allocation[0].allocated == 20);
+    EXPECT(tally_check() == 0);
+}
+
 struct watchdog {
     struct cu_hold *hold;
     _Atomic int fired; /* read by the test while the watchdog may write it */
@@ -751,6 +776,7 @@ CUDA_TEST(test_init_failure_names_call, "backend:cuda,leak_report:off", body_ini
 CUDA_TEST(test_cuda_old_driver_refused, "backend:cuda,leak_report:off", body_old_driver, 1)
 CUDA_TEST(test_cuda_lazy_start, "backend:cuda,leak_report:off", body_lazy_start, 2)
 CUDA_TEST(test_cuda_failed_event_frees_block, "backend:cuda,leak_report:off", body_failed_event, 2)
+CUDA_TEST(test_cuda_completed_events_are_reused, "backend:cuda,leak_report:off", body_events_reused, 1)
 CUDA_TEST(test_cuda_failed_record_waits_for_stream_only, "backend:cuda,leak_report:off",
           body_failed_record_waits_for_stream_only, 2)
 CUDA_TEST(test_cuda_capture_graph_pool, "backend:cuda,leak_report:off", body_capture, 1)
@@ -785,6 +811,7 @@ int main(void)
         cmocka_unit_test(test_cuda_old_driver_refused),
         cmocka_unit_test(test_cuda_lazy_start),
         cmocka_unit_test(test_cuda_failed_event_frees_block),
+        cmocka_unit_test(test_cuda_completed_events_are_reused),
         cmocka_unit_test(test_cuda_failed_record_waits_for_stream_only),
         cmocka_unit_test(test_cuda_capture_graph_pool),
         cmocka_unit_test(test_cuda_capture_without_pool_refused),
