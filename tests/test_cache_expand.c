@@ -468,6 +468,41 @@ static void test_steal_takes_the_longest_run_first(void **state)
     CHECK_OK();
 }
 
+static void test_idle_pages_right_below_the_block_are_taken(void **state)
+{
+    (void)state;
+    /* A guard on page 0, q over pages 1 and 2 and a quarter of page 3,
+     * then p (1.5 MiB) inside page 3. With q freed, pages 1 and 2 are idle
+     * and page 3 is held by p. A 10 MiB block fits no hole: it starts
+     * right after p, in page 3, and needs pages 4 to 8 at the mark. The
+     * idle run just below its first page is not one of its pages: both of
+     * its pages go back (one unmap call), so reserved grows by 3 pages, not
+     * 4. */
+    void *g = tally_malloc(2 * MiB, 0, stream_a);
+    void *q = tally_malloc(4 * MiB + MiB / 4, 0, stream_a);
+    void *p = tally_malloc(MiB + MiB / 2, 0, stream_a);
+    assert_non_null(g);
+    assert_non_null(q);
+    assert_non_null(p);
+    EQ((uintptr_t)q - (uintptr_t)g, 2 * MiB);
+    EQ((uintptr_t)p - (uintptr_t)q, 4 * MiB + MiB / 4);
+    tally_free(q);
+    tally_stats_t before = stats(0);
+    EQ(before.reserved_bytes[TALLY_POOL_ALL].current, 4 * PAGE);
+    void *b = tally_malloc(10 * MiB, 0, stream_a);
+    assert_non_null(b);
+    EQ((uintptr_t)b - (uintptr_t)p, MiB + MiB / 2);
+    tally_stats_t s = stats(0);
+    EQ(s.num_device_free - before.num_device_free, 1);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].current, 7 * PAGE);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].peak, 7 * PAGE);
+    CHECK_OK();
+    tally_free(b);
+    tally_free(p);
+    tally_free(g);
+    CHECK_OK();
+}
+
 static void test_room_under_the_mark_is_mapped_ahead_and_used(void **state)
 {
     (void)state;
@@ -1019,6 +1054,7 @@ int main(void)
         cmocka_unit_test_setup(test_idle_pages_below_the_mark_cost_no_call, reset),
         cmocka_unit_test_setup(test_every_idle_run_goes_when_all_are_needed, reset),
         cmocka_unit_test_setup(test_steal_takes_the_longest_run_first, reset),
+        cmocka_unit_test_setup(test_idle_pages_right_below_the_block_are_taken, reset),
         cmocka_unit_test_setup(test_room_under_the_mark_is_mapped_ahead_and_used, reset),
         cmocka_unit_test_setup(test_free_small_segments_move_to_large_blocks, reset),
         cmocka_unit_test_setup(test_small_blocks_growing_the_range_map_to_the_chunk, reset),
