@@ -22,6 +22,7 @@
  *   failed sync                        test_cuda_failed_event_frees_block
  *   failed record syncs the device     test_cuda_failed_record_waits_for_stream_only
  *   completed events kept for reuse    test_cuda_completed_events_are_reused
+ *   64 spare events per device         test_cuda_cross_device_events_kept_up_to_64
  *
  * Gaps that mutation testing found (tests/mutate/mutations.txt):
  *   segment from the current device    test_cuda_caller_context_kept (device 1's free memory)
@@ -538,6 +539,44 @@ static void body_events_reused(void)
     EXPECT(tally_check() == 0);
 }
 
+/* Events of another device go back to the backend, which keeps 64 spares
+ * per device and destroys the rest: 70 blocks of device 0 used on a
+ * stream of device 1 and freed take 70 events of device 1; once they have
+ * completed, 64 are kept and 6 destroyed, and the next 64 such frees
+ * create none. */
+static void body_cross_device_spares(void)
+{
+    driver_up();
+    CUstream s1 = make_stream(1);
+    void *p[70];
+    long long made = cu_calls("cuEventCreate"), gone = cu_calls("cuEventDestroy");
+    for (int i = 0; i < 70; i++) {
+        p[i] = tally_malloc(1 << 20, 0, NULL);
+        EXPECT(p[i] != NULL);
+        EXPECT(tally_record_stream(p[i], s1) == 0);
+    }
+    for (int i = 0; i < 70; i++)
+        tally_free(p[i]);
+    CU_EXPECT(cu.cuStreamSynchronize(s1));
+    tally_empty_cache(0); /* completed events are collected first */
+    if (made >= 0) {
+        EXPECT(cu_calls("cuEventCreate") - made == 70);
+        EXPECT(cu_calls("cuEventDestroy") - gone == 6);
+    }
+    made = cu_calls("cuEventCreate");
+    for (int i = 0; i < 64; i++) {
+        p[i] = tally_malloc(1 << 20, 0, NULL);
+        EXPECT(p[i] != NULL);
+        EXPECT(tally_record_stream(p[i], s1) == 0);
+    }
+    for (int i = 0; i < 64; i++)
+        tally_free(p[i]);
+    if (made >= 0)
+        EXPECT(cu_calls("cuEventCreate") == made);
+    CU_EXPECT(cu.cuStreamSynchronize(s1));
+    EXPECT(tally_check() == 0);
+}
+
 struct watchdog {
     struct cu_hold *hold;
     _Atomic int fired; /* read by the test while the watchdog may write it */
@@ -777,6 +816,7 @@ CUDA_TEST(test_cuda_old_driver_refused, "backend:cuda,leak_report:off", body_old
 CUDA_TEST(test_cuda_lazy_start, "backend:cuda,leak_report:off", body_lazy_start, 2)
 CUDA_TEST(test_cuda_failed_event_frees_block, "backend:cuda,leak_report:off", body_failed_event, 2)
 CUDA_TEST(test_cuda_completed_events_are_reused, "backend:cuda,leak_report:off", body_events_reused, 1)
+CUDA_TEST(test_cuda_cross_device_events_kept_up_to_64, "backend:cuda,leak_report:off", body_cross_device_spares, 2)
 CUDA_TEST(test_cuda_failed_record_waits_for_stream_only, "backend:cuda,leak_report:off",
           body_failed_record_waits_for_stream_only, 2)
 CUDA_TEST(test_cuda_capture_graph_pool, "backend:cuda,leak_report:off", body_capture, 1)
@@ -812,6 +852,7 @@ int main(void)
         cmocka_unit_test(test_cuda_lazy_start),
         cmocka_unit_test(test_cuda_failed_event_frees_block),
         cmocka_unit_test(test_cuda_completed_events_are_reused),
+        cmocka_unit_test(test_cuda_cross_device_events_kept_up_to_64),
         cmocka_unit_test(test_cuda_failed_record_waits_for_stream_only),
         cmocka_unit_test(test_cuda_capture_graph_pool),
         cmocka_unit_test(test_cuda_capture_without_pool_refused),
