@@ -882,6 +882,18 @@ static void test_pattern_ending_early_while_the_name_goes_on(void **state)
         if (!tally__sup_pattern_match(one, not_ends))
             fail_msg("pattern %s does not match %s", one, not_ends);
     }
+    /* The same with a star left past the pattern's end: a match that took it
+     * for one of the pattern's would never come back to the pattern's end.
+     * "b$" meets "bb" only on its second try, "a*b$" "abb" too. */
+    char stars[301];
+    memset(stars, '*', 300);
+    stars[300] = 0;
+    static const char *const tail[][2] = {{"b$", "bb"}, {"a*b$", "abb"}, {"^*b$", "xbb"}, {"a$", "aa"}};
+    for (size_t i = 0; i < sizeof tail / sizeof tail[0]; i++) {
+        assert_true(tally__sup_pattern_match(stars, tail[i][1]));
+        if (!tally__sup_pattern_match(tail[i][0], tail[i][1]))
+            fail_msg("pattern %s does not match %s after a pattern of stars", tail[i][0], tail[i][1]);
+    }
 }
 
 /* ---- main ------------------------------------------------------------------------- */
