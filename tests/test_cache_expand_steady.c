@@ -327,6 +327,30 @@ static void body_budget_some(int fd)
     (void)fd;
 }
 
+/* The budget comes back once per step (every 1000 allocations until a
+ * step is known), not at each allocation: 4 ms pays for one move of 10
+ * pages (about 2.8 ms), not for a second in the same window; the next
+ * window pays again. */
+static void body_budget_per_window(int fd)
+{
+    host_conf(",expandable_move_budget:4000");
+    int64_t rise;
+    uint64_t unmaps;
+    holes_then_big(&rise, &unmaps);
+    NEED(rise == 0 && unmaps == 1);
+    tally_empty_cache(0);
+    tally_reset_peak_stats(0);
+    holes_then_big(&rise, &unmaps);
+    NEED(rise == (int64_t)(20 * MiB) && unmaps == 0);
+    for (int i = 0; i < 1000; i++)
+        tally_free(must(512));
+    tally_empty_cache(0);
+    tally_reset_peak_stats(0);
+    holes_then_big(&rise, &unmaps);
+    NEED(rise == 0 && unmaps == 1);
+    (void)fd;
+}
+
 static void test_budget_zero_maps_new_pages_instead_of_moving(void **state)
 {
     (void)state;
@@ -346,6 +370,13 @@ static void test_budget_pays_for_moves_up_to_its_cost(void **state)
     (void)state;
     const char *const env[] = {"TALLY_CONF", "", NULL};
     expect_child_ok(env, body_budget_some);
+}
+
+static void test_budget_comes_back_per_window_not_per_allocation(void **state)
+{
+    (void)state;
+    const char *const env[] = {"TALLY_CONF", "", NULL};
+    expect_child_ok(env, body_budget_per_window);
 }
 
 static void discard(void *arg, const char *text, size_t len)
@@ -478,6 +509,7 @@ int main(void)
         cmocka_unit_test(test_budget_zero_maps_new_pages_instead_of_moving),
         cmocka_unit_test(test_unlimited_budget_moves_idle_pages),
         cmocka_unit_test(test_budget_pays_for_moves_up_to_its_cost),
+        cmocka_unit_test(test_budget_comes_back_per_window_not_per_allocation),
         cmocka_unit_test(test_random_workload_without_moves_keeps_invariants),
         cmocka_unit_test(test_move_budget_key),
         cmocka_unit_test(test_step_detector_steady_after_a_whole_step),
