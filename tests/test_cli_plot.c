@@ -459,6 +459,71 @@ static void write_cut_timeline(const char *dst, int dev, bool stages_only)
 
 /* ---- stage bands --------------------------------------------------------------- */
 
+/* Where the x axis puts 0 and how many pixels one unit of it takes, from
+ * its ticks: tick 0, and the last tick's value and place. */
+static void x_axis(const char *svg, double *x0, double *px_per_unit)
+{
+    const char *axis = strstr(svg, "<g class=\"x-axis\""), *axis_end = axis ? strstr(axis, "</g>") : NULL;
+    assert_non_null(axis_end);
+    double xl = 0, vl = 0;
+    *x0 = -1;
+    for (const char *t = strstr(axis, "<text x=\""); t && t < axis_end; t = strstr(t + 1, "<text x=\"")) {
+        double x, v;
+        assert_int_equal(sscanf(t, "<text x=\"%lf\" y=\"%*f\">%lf<", &x, &v), 2);
+        if (v == 0)
+            *x0 = x;
+        xl = x;
+        vl = v;
+    }
+    assert_true(*x0 >= 0 && vl > 0);
+    *px_per_unit = (xl - *x0) / vl;
+}
+
+/* By event number with a point per event, every outline (each tag's area
+ * and the reserved line) starts at event 0, on the axis's 0, and reaches
+ * the last event: none leaves out the first event's memory. */
+static void test_plot_by_events_starts_at_the_first_event(void **state)
+{
+    (void)state;
+    static tl_event_t ev[1024];
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/train.json", dir);
+    char *json = slurp(path);
+    assert_non_null(json);
+    int n = read_timeline(json, ev, 1024), last = -1;
+    for (int i = 0; i < n; i++)
+        last += ev[i].device == 0;
+    free(json);
+    assert_true(last > 0);
+    snprintf(path, sizeof path, "%s/first.svg", dir);
+    run_t r = tally_run("plot '%s/train.json' --x events -o '%s'", dir, path);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    char *svg = slurp(path);
+    assert_non_null(svg);
+    double x0, px;
+    x_axis(svg, &x0, &px);
+    static pts_t line;
+    int paths = 0;
+    for (const char *at = strstr(svg, "<path class=\""); at; at = strstr(at + 1, "<path class=\"")) {
+        read_pts(strstr(at, " d=\"") + 4, &line);
+        assert_true(line.n >= 2);
+        double lo = line.x[0], hi = line.x[0];
+        for (int i = 1; i < line.n; i++) {
+            lo = line.x[i] < lo ? line.x[i] : lo;
+            hi = line.x[i] > hi ? line.x[i] : hi;
+        }
+        if (fabs(lo - x0) > 0.25)
+            fail_msg("an outline (%.40s) starts at x %.1f, not at event 0 (x %.1f)", at, lo, x0);
+        if (hi + 0.25 < x0 + px * last)
+            fail_msg("an outline (%.40s) ends at x %.1f, before the last event (%d, x %.1f)", at, hi, last,
+                     x0 + px * last);
+        paths++;
+    }
+    assert_true(paths >= 6); /* five tags and the reserved line */
+    free(svg);
+}
+
 /* Each stage's band spans its stage_begin event to its stage_end event,
  * and only stages have bands: by event number, on device 0 of train.json
  * (load, then train with a nested warmup), one band per stage_begin, in
@@ -505,19 +570,8 @@ static void test_plot_stage_band_starts_at_stage_begin(void **state)
     run_free(&r);
     char *svg = slurp(path);
     assert_non_null(svg);
-    const char *axis = strstr(svg, "<g class=\"x-axis\""), *axis_end = axis ? strstr(axis, "</g>") : NULL;
-    assert_non_null(axis_end);
-    double x0 = -1, xl = 0, vl = 0;
-    for (const char *t = strstr(axis, "<text x=\""); t && t < axis_end; t = strstr(t + 1, "<text x=\"")) {
-        double x, v;
-        assert_int_equal(sscanf(t, "<text x=\"%lf\" y=\"%*f\">%lf<", &x, &v), 2);
-        if (v == 0)
-            x0 = x;
-        xl = x;
-        vl = v;
-    }
-    assert_true(x0 >= 0 && vl > 0);
-    double px_per_event = (xl - x0) / vl;
+    double x0, px_per_event;
+    x_axis(svg, &x0, &px_per_event);
 
     int bands = 0;
     for (const char *g = strstr(svg, "<g class=\"stage\">"); g; g = strstr(g + 1, "<g class=\"stage\">")) {
@@ -975,6 +1029,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_says_how_many_events_were_dropped),
         cmocka_unit_test(test_plot_without_timeline),
         cmocka_unit_test(test_plot_stage_band_starts_at_stage_begin),
+        cmocka_unit_test(test_plot_by_events_starts_at_the_first_event),
         cmocka_unit_test(test_plot_default_device_is_busiest_when_home_has_none),
         cmocka_unit_test(test_plot_by_events_axis_counts_the_devices_events),
         cmocka_unit_test(test_plot_default_device_without_allocations_is_the_timelines),
