@@ -459,6 +459,21 @@ static void write_cut_timeline(const char *dst, int dev, bool stages_only)
 
 /* ---- stage bands --------------------------------------------------------------- */
 
+/* The timeline of train.json, oldest first (at least one event, fewer
+ * than max); how many. The text is freed: the events' `at` is not to be
+ * read. */
+static int train_timeline(tl_event_t *ev, int max)
+{
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/train.json", dir);
+    char *json = slurp(path);
+    assert_non_null(json);
+    int n = read_timeline(json, ev, max);
+    free(json);
+    assert_true(n > 0 && n < max);
+    return n;
+}
+
 /* Where the x axis puts 0 and how many pixels one unit of it takes, from
  * its ticks: tick 0, and the last tick's value and place. */
 static void x_axis(const char *svg, double *x0, double *px_per_unit)
@@ -486,15 +501,11 @@ static void test_plot_by_events_starts_at_the_first_event(void **state)
 {
     (void)state;
     static tl_event_t ev[1024];
-    char path[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/train.json", dir);
-    char *json = slurp(path);
-    assert_non_null(json);
-    int n = read_timeline(json, ev, 1024), last = -1;
+    int n = train_timeline(ev, 1024), last = -1;
     for (int i = 0; i < n; i++)
         last += ev[i].device == 0;
-    free(json);
     assert_true(last > 0);
+    char path[PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/first.svg", dir);
     run_t r = tally_run("plot '%s/train.json' --x events -o '%s'", dir, path);
     EXPECT_RC(r, 0);
@@ -535,11 +546,7 @@ static void test_plot_stage_band_starts_at_stage_begin(void **state)
     (void)state;
     static tl_event_t ev[1024];
     char path[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/train.json", dir);
-    char *json = slurp(path);
-    assert_non_null(json);
-    int n = read_timeline(json, ev, 1024);
-    assert_true(n > 0 && n < 1024);
+    int n = train_timeline(ev, 1024);
     /* The bands wanted: stage_end k closes the innermost open stage. */
     struct {
         char name[64];
@@ -560,7 +567,6 @@ static void test_plot_stage_band_starts_at_stage_begin(void **state)
         }
         k++;
     }
-    free(json);
     assert_int_equal(depth, 0);
     assert_int_equal(nwant, 3);
 
