@@ -494,6 +494,21 @@ static void x_axis(const char *svg, double *x0, double *px_per_unit)
     *px_per_unit = (xl - *x0) / vl;
 }
 
+/* train.json plotted by event number into dir/name: the SVG's text (to be
+ * freed), with where its x axis puts event 0 and the pixels per event. */
+static char *plot_train_by_events(const char *name, double *x0, double *px_per_event)
+{
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    run_t r = tally_run("plot '%s/train.json' --x events -o '%s'", dir, path);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    char *svg = slurp(path);
+    assert_non_null(svg);
+    x_axis(svg, x0, px_per_event);
+    return svg;
+}
+
 /* By event number with a point per event, every outline (each tag's area
  * and the reserved line) starts at event 0, on the axis's 0, and reaches
  * the last event: none leaves out the first event's memory. */
@@ -505,15 +520,8 @@ static void test_plot_by_events_starts_at_the_first_event(void **state)
     for (int i = 0; i < n; i++)
         last += ev[i].device == 0;
     assert_true(last > 0);
-    char path[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/first.svg", dir);
-    run_t r = tally_run("plot '%s/train.json' --x events -o '%s'", dir, path);
-    EXPECT_RC(r, 0);
-    run_free(&r);
-    char *svg = slurp(path);
-    assert_non_null(svg);
     double x0, px;
-    x_axis(svg, &x0, &px);
+    char *svg = plot_train_by_events("first.svg", &x0, &px);
     static pts_t line;
     int paths = 0;
     for (const char *at = strstr(svg, "<path class=\""); at; at = strstr(at + 1, "<path class=\"")) {
@@ -545,7 +553,6 @@ static void test_plot_stage_band_starts_at_stage_begin(void **state)
 {
     (void)state;
     static tl_event_t ev[1024];
-    char path[PATH_MAX + 16];
     int n = train_timeline(ev, 1024);
     /* The bands wanted: stage_end k closes the innermost open stage. */
     struct {
@@ -570,14 +577,8 @@ static void test_plot_stage_band_starts_at_stage_begin(void **state)
     assert_int_equal(depth, 0);
     assert_int_equal(nwant, 3);
 
-    snprintf(path, sizeof path, "%s/bands.svg", dir);
-    run_t r = tally_run("plot '%s/train.json' --x events -o '%s'", dir, path);
-    EXPECT_RC(r, 0);
-    run_free(&r);
-    char *svg = slurp(path);
-    assert_non_null(svg);
     double x0, px_per_event;
-    x_axis(svg, &x0, &px_per_event);
+    char *svg = plot_train_by_events("bands.svg", &x0, &px_per_event);
 
     int bands = 0;
     for (const char *g = strstr(svg, "<g class=\"stage\">"); g; g = strstr(g + 1, "<g class=\"stage\">")) {
