@@ -123,6 +123,10 @@ class CliTest(unittest.TestCase):
     def test_run_exit_status_and_errors(self):
         r = self.tally("run", self.script("exit3.py", "import sys\nsys.exit(3)\n"))
         self.assertEqual(r.returncode, 3, r.stderr)
+        # sys.exit with a message: the message on stderr and status 1, as python gives.
+        r = self.tally("run", self.script("exitmsg.py", "import sys\nsys.exit('stopped: no data')\n"))
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("stopped: no data\n", r.stderr)
         r = self.tally("run", self.script("boom.py", "raise ValueError('boom')\n"))
         self.assertEqual(r.returncode, 1)
         self.assertIn("ValueError: boom", r.stderr)

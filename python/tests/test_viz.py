@@ -310,6 +310,13 @@ class VizTest(unittest.TestCase):
             if e["action"] in ("alloc", "free_requested", "free_completed"):
                 self.assertEqual(len(e["frames"]), 1)
                 self.assertEqual(set(e["frames"][0]), {"filename", "line", "name"})
+        # The owner frame, as docs/reports.md gives it: file "tally", line 0
+        # (no source line), the owner as its name.
+        owner = [f for s in self.snap["segments"] for b in s["blocks"] for f in b["frames"]
+                 if f["name"] == "tag model-init, stage load"]
+        self.assertTrue(owner)
+        for f in owner:
+            self.assertEqual(f, {"filename": "tally", "line": 0, "name": "tag model-init, stage load"})
 
     def test_stages(self):
         stages = [(s["action"], s["stage"]) for s in self.snap["tally"]["stages"] if s["device"] == 0]
