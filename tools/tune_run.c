@@ -109,9 +109,8 @@ static size_t split_values(const trace_t *t, uint64_t *out, size_t max)
     static const double q[] = {0.25, 0.5, 0.75, 0.9, 0.99};
     size_t k = 0;
     for (size_t i = 0; n && i < sizeof q / sizeof q[0] && k < max; i++) {
+        /* Sizes above 20 MiB: rounded up, at least 21 (PyTorch's minimum is 20). */
         uint64_t mb = (big[(size_t)(q[i] * (double)(n - 1))] + MIB - 1) / MIB;
-        if (mb <= 20)
-            mb = 21;
         if (!k || out[k - 1] != mb)
             out[k++] = mb;
     }

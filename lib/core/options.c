@@ -149,8 +149,7 @@ void tally__options_default(tally_options_t *o)
     o->large_segment_size_mb = 20;
     o->expandable_handle_mb = 0; /* off: least memory (docs/benchmarks.md, run G) */
     o->expandable_move_budget = 0; /* no page moves: no driver call in a steady step (issue 21) */
-    for (int i = 0; i < TALLY_ROUNDUP_INTERVALS; i++)
-        o->roundup_divisions[i] = 0;
+    /* roundup_divisions stay 0 (the memset): PyTorch's default rounding. */
     o->ledger = 1;
     o->stage_report = 1;
     o->sleep_pinned_cache = 1;
