@@ -320,6 +320,59 @@ static void test_merge_names_foreign_memory_freed_since(void **state)
     run_free(&r);
 }
 
+/* The foreign findings' order: those still held first, then those freed
+ * since; within each, by rank; within a rank, the most bytes first (current
+ * bytes when held, the peak when freed). Two hand-written reports of a
+ * 2-rank job, rank 1 named first, each with rows on the other's device in
+ * an order that is neither the one wanted nor its reverse. */
+static void test_merge_findings_held_first_then_by_rank_then_largest(void **state)
+{
+    (void)state;
+    static const char head[] = "{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"rank\":%d,"
+                               "\"world_size\":2,\"home_device\":%d,\"backend\":\"host\",\"devices\":[],\"ledger\":[\n";
+    static const char row[] = "{\"tag\":\"%s\",\"stage\":\"load\",\"device\":%d,\"foreign\":true,\"current_bytes\":%d,"
+                              "\"peak_bytes\":%d,\"live_blocks\":%d}%s\n";
+    char path[2][PATH_MAX + 32];
+    for (int rank = 1; rank >= 0; rank--) {
+        snprintf(path[rank], sizeof path[rank], "%s/order-rank%d.json", dir, rank);
+        FILE *f = fopen(path[rank], "w");
+        assert_non_null(f);
+        int other = 1 - rank;
+        fprintf(f, head, rank, rank);
+        /* Neither in the order wanted nor in its reverse. */
+        fprintf(f, row, "big", other, 3145728, 3145728, 1, ",");
+        fprintf(f, row, "gone-big", other, 0, 4194304, 0, ",");
+        fprintf(f, row, "small", other, 1048576, 1048576, 1, ",");
+        fprintf(f, row, "gone-small", other, 0, 2097152, 0, ",");
+        fprintf(f, row, "middle", other, 2097152, 2097152, 1, "");
+        fputs("],\"stages\":[],\"leaks\":[]}\n", f);
+        assert_int_equal(fclose(f), 0);
+    }
+    run_t r = tally_run("merge '%s' '%s'", path[1], path[0]);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "foreign memory: 6 findings, and 4 earlier holdings since freed\n");
+    static const char *const want[] = {
+        "rank 0 holds 3.0 MiB on device 1: stage load, tag big",
+        "rank 0 holds 2.0 MiB on device 1: stage load, tag middle",
+        "rank 0 holds 1.0 MiB on device 1: stage load, tag small",
+        "rank 1 holds 3.0 MiB on device 0: stage load, tag big",
+        "rank 1 holds 2.0 MiB on device 0: stage load, tag middle",
+        "rank 1 holds 1.0 MiB on device 0: stage load, tag small",
+        "rank 0 held up to 4.0 MiB on device 1, freed since: stage load, tag gone-big",
+        "rank 0 held up to 2.0 MiB on device 1, freed since: stage load, tag gone-small",
+        "rank 1 held up to 4.0 MiB on device 0, freed since: stage load, tag gone-big",
+        "rank 1 held up to 2.0 MiB on device 0, freed since: stage load, tag gone-small",
+    };
+    const char *at = r.out;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const char *next = strstr(at, want[i]);
+        if (!next)
+            fail_msg("finding %zu (\"%s\") is not after the one before it:\n%s", i + 1, want[i], r.out);
+        at = next + strlen(want[i]);
+    }
+    run_free(&r);
+}
+
 static void test_merge_four_ranks(void **state)
 {
     (void)state;
@@ -618,6 +671,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_merge_four_ranks),
         cmocka_unit_test(test_merge_ranks_count_only_rows_that_held_memory),
         cmocka_unit_test(test_merge_names_foreign_memory_freed_since),
+        cmocka_unit_test(test_merge_findings_held_first_then_by_rank_then_largest),
         cmocka_unit_test(test_merge_totals_every_rank_with_fewer_ranks_than_devices),
         cmocka_unit_test(test_merge_json),
         cmocka_unit_test(test_merge_json_writes_spaces_as_spaces),
