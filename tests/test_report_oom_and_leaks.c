@@ -93,6 +93,55 @@ static void test_oom_report_names_the_segment_it_needed(void **state)
     lu_child_free(&c);
 }
 
+/* The report lists at most ten owners, the largest first: eleven tags
+ * holding 64 KiB times 1 to 11, then a request the 64 MiB device cannot
+ * give. */
+static int child_oom_eleven_holders(void)
+{
+    void *held[11];
+    LU_REQUIRE(tally_stage_begin("crowd") == 0);
+    for (int i = 0; i < 11; i++) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "holder-%d", i + 1);
+        LU_REQUIRE(tally_tag_push(tag) == 0);
+        held[i] = tally_malloc((size_t)(i + 1) * 64 * 1024, 0, NULL);
+        LU_REQUIRE(tally_tag_pop() == 0);
+        LU_REQUIRE(held[i] != NULL);
+    }
+    fprintf(stderr, "--- before the failing allocation\n");
+    void *p = tally_malloc(100 * MB, 0, NULL);
+    printf("result=%s\n", p ? "non-null" : "null");
+    for (int i = 0; i < 11; i++)
+        tally_free(held[i]);
+    LU_REQUIRE(tally_stage_end("crowd") == 0);
+    return 0;
+}
+
+static void test_oom_report_lists_the_ten_largest_holders(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    lu_child_run(&c, "oom-eleven", "backend:host,host_devices:1,host_capacity:64MiB,host_mode:virtual,leak_report:off",
+                 NULL);
+    LU_CHILD_EXIT(&c, 0);
+    LU_HAS(c.out, "result=null\n");
+    const char *e = strstr(c.err, "--- before the failing allocation");
+    assert_non_null(e);
+    e = strstr(e, "tally:   who holds device 0:\n");
+    assert_non_null(e);
+    const char *at = e;
+    for (int k = 11; k >= 2; k--) {
+        char line[128];
+        snprintf(line, sizeof line, "tally:     %d.0 KiB in 1 block: tag holder-%d, stage crowd\n", k * 64, k);
+        const char *next = strstr(at, line);
+        if (!next)
+            fail_msg("holder-%d (\"%s\") is missing or out of order:\n%s", k, line, e);
+        at = next + strlen(line);
+    }
+    LU_LACKS(e, "tag holder-1,"); /* the eleventh largest */
+    lu_child_free(&c);
+}
+
 /* ---- allocation sites ---------------------------------------------------------- */
 
 /* Two allocation sites. Each allocates n blocks from one call instruction
@@ -357,6 +406,7 @@ static void test_leak_groups_of_equal_size_go_by_tag_then_stage(void **state)
 static const lu_role_t roles[] = {
     {"oom", child_oom},
     {"oom-segment", child_oom_segment},
+    {"oom-eleven", child_oom_eleven_holders},
     {NULL, NULL},
 };
 
@@ -367,6 +417,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         LU_T(test_oom_report_names_the_holders),
         LU_T(test_oom_report_names_the_segment_it_needed),
+        LU_T(test_oom_report_lists_the_ten_largest_holders),
         LU_T(test_backtrace_sites_split_leak_groups),
         LU_T(test_one_frame_sites_are_the_callers),
         LU_T(test_leak_report_without_sites_groups_by_owner),
