@@ -421,6 +421,32 @@ static void test_replays_wait_out_interrupting_signals(void **state)
     trace_free(&t);
 }
 
+/* tune_run's shared table cannot be had (its size past the address
+ * space: series of 2^44 rows asked): -1, as tune.h says, and err says
+ * which mapping failed; no row is run. */
+static void test_run_without_its_shared_table_returns_minus_one(void **state)
+{
+    (void)state;
+    trace_builder_t b;
+    trace_t t;
+    char err[256] = "";
+    assert_int_equal(trace_begin(&b, &t, "no-table", err, sizeof err), 0);
+    assert_int_equal(trace_add(&b, 'a', 1, 1 << 20, 0, err, sizeof err), 0);
+    assert_int_equal(trace_add(&b, 'f', 1, 0, 0, err, sizeof err), 0);
+    trace_end(&b);
+    tune_row_t row;
+    memset(&row, 0, sizeof row);
+    size_t want[1] = {0};
+    tune_series_t series[1];
+    memset(series, 0, sizeof series);
+    int rc = tune_run(&t, 80ull << 30, &row, 1, 1, true, want, (size_t)1 << 44, series, err, sizeof err);
+    assert_int_equal(rc, -1);
+    if (strncmp(err, "mmap of ", 8) != 0)
+        fail_msg("err is \"%s\", not the mapping's failure", err);
+    assert_false(row.ok);
+    trace_free(&t);
+}
+
 /* The grid's max_split_size_mb candidates are quantiles of the allocations
  * above 20 MiB (PyTorch's least allowed value): blocks of exactly 20 MiB do
  * not count. Ten of 20 MiB and one of 100 MiB give one candidate, 100 (the
@@ -2201,6 +2227,7 @@ int main(int argc, char **argv)
         return child_workload();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_sizes_below_100_kib_are_bytes),
+        cmocka_unit_test(test_run_without_its_shared_table_returns_minus_one),
         cmocka_unit_test(test_pickle_plain_data),
         cmocka_unit_test(test_pickle_refuses_bad_input),
         cmocka_unit_test(test_pickle_memo_slot_in_a_gap_was_never_stored),
