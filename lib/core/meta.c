@@ -18,6 +18,29 @@
 #include <string.h>
 #include <sys/mman.h>
 
+/* Under AddressSanitizer (make asan) the tally-heap tells ASan which of its
+ * bytes are in use, as mimalloc's and sqlite's heaps do: a chunk starts
+ * poisoned, an object's payload is unpoisoned when it is handed out and
+ * poisoned again when it is freed, and the 16-byte headers and the slack up
+ * to the size class stay poisoned. So a read or write past the end of a
+ * metadata array (one page too many in a loop over a segment's pages) is
+ * reported, which ASan could not see inside the heap's own chunks. */
+#if defined(__SANITIZE_ADDRESS__)
+#define META_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define META_ASAN 1
+#endif
+#endif
+#ifdef META_ASAN
+#include <sanitizer/asan_interface.h>
+#define META_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define META_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define META_POISON(p, n) ((void)(p), (void)(n))
+#define META_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 /* jemalloc's mallocx flag encoding (stable ABI since jemalloc 3), defined
  * here so the build needs no jemalloc headers: jemalloc is only ever found
  * at run time. */
@@ -137,6 +160,8 @@ static void *heap_alloc(size_t size)
         h->size = len;
         h->klass = META_CLASSES;
         atomic_fetch_add(&meta_bytes, len);
+        META_POISON(h, len);
+        META_UNPOISON(h + 1, size);
         return h + 1;
     }
     uint32_t k = 0;
@@ -149,6 +174,7 @@ static void *heap_alloc(size_t size)
     tally__mutex_lock(&heap_lock);
     meta_hdr_t *h = refused ? NULL : (meta_hdr_t *)heap_free[k];
     if (h) {
+        META_UNPOISON(h, sizeof(meta_free_t));
         heap_free[k] = heap_free[k]->next;
     } else {
         if (refused || !chunk_cur || (size_t)(chunk_end - chunk_cur) < csize) {
@@ -162,13 +188,17 @@ static void *heap_alloc(size_t size)
             }
             chunk_cur = m;
             chunk_end = chunk_cur + META_CHUNK;
+            META_POISON(m, META_CHUNK);
         }
         h = (meta_hdr_t *)chunk_cur;
         chunk_cur += csize;
     }
     tally__mutex_unlock(&heap_lock);
+    META_UNPOISON(h, sizeof *h);
     h->size = csize;
     h->klass = k;
+    META_POISON(h, csize);
+    META_UNPOISON(h + 1, size);
     atomic_fetch_add(&meta_bytes, csize);
     return h + 1;
 }
@@ -176,14 +206,21 @@ static void *heap_alloc(size_t size)
 static void heap_free_obj(void *p)
 {
     meta_hdr_t *h = (meta_hdr_t *)p - 1;
-    atomic_fetch_sub(&meta_bytes, h->size);
-    if (h->klass >= META_CLASSES) {
-        munmap(h, h->size);
+    META_UNPOISON(h, sizeof *h);
+    size_t csize = h->size;
+    uint32_t k = h->klass;
+    atomic_fetch_sub(&meta_bytes, csize);
+    if (k >= META_CLASSES) {
+        META_UNPOISON(h, csize); /* the kernel's pages again */
+        munmap(h, csize);
         return;
     }
+    META_POISON(h, csize);
     tally__mutex_lock(&heap_lock);
-    ((meta_free_t *)h)->next = heap_free[h->klass];
-    heap_free[h->klass] = (meta_free_t *)h;
+    META_UNPOISON(h, sizeof(meta_free_t));
+    ((meta_free_t *)h)->next = heap_free[k];
+    META_POISON(h, sizeof(meta_free_t));
+    heap_free[k] = (meta_free_t *)h;
     tally__mutex_unlock(&heap_lock);
 }
 
