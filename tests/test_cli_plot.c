@@ -511,7 +511,8 @@ static char *plot_train_by_events(const char *name, double *x0, double *px_per_e
 
 /* By event number with a point per event, every outline (each tag's area
  * and the reserved line) starts at event 0, on the axis's 0, and reaches
- * the last event: none leaves out the first event's memory. */
+ * the last event: none leaves out the first event's memory. Past the last
+ * event it has no point but its end at the plot's edge. */
 static void test_plot_by_events_starts_at_the_first_event(void **state)
 {
     (void)state;
@@ -534,9 +535,14 @@ static void test_plot_by_events_starts_at_the_first_event(void **state)
         }
         if (fabs(lo - x0) > 0.25)
             fail_msg("an outline (%.40s) starts at x %.1f, not at event 0 (x %.1f)", at, lo, x0);
-        if (hi + 0.25 < x0 + px * last)
-            fail_msg("an outline (%.40s) ends at x %.1f, before the last event (%d, x %.1f)", at, hi, last,
-                     x0 + px * last);
+        double xlast = x0 + px * last;
+        if (hi + 0.25 < xlast)
+            fail_msg("an outline (%.40s) ends at x %.1f, before the last event (%d, x %.1f)", at, hi, last, xlast);
+        /* After the last event it only runs on flat to the plot's edge. */
+        for (int i = 0; i < line.n; i++)
+            if (line.x[i] > xlast + 0.25 && line.x[i] < hi - 0.25)
+                fail_msg("an outline (%.40s) has a point at x %.1f, past the last event (%d, x %.1f)", at,
+                         line.x[i], last, xlast);
         paths++;
     }
     assert_true(paths >= 6); /* five tags and the reserved line */
