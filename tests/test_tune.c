@@ -447,6 +447,29 @@ static void test_run_without_its_shared_table_returns_minus_one(void **state)
     trace_free(&t);
 }
 
+/* The recommendation gives the least memory its setting runs in whenever
+ * the search found it, also when no replay with less ran out (a 2 MiB
+ * small segment is the least: nothing below it is tried, so the table's
+ * "runs out" is "-"). */
+static void test_recommendation_says_what_it_runs_in_without_a_replay_running_out(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/tiny.csv", scratch);
+    write_text(path, "op,id,size,stream\na,1,1000,0\na,2,5000,0\nf,1,1000,0\nf,2,5000,0\n");
+    tally_json_t *rows = tune_json(path, "");
+    const tally_json_t *def = &rows->items[0];
+    assert_int_equal(jint(def, "min_device_bytes"), 2 * MiB);
+    assert_null(tally__json_get(def, "runs_out")); /* no replay ran out */
+    tally__json_free(rows);
+    run_t r = tune("'%s'", path);
+    if (r.rc != 0 || !strstr(r.out, "\nPyTorch's allocator: keep the default (no setting within the budget reserves "
+                                    "less): 2.0 MiB, 1 backend call (default 1), ") ||
+        !strstr(r.out, " of driver time on A100; runs in 2.0 MiB\n  PYTORCH_ALLOC_CONF=\n"))
+        fail_msg("status %d, table:\n%s", r.rc, r.out);
+    run_free(&r);
+}
+
 /* The grid's max_split_size_mb candidates are quantiles of the allocations
  * above 20 MiB (PyTorch's least allowed value): blocks of exactly 20 MiB do
  * not count. Ten of 20 MiB and one of 100 MiB give one candidate, 100 (the
@@ -2228,6 +2251,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_sizes_below_100_kib_are_bytes),
         cmocka_unit_test(test_run_without_its_shared_table_returns_minus_one),
+        cmocka_unit_test(test_recommendation_says_what_it_runs_in_without_a_replay_running_out),
         cmocka_unit_test(test_pickle_plain_data),
         cmocka_unit_test(test_pickle_refuses_bad_input),
         cmocka_unit_test(test_pickle_memo_slot_in_a_gap_was_never_stored),
