@@ -146,6 +146,36 @@ static void test_ledger_rows_of_equal_current_go_by_peak(void **state)
     run_free(&r);
 }
 
+/* A report keeps the last 256 stages that ended; the stage table numbers
+ * each with its own "seq" from the report, not its place in the list: a
+ * hand-written report of a job whose history wrapped (stages 299 and 300 of
+ * 300 kept). */
+static void test_ledger_stage_numbers_are_the_reports(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/wrapped_stages.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    static const char stage[] = "{\"name\":\"%s\",\"seq\":%d,\"depth\":1,\"begin_us\":0,\"wall_us\":1500000,"
+                                "\"peak_allocated_bytes\":1048576,\"peak_reserved_bytes\":2097152,"
+                                "\"survivor_bytes\":0,\"survivor_blocks\":0,\"released_bytes\":0,\"survivors\":[]}%s\n";
+    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
+          "\"devices\":[],\"ledger\":[],\"stages_total\":300,\"stages\":[\n",
+          f);
+    fprintf(f, stage, "step-299", 299, ",");
+    fprintf(f, stage, "step-300", 300, "");
+    fputs("],\"leaks\":[]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("ledger '%s'", path);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "stages (300 ended, 2 in the report)\n");
+    HAS(r.out, "\n299  step-299                  1.500      1.0 MiB      2.0 MiB          0 B          0 B\n"
+               "300  step-300 ");
+    expect_text(r.err, "");
+    run_free(&r);
+}
+
 /* The ledger table's tag and stage columns are as wide as the longest tag
  * and stage of any row (at least 20), wherever that row is in the report: a
  * report written by hand (no devices listed) whose third row has a tag of
@@ -664,6 +694,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ledger_rejects_stats),
         cmocka_unit_test(test_ledger_rows_tied_but_for_device_go_by_device),
         cmocka_unit_test(test_ledger_rows_of_equal_current_go_by_peak),
+        cmocka_unit_test(test_ledger_stage_numbers_are_the_reports),
         cmocka_unit_test(test_ledger_columns_fit_the_longest_tag_and_stage),
         cmocka_unit_test(test_merge_closes_each_report_it_reads),
 
