@@ -15,7 +15,12 @@ BUILD    ?= build
 OPT      ?= -O2
 SAN      ?=
 
-WARN    := -Wall -Wextra -Wpedantic -Wstrict-prototypes -Wshadow -Wno-unused-parameter
+# The three that GCC 14 makes errors by default are errors here with any
+# compiler: a pointer of the wrong type, an integer for a pointer, a call to
+# an undeclared function (docs/testing.md: two arguments of different pointer
+# types swapped does not build).
+WARN    := -Wall -Wextra -Wpedantic -Wstrict-prototypes -Wshadow -Wno-unused-parameter \
+           -Werror=incompatible-pointer-types -Werror=int-conversion -Werror=implicit-function-declaration
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -g $(WARN) -fvisibility=hidden -fPIC $(SAN) -Iinclude -Ilib
 LDLIBS  := -lpthread -ldl -lm
 

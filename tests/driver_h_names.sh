@@ -31,7 +31,8 @@ if [ $side = 1 ]; then
   done
   exit 0
 fi
-for n in $names; do echo "#define $n tally_dh_$n"; done
+# (#undef first: cuda.h makes some of them macros, as CU_MEMHOSTALLOC_PORTABLE.)
+for n in $names; do printf "#undef %s\n#define %s tally_dh_%s\n" "$n" "$n" "$n"; done
 echo "#define TALLY_DH_ASSERTS \\"
 count=0
 for n in $names; do
