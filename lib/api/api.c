@@ -257,8 +257,10 @@ static void publish_runtime(const tally_options_t *n)
     STORE(sleep_alloc);
     STORE(sleep_pinned_cache);
 #undef STORE
-    __atomic_store(&tally__opt.gc_threshold, &n->gc_threshold, __ATOMIC_RELAXED);
-    __atomic_store(&tally__opt.memory_fraction, &n->memory_fraction, __ATOMIC_RELAXED);
+    /* Through copies: clang's generic __atomic_store takes a non-const source. */
+    double gc_threshold = n->gc_threshold, memory_fraction = n->memory_fraction;
+    __atomic_store(&tally__opt.gc_threshold, &gc_threshold, __ATOMIC_RELAXED);
+    __atomic_store(&tally__opt.memory_fraction, &memory_fraction, __ATOMIC_RELAXED);
     memcpy(tally__opt.persistent_tags, n->persistent_tags, sizeof tally__opt.persistent_tags);
     memcpy(tally__opt.report_path, n->report_path, sizeof tally__opt.report_path);
     memcpy(tally__opt.leak_suppressions, n->leak_suppressions, sizeof tally__opt.leak_suppressions);
