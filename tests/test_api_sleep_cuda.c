@@ -295,6 +295,55 @@ static void body_private_tag_device_waits(int fd)
     cu.cuCtxPopCurrent(&ctx);
 }
 
+/* Past 64 streams, a tag whose block was also used on another device's
+ * stream waits for that device too, not only for its own: two device
+ * synchronisations, one on each device's context. */
+static void body_past_64_streams_waits_for_each_device_used(int fd)
+{
+    (void)fd;
+    CUcontext ctx = device0_current(), c1;
+    CUstream many[65], other;
+    void *a = tagged("kv", 2 * MiB, NULL);
+    for (int i = 0; i < 65; i++) {
+        NEED(cu.cuStreamCreate(&many[i], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+        NEED(tally_record_stream(a, many[i]) == 0);
+    }
+    /* Device 1 used by tally (a device tally never used has no work of its
+     * own to wait for), and one of its streams on a's uses. */
+    NEED(cu.cuDevicePrimaryCtxRetain(&c1, 1) == CUDA_SUCCESS);
+    NEED(cu.cuCtxPushCurrent(c1) == CUDA_SUCCESS);
+    NEED(cu.cuStreamCreate(&other, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    void *on1 = tally_malloc(4096, 1, other);
+    NEED(on1 != NULL);
+    NEED(tally_record_stream(a, other) == 0);
+    NEED(cu.cuCtxPopCurrent(NULL) == CUDA_SUCCESS);
+    unsigned long long streams = ncalls("cuStreamSynchronize"), device = ncalls("cuCtxSynchronize");
+    NEED(tally_sleep(KV, 1, TALLY_SLEEP_DISCARD) == 0);
+    NEED(ncalls("cuStreamSynchronize") == streams);
+    unsigned long long synced = ncalls("cuCtxSynchronize") - device;
+    if (synced != 2) {
+        fprintf(stderr, "sleep past 64 streams synchronised %llu devices, expected 2 (devices 0 and 1)\n", synced);
+        _exit(1);
+    }
+    NEED(tally_wake(KV, 1) == 0);
+    tally_free(a);
+    tally_free(on1);
+    tally_empty_cache(0);
+    tally_empty_cache(1);
+    for (int i = 0; i < 65; i++)
+        NEED(cu.cuStreamDestroy(many[i]) == CUDA_SUCCESS);
+    cu.cuCtxPopCurrent(&ctx);
+}
+
+static const char *const env_sleep2[] = {"CUDA_STANDIN_DEVICES", "2", "CUDA_STANDIN_MEMORY", "2G", "TALLY_CONF",
+                                         "backend:cuda,private_tags:weights|kv,leak_report:off", NULL};
+
+static void test_past_64_streams_sleep_waits_for_each_device_used(void **state)
+{
+    (void)state;
+    expect_child_ok(env_sleep2, body_past_64_streams_waits_for_each_device_used);
+}
+
 static void test_private_tag_waits_for_the_device_when_asked_or_past_64_streams(void **state)
 {
     (void)state;
@@ -322,6 +371,7 @@ int main(void)
         cmocka_unit_test(test_sleep_waits_for_the_streams),
         cmocka_unit_test(test_sleep_waits_only_for_its_streams),
         cmocka_unit_test(test_private_tag_waits_for_the_device_when_asked_or_past_64_streams),
+        cmocka_unit_test(test_past_64_streams_sleep_waits_for_each_device_used),
     };
     return cmocka_run_group_tests_name("sleep_cuda", tests, NULL, NULL);
 }

@@ -634,6 +634,11 @@ static void test_check_names_a_block_with_the_wrong_ledger_row(void **state)
     assert_true(row < ld->count);
     a->lentry = ld->count; /* past the rows: boundary */
     EXPECT_FAIL("does not match its tag/stage");
+    /* The message names the block and the row it claims. */
+    char want[96];
+    a->lentry = ld->count + 40;
+    snprintf(want, sizeof want, "block %p has ledger row %u that does not match", small_p, ld->count + 40);
+    EXPECT_FAIL(want);
     a->lentry = row;
     CHECK_OK();
     a->tag++;

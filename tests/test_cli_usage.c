@@ -138,6 +138,8 @@ static void test_error_bad_flags(void **state)
         {"summary --device", "--device needs a device number"},
         {"summary --device -1 x.json", "--device needs a device number (0, 1, ...), not '-1'"},
         {"summary --device two x.json", "not 'two'"},
+        /* Device numbers are below 2^20 (cli_util.c). */
+        {"summary --device 1048576 x.json", "--device needs a device number (0, 1, ...), not '1048576'"},
         {"summary", "tally summary: FILE.json is missing"},
         {"summary a.json b.json", "one FILE.json expected, got 'a.json' and 'b.json'"},
         {"ledger --json x.json", "tally ledger: unknown option '--json'"},
@@ -160,6 +162,11 @@ static void test_error_bad_flags(void **state)
         expect_text(r.out, "");
         run_free(&r);
     }
+    /* The last device number taken: the command goes on to its file. */
+    run_t r = tally_run("summary --device 1048575 '%s/no-such-report.json'", dir);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "no-such-report.json");
+    run_free(&r);
 }
 
 

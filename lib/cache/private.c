@@ -249,10 +249,14 @@ typedef struct wait_set {
     tally_use_t items[64];
     int n;
     bool overflow;
+    uint64_t devices; /* every device named, those past the 64 items too */
 } wait_set_t;
+_Static_assert(TALLY_MAX_DEVICES <= 64, "wait_set_t's device mask holds 64 devices");
 
 static void wait_add(wait_set_t *w, void *stream, int device)
 {
+    if (device >= 0 && device < TALLY_MAX_DEVICES)
+        w->devices |= 1ull << device;
     for (int i = 0; i < w->n; i++)
         if (w->items[i].stream == stream && w->items[i].device == device)
             return;
@@ -306,10 +310,11 @@ static void wait_for_pool(tally_device_t *d, tally_gpool_t *gp, bool sync_device
     wait_set_t w = {.n = 0};
     collect_streams(d, gp, &w);
     if (w.overflow) {
+        /* Each device a use names, those past the set's 64 items too. */
         be->synchronize(d->id);
-        for (int i = 0; i < w.n; i++)
-            if (w.items[i].device != d->id)
-                be->synchronize(w.items[i].device);
+        for (int k = 0; k < TALLY_MAX_DEVICES; k++)
+            if (k != d->id && ((w.devices >> k) & 1))
+                be->synchronize(k);
         return;
     }
     for (int i = 0; i < w.n; i++)
