@@ -893,6 +893,84 @@ static void test_plot_legend_shortens_names_past_24_characters(void **state)
     free(svg);
 }
 
+/* The x of a legend key (a rect's or path's first coordinate) just before
+ * the label text, and the label's own x: 20 px apart in every entry. */
+static void expect_label_beside_key(const char *svg, const char *label)
+{
+    char want[128];
+    snprintf(want, sizeof want, ">%s", label);
+    const char *at = strstr(svg, want);
+    if (!at)
+        fail_msg("no legend label '%s'", label);
+    const char *text = at;
+    while (text > svg && strncmp(text, "<text x=\"", 9) != 0)
+        text--;
+    const char *key = text;
+    while (key > svg && strncmp(key, "<rect x=\"", 9) != 0 && strncmp(key, "<path d=\"M", 10) != 0)
+        key--;
+    double kx = strtod(key + (key[1] == 'r' ? 9 : 10), NULL), tx = strtod(text + 9, NULL);
+    if (fabs(tx - (kx + 20)) > 0.01)
+        fail_msg("legend label '%s' at x %.1f, its key at %.1f: want the label 20 px right of the key", label, tx,
+                 kx);
+}
+
+/* Each out-of-memory event is a red marker at the top of the plot, at its
+ * time on the same scale as the areas (the first event at the left edge,
+ * the axis 2% past the last), titled with the bytes asked; the legend then
+ * has an "out of memory" entry, and a plot without one has none. */
+static void test_plot_marks_each_out_of_memory(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16], out[PATH_MAX + 16];
+    FILE *f = open_timeline_report("ooms", path, out);
+    static const char ev[] = "%s{\"device\":0,\"time_us\":%d,\"action\":\"%s\",\"addr\":%zu,\"size\":%zu,"
+                             "\"stream\":0,\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"w\",\"stage\":\"s\"}\n";
+    fprintf(f, ev, "", 1000, "alloc", 64 * MiB, MiB, MiB, 2 * MiB);
+    fprintf(f, ev, ",", 2000, "oom", (size_t)0, 8192 * MiB, MiB, 2 * MiB);
+    fprintf(f, ev, ",", 4000, "oom", (size_t)0, 3 * MiB, MiB, 2 * MiB);
+    fprintf(f, ev, ",", 5000, "free", 64 * MiB, MiB, (size_t)0, 2 * MiB);
+    fputs("]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("plot '%s' -o '%s'", path, out);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    double zero_y;
+    char *svg = slurp_plot(out, &zero_y);
+    assert_int_equal(count(svg, "<path class=\"oom\""), 2);
+    /* Plot area x 90..960 (tools/cli_plot_draw.h); the axis spans 4000 us
+     * times 1.02 from the first event. */
+    char want[160];
+    const int at[2] = {1000, 3000};
+    const size_t asked[2] = {8192 * MiB, 3 * MiB};
+    for (int k = 0; k < 2; k++) {
+        snprintf(want, sizeof want,
+                 "<path class=\"oom\" d=\"M%.1f,70 l-6,-10 h12 z\" fill=\"#d62728\"><title>out of memory: %zu bytes "
+                 "asked</title></path>",
+                 90 + at[k] / 4080.0 * 870, asked[k]);
+        HAS(svg, want);
+    }
+    HAS(svg, ">out of memory</text>");
+    expect_label_beside_key(svg, "out of memory<");
+    expect_label_beside_key(svg, "reserved (peak ");
+    expect_label_beside_key(svg, "stage (begin / end)<");
+    expect_label_beside_key(svg, "w (peak 1.0 MiB)<");
+    free(svg);
+    /* Without an out-of-memory event: no marker, no legend entry. */
+    f = open_timeline_report("no-ooms", path, out);
+    fprintf(f, ev, "", 1000, "alloc", 64 * MiB, MiB, MiB, 2 * MiB);
+    fprintf(f, ev, ",", 5000, "free", 64 * MiB, MiB, (size_t)0, 2 * MiB);
+    fputs("]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    r = tally_run("plot '%s' -o '%s'", path, out);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    svg = slurp_plot(out, &zero_y);
+    assert_int_equal(count(svg, "class=\"oom\""), 0);
+    if (strstr(svg, "out of memory"))
+        fail_msg("a plot without an out-of-memory event mentions one");
+    free(svg);
+}
+
 /* Every event at the same microsecond: the time axis has no span, and the
  * plot still draws finite coordinates (an alloc and its free, one column). */
 static void test_plot_events_at_one_time_stay_finite(void **state)
@@ -1049,6 +1127,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_burst_in_one_column_shows_a_pixel_wide),
         cmocka_unit_test(test_plot_other_tags_on_top_of_nine),
         cmocka_unit_test(test_plot_legend_shortens_names_past_24_characters),
+        cmocka_unit_test(test_plot_marks_each_out_of_memory),
         cmocka_unit_test(test_plot_events_at_one_time_stay_finite),
     };
     return CLI_MAIN("cli_plot", tests);
