@@ -529,6 +529,27 @@ static void expect_report_error(const char *text, const char *want)
         fail_msg("%s:\nerror '%s'\nexpected '%s'", text, err, want);
 }
 
+/* A device entry may leave out "stats" (a report of tally's own always has
+ * them; tune needs only the trace): it is read, not refused, and stats
+ * that are there are still checked. */
+static void test_report_devices_without_stats_are_read(void **state)
+{
+    (void)state;
+    static const char ok[] = "{\"format\":\"tally-report\",\"version\":\"0.1.0\",\"devices\":[{\"device\":0},"
+                             "{\"device\":1}],\"alloc_trace\":[{\"device\":0,\"streams\":[0],"
+                             "\"events\":\"0,1,1000,0 0,-1,0,0\"}]}";
+    tune_input_t in;
+    char err[512];
+    if (tune_report_parse(ok, strlen(ok), "hand.json", -1, &in, err, sizeof err) != 0)
+        fail_msg("a device entry without stats refused: %s", err);
+    assert_int_equal(in.trace.nev, 2);
+    tune_input_free(&in);
+    expect_report_error("{\"format\":\"tally-report\",\"version\":\"0.1.0\",\"devices\":[{\"device\":0},"
+                        "{\"device\":1,\"stats\":[]}],\"alloc_trace\":[]}",
+                        "hand.json: not a valid tally report: byte 87: devices[1].stats: expected an object at the "
+                        "top level, got array");
+}
+
 static void test_report_names_bad_version_and_trace_entries(void **state)
 {
     (void)state;
@@ -726,6 +747,7 @@ int main(void)
         cmocka_unit_test(test_report_longer_than_one_read_is_read_whole),
         cmocka_unit_test(test_report_read_out_of_host_memory_at_each_realloc),
         cmocka_unit_test(test_report_after_white_space_is_a_report),
+        cmocka_unit_test(test_report_devices_without_stats_are_read),
         cmocka_unit_test(test_report_names_bad_version_and_trace_entries),
         cmocka_unit_test(test_command_refuses_bad_arguments),
         cmocka_unit_test(test_command_output_that_cannot_be_written),
