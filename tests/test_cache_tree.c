@@ -207,11 +207,52 @@ static void test_small_pool_bins_match_a_sorted_list(void **state)
     churn(&pool, &m, true);
 }
 
+/* The bins' verifier returns -1 when any bin's treap is out of order,
+ * whatever the other bins hold: one bin of four 512-byte blocks and one of
+ * three 1 KiB blocks, each broken in turn by swapping its root's children. */
+static void test_bins_verify_fails_on_any_broken_bin(void **state)
+{
+    (void)state;
+    static tally_block_t blocks[7];
+    static tally_segment_t seg;
+    tally_pool_t pool = {.kind = TALLY_POOL_SMALL};
+    seg.stream = stream_of(0);
+    assert_int_equal(tally__pool_prepare(&pool, seg.stream, &seg.bins), 0);
+    for (int i = 0; i < 7; i++) {
+        tally_block_t *b = &blocks[i];
+        memset(b, 0, sizeof *b);
+        b->stream = seg.stream;
+        b->seg = &seg;
+        b->size = i < 4 ? 512 : 1024;
+        b->addr = (uintptr_t)(i + 1) << 22;
+        b->pool = TALLY_POOL_SMALL;
+        tally__pool_insert(&pool, b);
+    }
+    assert_int_equal(tally__bins_verify(&pool), 7);
+    for (int k = 0; k < 2; k++) { /* bin k holds blocks of (k + 1) * 512 bytes */
+        tally_block_t *root = pool.sets[0]->roots[k];
+        assert_non_null(root);
+        assert_true(root->left || root->right);
+        tally_block_t *l = root->left;
+        root->left = root->right;
+        root->right = l;
+        if (tally__bins_verify(&pool) != -1)
+            fail_msg("bin %d out of order: the verifier returned %ld, not -1", k, tally__bins_verify(&pool));
+        root->right = root->left;
+        root->left = l;
+        assert_int_equal(tally__bins_verify(&pool), 7);
+    }
+    for (int i = 0; i < 7; i++)
+        tally__pool_erase(&pool, &blocks[i]);
+    assert_int_equal(tally__bins_verify(&pool), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_large_pool_queries_match_a_sorted_list),
         cmocka_unit_test(test_small_pool_bins_match_a_sorted_list),
+        cmocka_unit_test(test_bins_verify_fails_on_any_broken_bin),
     };
     return cmocka_run_group_tests_name("cache_tree", tests, NULL, NULL);
 }
