@@ -421,6 +421,54 @@ static void test_replays_wait_out_interrupting_signals(void **state)
     trace_free(&t);
 }
 
+/* The series tune_run hands back for a wanted row is that row's replay:
+ * its highest point is the row's own peak reserved, also where other rows
+ * of the run peak elsewhere. */
+static void test_series_is_the_wanted_rows_own(void **state)
+{
+    (void)state;
+    trace_builder_t b;
+    trace_t t;
+    char err[256];
+    assert_int_equal(trace_begin(&b, &t, "series", err, sizeof err), 0);
+    for (int k = 0; k < 300; k++) {
+        assert_int_equal(trace_add(&b, 'a', (uint64_t)(2 * k + 1), (uint64_t)(1 + k % 97) << 16, 0, err, sizeof err), 0);
+        if (k > 8)
+            assert_int_equal(trace_add(&b, 'f', (uint64_t)(2 * (k - 8) + 1), 0, 0, err, sizeof err), 0);
+    }
+    trace_end(&b);
+    tune_row_t rows[64];
+    size_t n = tune_grid(&t, 80ull << 30, rows, 64);
+    assert_true(n >= 2);
+    assert_int_equal(tune_run(&t, 80ull << 30, rows, n, 2, true, NULL, 0, NULL, err, sizeof err), 0);
+    /* A row whose peak no other row shares. */
+    size_t pick = n;
+    for (size_t i = 0; i < n && pick == n; i++) {
+        size_t same = 0;
+        for (size_t j = 0; j < n; j++)
+            same += rows[j].peak_reserved == rows[i].peak_reserved;
+        if (same == 1)
+            pick = i;
+    }
+    if (pick == n)
+        fail_msg("no row of %zu peaks alone: the trace cannot tell their series apart", n);
+    size_t want[1] = {pick};
+    tune_series_t series[1];
+    memset(series, 0, sizeof series);
+    assert_int_equal(tune_run(&t, 80ull << 30, rows, n, 2, true, want, 1, series, err, sizeof err), 0);
+    assert_int_equal(series[0].n, t.nev);
+    assert_non_null(series[0].reserved);
+    int64_t top = 0;
+    for (size_t e = 0; e < series[0].n; e++)
+        if (series[0].reserved[e] > top)
+            top = series[0].reserved[e];
+    if (top != rows[pick].peak_reserved)
+        fail_msg("row %zu (%s) peaks at %lld, its series at %lld", pick, rows[pick].setting,
+                 (long long)rows[pick].peak_reserved, (long long)top);
+    free(series[0].reserved);
+    trace_free(&t);
+}
+
 /* tune_run's shared table cannot be had (its size past the address
  * space: series of 2^44 rows asked): -1, as tune.h says, and err says
  * which mapping failed; no row is run. */
@@ -2251,6 +2299,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_sizes_below_100_kib_are_bytes),
         cmocka_unit_test(test_run_without_its_shared_table_returns_minus_one),
+        cmocka_unit_test(test_series_is_the_wanted_rows_own),
         cmocka_unit_test(test_recommendation_says_what_it_runs_in_without_a_replay_running_out),
         cmocka_unit_test(test_pickle_plain_data),
         cmocka_unit_test(test_pickle_refuses_bad_input),
