@@ -64,7 +64,8 @@ TALLY_API int tally_configure(const char *conf);
 typedef void (*tally_write_fn)(void *arg, const char *text, size_t len);
 TALLY_API int tally_write_options(tally_write_fn write, void *arg);
 
-/* The message of the last failed call on this thread ("" if none). */
+/* The message of the last failed call on this thread ("" if none), of at
+ * most 511 characters: a longer one is cut there. */
 TALLY_API const char *tally_last_error(void);
 
 /* Where diagnostics go (one line per message, ending in '\n'). NULL restores

@@ -128,6 +128,17 @@ static int child_init_race_bad_conf(void)
     return 0;
 }
 
+/* A TALLY_CONF whose error is longer than a message holds: the message is
+ * cut to 511 characters (include/tally.h), its "TALLY_CONF: " prefix kept. */
+static int child_long_bad_conf(void)
+{
+    tally_set_sink(quiet, NULL);
+    LU_REQUIRE(tally_malloc(MB, 0, NULL) == NULL);
+    const char *e = tally_last_error();
+    printf("length %zu\n%.50s\n", strlen(e), e);
+    return 0;
+}
+
 /* tally_configure before initialisation, racing another thread's first
  * tally_malloc: either the configuration lands before initialisation reads
  * the options (host_devices:3 applies, 3 devices) or after (refused, it is
@@ -335,6 +346,20 @@ static void test_bad_conf_fails_every_racing_thread_once(void **state)
     lu_child_free(&c);
 }
 
+static void test_overlong_conf_error_is_cut_to_511_characters(void **state)
+{
+    (void)state;
+    char conf[900];
+    int n = snprintf(conf, sizeof conf, "%s,", BASE);
+    memset(conf + n, 'k', 600);
+    snprintf(conf + n + 600, sizeof conf - (size_t)n - 600, ":1");
+    lu_child_t c;
+    lu_child_run(&c, "long-bad-conf", conf, NULL);
+    LU_CHILD_EXIT(&c, 0);
+    LU_HAS(c.out, "length 511\nTALLY_CONF: config: unknown key 'kkkkkkkkkk");
+    lu_child_free(&c);
+}
+
 static void test_backend_starts_at_first_allocation(void **state)
 {
     (void)state;
@@ -389,6 +414,7 @@ static void test_sink_that_calls_tally_deadlocks(void **state)
 static const lu_role_t roles[] = {
     {"init-race", child_init_race},
     {"init-race-bad-conf", child_init_race_bad_conf},
+    {"long-bad-conf", child_long_bad_conf},
     {"configure-race", child_configure_race},
     {"lazy-start", child_lazy_start},
     {"after-exit", child_after_exit},
@@ -404,6 +430,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_threads_race_into_lazy_init),
         cmocka_unit_test(test_configure_racing_lazy_init_is_all_or_nothing),
         cmocka_unit_test(test_bad_conf_fails_every_racing_thread_once),
+        cmocka_unit_test(test_overlong_conf_error_is_cut_to_511_characters),
         cmocka_unit_test(test_backend_starts_at_first_allocation),
         cmocka_unit_test(test_reports_and_frees_after_the_exit_report),
         cmocka_unit_test(test_sink_that_calls_tally_deadlocks),
