@@ -62,7 +62,14 @@ fi
 # work there as printed; their files go to the build folder's demo/ (git
 # ignores build folders), none to the folder they ran in.
 mkdir "$tmp/elsewhere"
+rm -rf "$root/${BUILD:-build}/demo"
 (cd "$tmp/elsewhere" && TALLY_CONF=backend:host "$demo" >"$tmp/out2" 2>/dev/null)
+# The demo makes that folder itself, with the user's umask: one the user
+# could not write into would fail every next step (root writes anyway).
+mode=$(stat -c %a "$root/${BUILD:-build}/demo" 2>/dev/null)
+want=$(printf '%o' $((0777 & ~$(umask))))
+[ "$mode" = "$want" ] && ok "the demo makes its folder with the umask's mode" ||
+  bad "the demo makes its folder with the umask's mode" "mode '${mode:-no folder}', want $want"
 grep -E '^  (TALLY_CONF=|/.*/bin/tally |PYTHONPATH=)' "$tmp/out2" | sed 's/   *(.*$//' >"$tmp/steps"
 [ "$(wc -l <"$tmp/steps")" -eq 4 ] && ok "next steps outside the repo: four commands" ||
   bad "next steps outside the repo: four commands" "$(cat "$tmp/out2" | tail -8)"
