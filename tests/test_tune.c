@@ -365,19 +365,27 @@ static void count_alarm(int sig)
     alarms++;
 }
 
-static void test_replays_wait_out_interrupting_signals(void **state)
+/* A churning trace of n allocations of 64 KiB to about 6 MiB, each freed
+ * eight allocations later (the last eight kept). */
+static void churn_trace(trace_t *t, const char *name, int n)
 {
-    (void)state;
     trace_builder_t b;
-    trace_t t;
     char err[256];
-    assert_int_equal(trace_begin(&b, &t, "signals", err, sizeof err), 0);
-    for (int k = 0; k < 600; k++) {
+    assert_int_equal(trace_begin(&b, t, name, err, sizeof err), 0);
+    for (int k = 0; k < n; k++) {
         assert_int_equal(trace_add(&b, 'a', (uint64_t)(2 * k + 1), (uint64_t)(1 + k % 97) << 16, 0, err, sizeof err), 0);
         if (k > 8)
             assert_int_equal(trace_add(&b, 'f', (uint64_t)(2 * (k - 8) + 1), 0, 0, err, sizeof err), 0);
     }
     trace_end(&b);
+}
+
+static void test_replays_wait_out_interrupting_signals(void **state)
+{
+    (void)state;
+    trace_t t;
+    char err[256];
+    churn_trace(&t, "signals", 600);
     tune_row_t rows[64];
     size_t n = tune_grid(&t, 80ull << 30, rows, 64);
     assert_true(n >= 8);
@@ -427,16 +435,9 @@ static void test_replays_wait_out_interrupting_signals(void **state)
 static void test_series_is_the_wanted_rows_own(void **state)
 {
     (void)state;
-    trace_builder_t b;
     trace_t t;
     char err[256];
-    assert_int_equal(trace_begin(&b, &t, "series", err, sizeof err), 0);
-    for (int k = 0; k < 300; k++) {
-        assert_int_equal(trace_add(&b, 'a', (uint64_t)(2 * k + 1), (uint64_t)(1 + k % 97) << 16, 0, err, sizeof err), 0);
-        if (k > 8)
-            assert_int_equal(trace_add(&b, 'f', (uint64_t)(2 * (k - 8) + 1), 0, 0, err, sizeof err), 0);
-    }
-    trace_end(&b);
+    churn_trace(&t, "series", 300);
     tune_row_t rows[64];
     size_t n = tune_grid(&t, 80ull << 30, rows, 64);
     assert_true(n >= 2);
