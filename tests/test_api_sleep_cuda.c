@@ -335,6 +335,50 @@ static void body_past_64_streams_waits_for_each_device_used(int fd)
     cu.cuCtxPopCurrent(&ctx);
 }
 
+/* The same past 64 streams with the tag on device 1 and one of its uses on
+ * a stream of device 0: device 0 is waited for too (the lowest device
+ * number counts like any other). */
+static void body_past_64_streams_on_device_1_waits_for_device_0_too(int fd)
+{
+    (void)fd;
+    CUcontext ctx = device0_current(), c1;
+    CUstream many[65], on0;
+    /* Device 0 used by tally, and one of its streams on a's uses. */
+    NEED(cu.cuStreamCreate(&on0, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    void *mine0 = tally_malloc(4096, 0, on0);
+    NEED(mine0 != NULL);
+    NEED(cu.cuDevicePrimaryCtxRetain(&c1, 1) == CUDA_SUCCESS);
+    NEED(cu.cuCtxPushCurrent(c1) == CUDA_SUCCESS);
+    NEED(tally_tag_push("kv") == 0);
+    void *a = tally_malloc(2 * MiB, 1, NULL);
+    tally_tag_pop();
+    NEED(a != NULL);
+    for (int i = 0; i < 65; i++) {
+        NEED(cu.cuStreamCreate(&many[i], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+        NEED(tally_record_stream(a, many[i]) == 0);
+    }
+    NEED(tally_record_stream(a, on0) == 0);
+    unsigned long long streams = ncalls("cuStreamSynchronize"), device = ncalls("cuCtxSynchronize");
+    NEED(tally_sleep(KV, 1, TALLY_SLEEP_DISCARD) == 0);
+    NEED(ncalls("cuStreamSynchronize") == streams);
+    unsigned long long synced = ncalls("cuCtxSynchronize") - device;
+    if (synced != 2) {
+        fprintf(stderr, "sleep past 64 streams on device 1 synchronised %llu devices, expected 2 (devices 1 and 0)\n",
+                synced);
+        _exit(1);
+    }
+    NEED(tally_wake(KV, 1) == 0);
+    tally_free(a);
+    tally_free(mine0);
+    tally_empty_cache(0);
+    tally_empty_cache(1);
+    for (int i = 0; i < 65; i++)
+        NEED(cu.cuStreamDestroy(many[i]) == CUDA_SUCCESS);
+    NEED(cu.cuCtxPopCurrent(NULL) == CUDA_SUCCESS);
+    NEED(cu.cuStreamDestroy(on0) == CUDA_SUCCESS);
+    cu.cuCtxPopCurrent(&ctx);
+}
+
 static const char *const env_sleep2[] = {"CUDA_STANDIN_DEVICES", "2", "CUDA_STANDIN_MEMORY", "2G", "TALLY_CONF",
                                          "backend:cuda,private_tags:weights|kv,leak_report:off", NULL};
 
@@ -342,6 +386,12 @@ static void test_past_64_streams_sleep_waits_for_each_device_used(void **state)
 {
     (void)state;
     expect_child_ok(env_sleep2, body_past_64_streams_waits_for_each_device_used);
+}
+
+static void test_past_64_streams_sleep_on_device_1_waits_for_device_0_too(void **state)
+{
+    (void)state;
+    expect_child_ok(env_sleep2, body_past_64_streams_on_device_1_waits_for_device_0_too);
 }
 
 static void test_private_tag_waits_for_the_device_when_asked_or_past_64_streams(void **state)
@@ -372,6 +422,7 @@ int main(void)
         cmocka_unit_test(test_sleep_waits_only_for_its_streams),
         cmocka_unit_test(test_private_tag_waits_for_the_device_when_asked_or_past_64_streams),
         cmocka_unit_test(test_past_64_streams_sleep_waits_for_each_device_used),
+        cmocka_unit_test(test_past_64_streams_sleep_on_device_1_waits_for_device_0_too),
     };
     return cmocka_run_group_tests_name("sleep_cuda", tests, NULL, NULL);
 }
