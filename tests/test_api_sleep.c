@@ -607,6 +607,44 @@ static void test_reports_show_sleeping_bytes(void **state)
     LU_CHECK_OK();
 }
 
+/* A stage's report names the sleeps and wakes since that stage began: an
+ * inner stage its own only, the outer one all of them; a refused end (a
+ * stage that is not the innermost) takes nothing from either. Each stage
+ * keeps its mark in its own frame. */
+static void test_each_stage_report_names_the_sleeps_since_its_own_begin(void **state)
+{
+    (void)state;
+    void *w = tagged("weights", 4 * MB, 0), *k = tagged("kv", 4 * MB, 0);
+    LU_OK(tally_stage_begin("outer"));
+    LU_OK(tally_sleep(W, 1, TALLY_SLEEP_DISCARD));
+    LU_OK(tally_stage_begin("inner"));
+    LU_OK(tally_sleep(KV, 1, TALLY_SLEEP_DISCARD));
+    lu_cap_begin();
+    LU_EQ(tally_stage_end("outer"), -TALLY_ESTATE);
+    lu_cap_end();
+    LU_HAS(lu_cap_text(), "'outer' is not the innermost stage (that is 'inner')");
+    LU_OK(tally_wake(W, 1));
+    lu_cap_begin();
+    LU_OK(tally_stage_end("inner"));
+    lu_cap_end();
+    LU_HAS(lu_cap_text(), "tally: stage inner: private tags kv slept (discarded), weights woke\n");
+    LU_OK(tally_wake(KV, 1));
+    lu_cap_begin();
+    LU_OK(tally_stage_end("outer"));
+    lu_cap_end();
+    LU_HAS(lu_cap_text(), "tally: stage outer: private tags weights slept (discarded), kv slept (discarded), "
+                          "weights woke, kv woke\n");
+    /* A stage with no sleep or wake in it names none. */
+    LU_OK(tally_stage_begin("quiet"));
+    lu_cap_begin();
+    LU_OK(tally_stage_end("quiet"));
+    lu_cap_end();
+    assert_null(strstr(lu_cap_text(), "private tags"));
+    tally_free(w);
+    tally_free(k);
+    LU_CHECK_OK();
+}
+
 /* ---- children: other configurations ------------------------------------------------------ */
 
 static int child_virtual_offload(void)
@@ -750,6 +788,7 @@ int main(int argc, char **argv)
         T(test_wake_up_to_exactly_the_fraction),
         T(test_wake_with_no_room_under_the_fraction_misses_all_it_needs),
         T(test_reports_show_sleeping_bytes),
+        T(test_each_stage_report_names_the_sleeps_since_its_own_begin),
         T(test_virtual_mode_refuses_offload),
         T(test_async_backend_refuses_private_tags),
         T(test_private_tag_names_empty_or_overlong_refused),

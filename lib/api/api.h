@@ -33,10 +33,10 @@ int tally__private_any(void);
 tally_mutex_t *tally__private_lock(void);
 int tally__private_for_alloc(int device, uint32_t *id);
 void tally__private_note(uint32_t tag, bool slept, bool offload);
-/* The sleeps and wakes since the innermost open stage began (its report). */
-void tally__private_write_notes(tally_out_t *o, const char *stage);
-/* A stage began: its report starts from here. */
-void tally__private_stage_begin(void);
+/* The number of sleeps and wakes so far: a stage's mark, kept in its frame. */
+uint64_t tally__private_notes_mark(void);
+/* The sleeps and wakes since mark from (the ended stage's report). */
+void tally__private_write_notes(tally_out_t *o, const char *stage, uint64_t from);
 
 /* exit.c: the report file and the leak report at process exit. */
 void tally__exit_register(void);

@@ -70,9 +70,7 @@ int tally_stage_begin(const char *name)
     if (!name)
         return tally__fail(TALLY_EINVAL, "tally_stage_begin: name is NULL");
     int rc = tally__ensure_init();
-    if (!rc && (rc = tally__stage_begin(name)) == 0)
-        tally__private_stage_begin();
-    return rc;
+    return rc ? rc : tally__stage_begin(name, tally__private_notes_mark());
 }
 
 int tally_stage_end(const char *name)
@@ -82,12 +80,13 @@ int tally_stage_end(const char *name)
     int rc = tally__ensure_init();
     if (rc)
         return rc;
-    rc = tally__stage_end(name, TALLY_OPT(stage_report) ? tally__report_stage_to_sink : NULL);
+    uint64_t from = 0;
+    rc = tally__stage_end(name, TALLY_OPT(stage_report) ? tally__report_stage_to_sink : NULL, &from);
     if (rc == 0) {
         /* Which private tags slept and woke during the stage. */
         tally_out_t o;
         tally__out_init(&o, TALLY_OPT(stage_report) ? tally__sink_writer : discard_writer, NULL);
-        tally__private_write_notes(&o, name);
+        tally__private_write_notes(&o, name, from);
         tally__out_flush(&o);
     }
     return rc;

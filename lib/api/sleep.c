@@ -185,7 +185,8 @@ static void timeline(tally_device_t *d, int action, tally_gpool_t *gp, uint32_t 
 }
 
 /* Sleeps and wakes, numbered, in a ring of the last NOTES; each open stage
- * remembers the number it began at, and its report names those after it. */
+ * keeps the number it began at in its frame (tally__stage_begin's mark), and
+ * its report names those after it. */
 #define NOTES 64
 typedef struct note {
     uint32_t tag;
@@ -193,8 +194,6 @@ typedef struct note {
 } note_t;
 static note_t notes[NOTES];
 static uint64_t nnotes;
-static uint64_t stage_marks[64];
-static int nmarks;
 
 void tally__private_note(uint32_t tag, bool slept, bool offload)
 {
@@ -203,21 +202,17 @@ void tally__private_note(uint32_t tag, bool slept, bool offload)
     tally__mutex_unlock(&private_lock);
 }
 
-void tally__private_stage_begin(void)
+uint64_t tally__private_notes_mark(void)
 {
     tally__mutex_lock(&private_lock);
-    if (nmarks < 64)
-        stage_marks[nmarks] = nnotes;
-    nmarks++;
+    uint64_t n = nnotes;
     tally__mutex_unlock(&private_lock);
+    return n;
 }
 
-void tally__private_write_notes(tally_out_t *o, const char *stage)
+void tally__private_write_notes(tally_out_t *o, const char *stage, uint64_t from)
 {
     tally__mutex_lock(&private_lock);
-    uint64_t from = nmarks > 0 && nmarks <= 64 ? stage_marks[nmarks - 1] : nnotes;
-    if (nmarks > 0)
-        nmarks--;
     uint64_t skipped = nnotes - from > NOTES ? nnotes - from - NOTES : 0;
     if (nnotes > from) {
         tally__out_printf(o, "tally: stage %s: private tags", stage);

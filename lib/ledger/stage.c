@@ -17,6 +17,7 @@ typedef struct stage_frame {
     uint32_t id;
     uint64_t t0_us;
     uint32_t epoch;
+    uint64_t mark; /* the caller's, from the begin (tally__stage_end gives it back) */
     int64_t saved_alloc[TALLY_MAX_DEVICES], saved_reserved[TALLY_MAX_DEVICES];
 } stage_frame_t;
 
@@ -28,7 +29,7 @@ static tally_stage_rec_t history[TALLY_STAGE_HISTORY];
 static uint64_t history_total;
 static uint32_t epochs; /* stage begins so far */
 
-int tally__stage_begin(const char *name)
+int tally__stage_begin(const char *name, uint64_t mark)
 {
     uint32_t id;
     int rc = tally__intern_stage(name, &id);
@@ -44,6 +45,7 @@ int tally__stage_begin(const char *name)
     f->id = id;
     f->t0_us = tally__now_us();
     f->epoch = ++epochs;
+    f->mark = mark;
     /* From here on, new blocks carry this stage instance; survivors are the
      * live blocks with an epoch at or after it (nested stages begin later). */
     atomic_store(&tally__current_stage, (uint64_t)f->epoch << 32 | id);
@@ -106,7 +108,7 @@ static int by_bytes_desc(const void *a, const void *b)
     return x->tag < y->tag ? -1 : x->tag > y->tag;
 }
 
-int tally__stage_end(const char *name, void (*report)(const tally_stage_rec_t *rec))
+int tally__stage_end(const char *name, void (*report)(const tally_stage_rec_t *rec), uint64_t *mark)
 {
     tally__mutex_lock(&stage_lock);
     if (depth == 0) {
@@ -159,6 +161,8 @@ int tally__stage_end(const char *name, void (*report)(const tally_stage_rec_t *r
     }
     rec.surv = g.items;
     rec.nsurv = g.n;
+    if (mark)
+        *mark = f->mark;
     depth--;
     atomic_store(&tally__current_stage,
                  depth ? (uint64_t)frames[depth - 1].epoch << 32 | frames[depth - 1].id : TALLY_STAGE_NONE);

@@ -57,8 +57,11 @@ leak_set_t tally__collect_leaks(void);
 /* The stage boundary (the API's tally_stage_begin / tally_stage_end, which
  * initialise first). Ending a stage records it in the history, releases the
  * caches when release_at_stage_end is set, and hands the record to report
- * (when not NULL) while it is still the newest. */
-int tally__stage_begin(const char *name);
-int tally__stage_end(const char *name, void (*report)(const tally_stage_rec_t *rec));
+ * (when not NULL) while it is still the newest. The stage's frame keeps the
+ * caller's mark from its begin, given back by its end (when mark is not NULL):
+ * one locked step each, so a mark cannot drift from its stage when threads
+ * begin and end stages at once. */
+int tally__stage_begin(const char *name, uint64_t mark);
+int tally__stage_end(const char *name, void (*report)(const tally_stage_rec_t *rec), uint64_t *mark);
 
 #endif
