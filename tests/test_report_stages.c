@@ -238,6 +238,50 @@ static void test_nested_stage_survivors_count_in_the_outer(void **state)
     LU_CHECK_OK();
 }
 
+/* A stage's survivors are found by walking device 0's pointer map, every
+ * slot of it, the last one too: blocks are allocated in the stage until one
+ * of them sits in the map's last slot (where a block lands depends on its
+ * address, so each try takes another size, and a try ends before the map
+ * would grow), and the stage's end counts each of them. */
+static void test_stage_survivor_in_the_maps_last_slot_counts(void **state)
+{
+    (void)state;
+    enum { MAX = 4096 };
+    static void *p[MAX];
+    tally_ptrmap_t *m = &tally__g.dev[0]->map;
+    lu_cap_begin();
+    LU_OK(tally_stage_begin("lastslot"));
+    LU_OK(tally_tag_push("lastslot-t"));
+    size_t n = 0, size = 0;
+    for (size_t t = 1; t <= 256 && !(m->keys && m->keys[m->mask]); t++) {
+        lu_free_all(p, n);
+        n = 0;
+        size = 4096 + 512 * t;
+        while (n < MAX && (m->count + 2) * 2 <= m->mask + 1 && !(m->keys && m->keys[m->mask]))
+            p[n++] = lu_malloc(size, 0);
+    }
+    LU_OK(tally_tag_pop());
+    assert_true(m->keys && m->keys[m->mask]);
+    size_t held = 0; /* the block there is one of this stage's */
+    for (size_t i = 0; i < n; i++)
+        held += (uintptr_t)p[i] == m->keys[m->mask];
+    LU_EQ(held, 1);
+    LU_OK(tally_stage_end("lastslot"));
+    lu_cap_end();
+    char want[160];
+    snprintf(want, sizeof want, "still live under tag lastslot-t on device 0 (%zu block%s)", n, n == 1 ? "" : "s");
+    LU_HAS(lu_cap_text(), want);
+    tally_json_t *root = lu_report_json("lastslot.json");
+    const tally_json_t *stages = lu_jarr(root, "stages");
+    const tally_json_t *st = &stages->items[stages->len - 1];
+    LU_STREQ(lu_jstr(st, "name"), "lastslot");
+    LU_EQ(lu_jint(st, "survivor_blocks"), n);
+    LU_EQ(lu_jint(st, "survivor_bytes"), n * size);
+    tally__json_free(root);
+    lu_free_all(p, n);
+    LU_CHECK_OK();
+}
+
 static void test_stage_peaks_include_nested_stages(void **state)
 {
     (void)state;
@@ -408,6 +452,7 @@ int main(int argc, char **argv)
         LU_T(test_ledger_rows_are_per_tag_and_stage),
         LU_T(test_text_reports_size_units),
         LU_T(test_nested_stage_survivors_count_in_the_outer),
+        LU_T(test_stage_survivor_in_the_maps_last_slot_counts),
         LU_T(test_stage_peaks_include_nested_stages),
         LU_T(test_release_at_stage_end_drops_reserved),
         LU_T(test_stage_report_can_be_turned_off),
