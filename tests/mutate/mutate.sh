@@ -264,6 +264,25 @@ try_sanitized() {
     done
 }
 
+# A timeout kills only where the machine could have finished the suite:
+# timeout_stands T runs the unmodified tree's T right after a mutant's T ran
+# past the limit, and says yes when it passes within half the limit. Else the
+# machine is too loaded to tell a hang from a slow run (on 2026-12-05 a test
+# job in another session group made test_tune take 222 s, and three mutants
+# that test_tune never hangs on were "killed (timeout)" by it), and the
+# mutant's T runs again under long_run, four times the limit; bash's dynamic
+# scope hands the local limit to run_suite, as in san_run.
+timeout_stands() {
+    local start=$SECONDS rc
+    (cd "$src" && run_suite build-base "$1" >"$scratch/base-suite.log" 2>&1)
+    rc=$?
+    [ $rc -eq 0 ] && [ $((SECONDS - start)) -le $((limit / 2)) ]
+}
+long_run() {
+    local limit=$((limit * 4))
+    run_suite "$@"
+}
+
 # try_mutant FILE: the tree in $src holds one mutation, in FILE. Builds it
 # into build-m (a copy of build-base) and runs the suites in order_for's
 # order, stopping at the first failure. Sets verdict: "" (survived),
@@ -298,9 +317,15 @@ try_mutant() {
         fi
         (cd "$src" && run_suite build-m "$t" >"$scratch/m-test.log" 2>&1)
         rc=$?
+        local again=""
+        if { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && ! timeout_stands "$t"; then
+            (cd "$src" && long_run build-m "$t" >"$scratch/m-test.log" 2>&1)
+            rc=$?
+            again=", again at $((limit * 4)) s: the machine was loaded"
+        fi
         which=$(failing_names "$scratch/m-test.log")
         if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-            verdict="killed (timeout) by $t"
+            verdict="killed (timeout$again) by $t"
             return
         elif [ $rc -ne 0 ]; then
             verdict="killed by $t${which:+ ($which)}"
