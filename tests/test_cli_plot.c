@@ -893,6 +893,36 @@ static void test_plot_legend_shortens_names_past_24_characters(void **state)
     free(svg);
 }
 
+/* A free belongs to the block allocated last at its address (docs/
+ * reports.md: "the tag the block at that address was allocated under"):
+ * with the free of an earlier block there lost, 1 MiB under tag a at 64 MiB
+ * and then 1 MiB under b at the same address, the free that follows takes
+ * b's bytes, not a's; b's next 1 MiB elsewhere then brings b back to 1 MiB
+ * (its peak), where a stale owner would have left b at 2 MiB and a at 0. */
+static void test_plot_free_takes_the_latest_alloc_at_its_address(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16], out[PATH_MAX + 16];
+    FILE *f = open_timeline_report("readdr", path, out);
+    static const char ev[] = "%s{\"device\":0,\"time_us\":%d,\"action\":\"%s\",\"addr\":%zu,\"size\":%zu,"
+                             "\"stream\":0,\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"%s\",\"stage\":\"s\"}\n";
+    fprintf(f, ev, "", 1000, "alloc", 64 * MiB, MiB, MiB, 8 * MiB, "a");
+    fprintf(f, ev, ",", 2000, "alloc", 64 * MiB, MiB, 2 * MiB, 8 * MiB, "b");
+    fprintf(f, ev, ",", 3000, "free_requested", 64 * MiB, MiB, MiB, 8 * MiB, "b");
+    fprintf(f, ev, ",", 4000, "alloc", 128 * MiB, MiB, 2 * MiB, 8 * MiB, "b");
+    fputs("]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("plot '%s' -o '%s'", path, out);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "readdr.svg: device 0, 4 events, 2 tag groups");
+    run_free(&r);
+    double zero_y;
+    char *svg = slurp_plot(out, &zero_y);
+    HAS(svg, ">a (peak 1.0 MiB)<");
+    HAS(svg, ">b (peak 1.0 MiB)<");
+    free(svg);
+}
+
 /* The x of a legend key (a rect's or path's first coordinate) just before
  * the label text, and the label's own x: 20 px apart in every entry. */
 static void expect_label_beside_key(const char *svg, const char *label)
@@ -1127,6 +1157,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_burst_in_one_column_shows_a_pixel_wide),
         cmocka_unit_test(test_plot_other_tags_on_top_of_nine),
         cmocka_unit_test(test_plot_legend_shortens_names_past_24_characters),
+        cmocka_unit_test(test_plot_free_takes_the_latest_alloc_at_its_address),
         cmocka_unit_test(test_plot_marks_each_out_of_memory),
         cmocka_unit_test(test_plot_events_at_one_time_stay_finite),
     };
