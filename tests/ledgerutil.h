@@ -571,6 +571,34 @@ static inline void lu_free_all(void **ptrs, size_t n)
         tally_free(ptrs[i]);
 }
 
+/* Blocks of one size on device 0, under the current tag and stage, until
+ * one of them sits in the pointer map's last slot: the walks over the map
+ * (a stage's survivors, the leak report, tally_check's ledger recount) must
+ * reach it. Where a block lands depends on its address, so each try frees
+ * its blocks and takes another size (4096 + 512 t), and a try ends before
+ * the map would grow. Returns how many blocks p holds (all live, each of
+ * *size bytes); fails the test when 256 tries put none there. */
+static inline size_t lu_fill_to_last_slot(void **p, size_t max, size_t *size)
+{
+    tally_ptrmap_t *m = &tally__g.dev[0]->map;
+    size_t n = 0;
+    for (size_t t = 1; t <= 256 && !(m->keys && m->keys[m->mask]); t++) {
+        lu_free_all(p, n);
+        n = 0;
+        *size = 4096 + 512 * t;
+        while (n < max && (m->count + 2) * 2 <= m->mask + 1 && !(m->keys && m->keys[m->mask]))
+            p[n++] = lu_malloc(*size, 0);
+    }
+    if (!(m->keys && m->keys[m->mask]))
+        fail_msg("no block of 256 tries landed in the pointer map's last slot");
+    size_t held = 0; /* the block there is one of these */
+    for (size_t i = 0; i < n; i++)
+        held += (uintptr_t)p[i] == m->keys[m->mask];
+    if (held != 1)
+        fail_msg("the pointer map's last slot holds a block not taken here");
+    return n;
+}
+
 /* A ledger suite's main, after its --child dispatch: no rank in the
  * environment, LU_LEDGER_CONF, each test after lu_setup_clean. */
 static inline int lu_ledger_run(const char *name, const struct CMUnitTest *tests, size_t n)

@@ -289,6 +289,27 @@ static void test_leak_report_without_sites_groups_by_owner(void **state)
     lu_buf_free(&buf);
 }
 
+/* The leak report walks device 0's whole pointer map, its last slot too:
+ * each of a tag's blocks, one of them in that slot, is counted. */
+static void test_leak_report_counts_a_block_in_the_maps_last_slot(void **state)
+{
+    (void)state;
+    enum { MAX = 4096 };
+    static void *p[MAX];
+    LU_OK(tally_tag_push("lk-last"));
+    size_t size = 0, n = lu_fill_to_last_slot(p, MAX, &size);
+    LU_OK(tally_tag_pop());
+    lu_buf_t buf = {0};
+    LU_OK(tally_write_leaks(1, lu_buf_write, &buf));
+    char want[160];
+    snprintf(want, sizeof want, "tally: %zu bytes (", n * size);
+    LU_HAS(lu_buf_str(&buf), want);
+    snprintf(want, sizeof want, " in %zu block%s: tag lk-last, ", n, n == 1 ? "" : "s");
+    LU_HAS(lu_buf_str(&buf), want);
+    lu_buf_free(&buf);
+    lu_free_all(p, n);
+}
+
 /* More groups than the report's first array holds (32): each of 40 tags is
  * its own group, every one named once, largest first. */
 static void test_leak_report_names_every_one_of_forty_groups(void **state)
@@ -421,6 +442,7 @@ int main(int argc, char **argv)
         LU_T(test_backtrace_sites_split_leak_groups),
         LU_T(test_one_frame_sites_are_the_callers),
         LU_T(test_leak_report_without_sites_groups_by_owner),
+        LU_T(test_leak_report_counts_a_block_in_the_maps_last_slot),
         LU_T(test_leak_report_names_every_one_of_forty_groups),
         LU_T(test_leak_groups_of_equal_size_go_by_device),
         LU_T(test_leak_groups_of_equal_size_go_by_tag_then_stage),
