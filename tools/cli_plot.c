@@ -138,7 +138,23 @@ static int tag_index(plot_data_t *p, const char *tag)
 
 double cli_plot_event_x(const plot_data_t *p, size_t k)
 {
-    return p->by_events ? (double)k : (double)(p->r->events[p->ev[k]].time_us - p->r->events[p->ev[0]].time_us);
+    return p->by_events ? (double)k : p->ev_us[k];
+}
+
+/* Each event's x by time, in doubles: time_us is any int64 in a report read
+ * back, so the difference of two can overflow one. A stamp behind the
+ * latest so far (the wall clock set back, or a hand-edited file) stays at
+ * the latest, so x never decreases and every x lies in [0, the last x]. */
+static void event_times(plot_data_t *p)
+{
+    p->ev_us = cli_alloc(p->nev * sizeof *p->ev_us);
+    double t0 = (double)p->r->events[p->ev[0]].time_us, latest = 0;
+    for (size_t k = 0; k < p->nev; k++) {
+        double x = (double)p->r->events[p->ev[k]].time_us - t0;
+        if (x > latest)
+            latest = x;
+        p->ev_us[k] = latest;
+    }
 }
 
 static int64_t event_delta(const rep_event_t *e)
@@ -316,6 +332,7 @@ static void make_points(plot_data_t *p, int columns)
 static void plot_data_free(plot_data_t *p)
 {
     free(p->ev);
+    free(p->ev_us);
     free(p->tags);
     free(p->cur);
     free(p->peak);
@@ -430,6 +447,7 @@ int cli_plot_main(int argc, char **argv)
     const rep_device_t *dev = cli_report_device(&r, device);
     p.dropped = dev ? dev->timeline_dropped : 0;
     tag_index(&p, "(before timeline)"); /* index 0 */
+    event_times(&p);
     replay(&p, NULL);
     make_groups(&p);
     make_points(&p, PR - PL);

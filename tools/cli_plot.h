@@ -14,6 +14,7 @@ typedef struct plot_data {
     bool by_events;
     size_t *ev; /* indices into r->events of this device's events, oldest first */
     size_t nev;
+    double *ev_us; /* by time: each event's x (microseconds since the first, never going back) */
     /* tags: index 0 is "(before timeline)" */
     const char **tags;
     int64_t *cur, *peak, *moved; /* moved: bytes allocated plus bytes freed */
@@ -34,7 +35,9 @@ typedef struct plot_data {
     int64_t dropped; /* older events of the device the ring had overwritten */
 } plot_data_t;
 
-/* The x of event k of the device: microseconds since its first event, or k. */
+/* The x of event k of the device: k, or microseconds since its first event.
+ * The timeline's clock is the wall clock, which a clock step can set back:
+ * an event stamped before the one ahead of it is drawn at that one's x. */
 double cli_plot_event_x(const plot_data_t *p, size_t k);
 
 /* The command, argv[0] being "plot"; returns the exit status. */
