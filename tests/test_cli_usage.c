@@ -173,14 +173,14 @@ static void test_error_bad_flags(void **state)
 /* ---- damaged reports: each field the commands read, named with its byte ------ */
 
 /* A report written by hand into dir/damaged.json: a minimal valid header,
- * then body (its devices and ledger members), then empty sections. Its text
- * in text. */
+ * then body (its devices and ledger members, and its stages when it has
+ * them), then empty sections. Its text in text. */
 static void write_report(const char *body, char *path, size_t len, char *text, size_t tlen)
 {
     snprintf(text, tlen,
              "{\"format\":\"tally-report\",\"version\":\"0.1.0\",\"home_device\":0,\"backend\":\"host\",\n%s,\n"
-             "\"stages\":[],\"leaks\":[],\"segments\":[],\"timeline\":[]}\n",
-             body);
+             "%s\"leaks\":[],\"segments\":[],\"timeline\":[]}\n",
+             body, strstr(body, "\"stages\":") ? "" : "\"stages\":[],");
     assert_true((size_t)snprintf(path, len, "%s/damaged.json", dir) < len);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
@@ -246,6 +246,30 @@ static void test_error_damaged_report_section_names_field_and_byte(void **state)
                    "devices[0]: \"utilisation\" should be a number, not string");
     expect_damaged("summary", "\"devices\":[{\"device\":2000000}],\"ledger\":[]", "2000000",
                    "devices[0]: device 2000000 is out of range");
+}
+
+/* A stage's depth is 1 to 64, as tally nests them (lib/ledger/stage.c):
+ * the summary indents each stage by its depth. */
+#define STAGE_AT(depth)                                                                                              \
+    "\"devices\":[],\"ledger\":[],\"stages\":[{\"name\":\"load\",\"depth\":" depth ",\"wall_us\":9,"                 \
+    "\"peak_allocated_bytes\":0,\"peak_reserved_bytes\":0,\"survivor_bytes\":0,\"survivor_blocks\":0,\"survivors\":[]}]"
+
+static void test_error_damaged_stage_depth_names_field_and_byte(void **state)
+{
+    (void)state;
+    expect_damaged("ledger", STAGE_AT("0"), "0,\"wall", "stages[0]: \"depth\" 0 is out of range (1 to 64)");
+    expect_damaged("ledger", STAGE_AT("65"), "65", "stages[0]: \"depth\" 65 is out of range (1 to 64)");
+    expect_damaged("ledger", STAGE_AT("2147483649"), "2147483649",
+                   "stages[0]: \"depth\" 2147483649 is out of range (1 to 64)");
+    /* The deepest stage tally writes is read and indented: 63 levels of two
+     * spaces before its name. */
+    char path[PATH_MAX], text[2048], want[160];
+    write_report(STAGE_AT("64"), path, sizeof path, text, sizeof text);
+    run_t r = tally_run("ledger '%s'", path);
+    EXPECT_RC(r, 0);
+    snprintf(want, sizeof want, "\n1    %126sload ", "");
+    HAS(r.out, want);
+    run_free(&r);
 }
 
 /* A report without a version (optional: older reports) is read; one
@@ -362,6 +386,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_error_bad_flags),
         cmocka_unit_test(test_error_damaged_ledger_entry_names_field_and_byte),
         cmocka_unit_test(test_error_damaged_report_section_names_field_and_byte),
+        cmocka_unit_test(test_error_damaged_stage_depth_names_field_and_byte),
         cmocka_unit_test(test_report_without_version_or_devices),
         cmocka_unit_test(test_missing_device_lists_those_the_report_has),
         cmocka_unit_test(test_missing_device_list_says_how_many_more),

@@ -180,6 +180,11 @@ static void read_stages(report_t *r)
         s->name = cli_str(doc, o, w, "name", false);
         s->seq = cli_int_opt(doc, o, w, "seq", true, (int64_t)i + 1);
         s->depth = cli_int_opt(doc, o, w, "depth", true, 1);
+        /* tally nests stages at most 64 deep (lib/ledger/stage.c); the
+         * summary indents by the depth, which must stay a small int. */
+        if (s->depth < 1 || s->depth > 64)
+            cli_schema(doc, tally__json_get(o, "depth"), w, "\"depth\" %" PRId64 " is out of range (1 to 64)",
+                       s->depth);
         s->begin_us = cli_int_opt(doc, o, w, "begin_us", true, 0);
         s->wall_us = cli_int(doc, o, w, "wall_us");
         s->peak_allocated = cli_int(doc, o, w, "peak_allocated_bytes");
