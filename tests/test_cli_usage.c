@@ -173,14 +173,15 @@ static void test_error_bad_flags(void **state)
 /* ---- damaged reports: each field the commands read, named with its byte ------ */
 
 /* A report written by hand into dir/damaged.json: a minimal valid header,
- * then body (its devices and ledger members, and its stages when it has
- * them), then empty sections. Its text in text. */
+ * then body (its devices and ledger members, and its stages, leaks or
+ * timeline when it has them), then empty sections. Its text in text. */
 static void write_report(const char *body, char *path, size_t len, char *text, size_t tlen)
 {
     snprintf(text, tlen,
              "{\"format\":\"tally-report\",\"version\":\"0.1.0\",\"home_device\":0,\"backend\":\"host\",\n%s,\n"
-             "%s\"leaks\":[],\"segments\":[],\"timeline\":[]}\n",
-             body, strstr(body, "\"stages\":") ? "" : "\"stages\":[],");
+             "%s%s\"segments\":[],%s}\n",
+             body, strstr(body, "\"stages\":") ? "" : "\"stages\":[],", strstr(body, "\"leaks\":") ? "" : "\"leaks\":[],",
+             strstr(body, "\"timeline\":") ? "\"sites\":[]" : "\"timeline\":[]");
     assert_true((size_t)snprintf(path, len, "%s/damaged.json", dir) < len);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
@@ -213,6 +214,9 @@ static void expect_damaged(const char *cmd, const char *body, const char *at, co
     "\"devices\":[],\"ledger\":[{" tag "\"stage\":\"load\",\"device\":0,\"foreign\":false,\"current_bytes\":" cur \
     ",\"peak_bytes\":" peak ",\"allocated_bytes\":30,\"freed_bytes\":20,\"live_blocks\":" blocks                \
     ",\"peak_blocks\":2,\"allocated_blocks\":7}]"
+#define ROW_FIELDS(b)                                                                                                \
+    "{\"tag\":\"w\",\"stage\":\"load\",\"device\":0,\"foreign\":false,\"current_bytes\":" b ",\"peak_bytes\":" b   \
+    ",\"allocated_bytes\":" b ",\"freed_bytes\":0,\"live_blocks\":1,\"peak_blocks\":1,\"allocated_blocks\":1}"
 #define ENTRY(fields) "\"devices\":[],\"ledger\":[{\"tag\":\"w\",\"stage\":\"s\"," fields "}]"
 
 static void test_error_damaged_ledger_entry_names_field_and_byte(void **state)
@@ -269,6 +273,51 @@ static void test_error_damaged_stage_depth_names_field_and_byte(void **state)
     EXPECT_RC(r, 0);
     snprintf(want, sizeof want, "\n1    %126sload ", "");
     HAS(r.out, want);
+    run_free(&r);
+}
+
+/* Byte and block counts of events, leaks and survivors are never below 0:
+ * plot negates an event's size and every command sums them. */
+#define EVENT(size, allocated)                                                                                       \
+    "\"devices\":[],\"ledger\":[],\"timeline\":[{\"device\":0,\"time_us\":1,\"action\":\"alloc\",\"addr\":4096,"          \
+    "\"size\":" size ",\"allocated\":" allocated ",\"reserved\":0}]"
+#define LEAK(bytes, blocks)                                                                                          \
+    "\"devices\":[],\"ledger\":[],\"leaks\":[{\"tag\":\"w\",\"stage\":\"s\",\"device\":0,\"foreign\":false,"              \
+    "\"bytes\":" bytes ",\"blocks\":" blocks "}]"
+
+static void test_error_negative_counts_name_field_and_byte(void **state)
+{
+    (void)state;
+    expect_damaged("plot --x events -o /dev/null.svg", EVENT("-1", "0"), "{\"device\":0,\"time_us\"",
+                   "timeline[0]: \"size\" is below 0");
+    expect_damaged("plot --x events -o /dev/null.svg", EVENT("0", "-9223372036854775808"), "{\"device\":0,\"time_us\"",
+                   "timeline[0]: \"allocated\" is below 0");
+    expect_damaged("ledger", LEAK("-5", "1"), "{\"tag\"", "leaks[0]: \"bytes\" is below 0");
+    expect_damaged("ledger", LEAK("5", "-1"), "{\"tag\"", "leaks[0]: \"blocks\" is below 0");
+}
+
+/* Merged totals add counts read from the ranks' files: where two ranks'
+ * 6e18 bytes would pass INT64_MAX, the total stops there instead of
+ * wrapping below 0. */
+static void test_merge_totals_stop_at_int64_max(void **state)
+{
+    (void)state;
+    char path[2][PATH_MAX + 16];
+    for (int k = 0; k < 2; k++) {
+        snprintf(path[k], sizeof path[k], "%s/huge%d.json", dir, k);
+        FILE *f = fopen(path[k], "w");
+        assert_non_null(f);
+        fprintf(f,
+                "{\"format\":\"tally-report\",\"version\":\"0.1.0\",\"rank\":%d,\"world_size\":2,\"home_device\":0,"
+                "\"backend\":\"host\",\"devices\":[],\"ledger\":[" ROW_FIELDS("6000000000000000000") "],"
+                "\"stages\":[],\"leaks\":[],\"timeline\":[]}\n",
+                k);
+        assert_int_equal(fclose(f), 0);
+    }
+    run_t r = tally_run("merge --json '%s' '%s'", path[0], path[1]);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "{\"tag\":\"w\",\"current_bytes\":9223372036854775807,\"peak_bytes_sum\":9223372036854775807,"
+               "\"live_blocks\":2,\"ranks\":2}");
     run_free(&r);
 }
 
@@ -387,6 +436,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_error_damaged_ledger_entry_names_field_and_byte),
         cmocka_unit_test(test_error_damaged_report_section_names_field_and_byte),
         cmocka_unit_test(test_error_damaged_stage_depth_names_field_and_byte),
+        cmocka_unit_test(test_error_negative_counts_name_field_and_byte),
+        cmocka_unit_test(test_merge_totals_stop_at_int64_max),
         cmocka_unit_test(test_report_without_version_or_devices),
         cmocka_unit_test(test_missing_device_lists_those_the_report_has),
         cmocka_unit_test(test_missing_device_list_says_how_many_more),

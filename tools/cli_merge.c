@@ -71,9 +71,9 @@ static void add_total(merge_total_t **arr, size_t *n, size_t *cap, const char *n
         t = &(*arr)[(*n)++];
         t->name = name;
     }
-    t->current += row->current;
-    t->peak += row->peak;
-    t->blocks += row->live_blocks;
+    t->current = cli_add(t->current, row->current);
+    t->peak = cli_add(t->peak, row->peak);
+    t->blocks = cli_add(t->blocks, row->live_blocks);
     if (row->peak > 0 && rank >= 0 && rank < 64 && !(t->ranks_mask & ((uint64_t)1 << rank))) {
         t->ranks_mask |= (uint64_t)1 << rank;
         t->nranks++;
@@ -111,7 +111,7 @@ static int64_t dev_foreign(const report_t *r, int d)
     int64_t sum = 0;
     for (size_t i = 0; i < r->nrows; i++)
         if (r->rows[i].device == d && r->rows[i].foreign)
-            sum += r->rows[i].current;
+            sum = cli_add(sum, r->rows[i].current);
     return sum;
 }
 
@@ -236,7 +236,7 @@ static void print_matrix(const merge_t *m, const char *title, int64_t (*value)(c
     for (size_t d = 0; d < m->ndevices; d++) {
         int64_t sum = 0;
         for (size_t i = 0; i < m->n; i++)
-            sum += value(&m->reps[i], m->devices[d]);
+            sum = cli_add(sum, value(&m->reps[i], m->devices[d]));
         n += (size_t)snprintf(line + n, cap - n, " %*s%s", w, cli_bytes(sum, b, sizeof b), mark ? " " : "");
     }
     put_line(line);
@@ -330,9 +330,9 @@ static void merge_json(const merge_t *m)
     for (size_t d = 0; d < m->ndevices; d++) {
         int64_t a = 0, r = 0, f = 0;
         for (size_t i = 0; i < m->n; i++) {
-            a += dev_allocated(&m->reps[i], m->devices[d]);
-            r += dev_reserved(&m->reps[i], m->devices[d]);
-            f += dev_foreign(&m->reps[i], m->devices[d]);
+            a = cli_add(a, dev_allocated(&m->reps[i], m->devices[d]));
+            r = cli_add(r, dev_reserved(&m->reps[i], m->devices[d]));
+            f = cli_add(f, dev_foreign(&m->reps[i], m->devices[d]));
         }
         printf("%s\n {\"device\":%d,\"allocated_bytes\":%" PRId64 ",\"reserved_bytes\":%" PRId64
                ",\"foreign_bytes\":%" PRId64 "}",

@@ -170,7 +170,7 @@ static void replay(plot_data_t *p, int64_t *vals)
     const rep_event_t *first = &p->r->events[p->ev[0]];
     memset(p->cur, 0, p->ntags * sizeof *p->cur);
     memset(p->moved, 0, p->ntags * sizeof *p->moved);
-    p->cur[TAG_BEFORE] = first->allocated - event_delta(first);
+    p->cur[TAG_BEFORE] = cli_add(first->allocated, -event_delta(first));
     if (p->cur[TAG_BEFORE] > p->peak[TAG_BEFORE])
         p->peak[TAG_BEFORE] = p->cur[TAG_BEFORE];
     int64_t gcur[PLOT_TAGS + 2] = {0};
@@ -182,18 +182,18 @@ static void replay(plot_data_t *p, int64_t *vals)
         if (e->action == EV_ALLOC) {
             t = tag_index(p, e->tag);
             addr_put(&map, (uint64_t)e->addr, t);
-            p->cur[t] += e->size;
+            p->cur[t] = cli_add(p->cur[t], e->size);
         } else if (e->action == EV_FREE) {
             t = addr_take(&map, (uint64_t)e->addr, TAG_BEFORE);
-            p->cur[t] -= e->size;
+            p->cur[t] = cli_add(p->cur[t], -e->size);
         }
         if (t >= 0)
-            p->moved[t] += e->size;
+            p->moved[t] = cli_add(p->moved[t], e->size);
         if (t >= 0 && p->cur[t] > p->peak[t])
             p->peak[t] = p->cur[t];
         if (vals) {
             if (t >= 0)
-                gcur[p->group_of[t]] += event_delta(e);
+                gcur[p->group_of[t]] = cli_add(gcur[p->group_of[t]], event_delta(e));
             memcpy(vals + k * (size_t)p->ngroups, gcur, (size_t)p->ngroups * sizeof *gcur);
         }
     }
@@ -258,7 +258,7 @@ static void make_groups(plot_data_t *p)
             mine |= chosen[c] == (int)t;
         if (!mine) {
             p->group_of[t] = other;
-            p->gpeak[other] += p->peak[t]; /* an upper bound; shown as such */
+            p->gpeak[other] = cli_add(p->gpeak[other], p->peak[t]); /* an upper bound; shown as such */
         }
     }
     p->ngroups = g;

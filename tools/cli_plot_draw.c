@@ -59,7 +59,7 @@ static int64_t cum(const plot_data_t *p, size_t i, int g)
 {
     int64_t sum = 0;
     for (int h = 0; h <= g; h++)
-        sum += p->val[i * (size_t)p->ngroups + h];
+        sum = cli_add(sum, p->val[i * (size_t)p->ngroups + h]);
     return sum < 0 ? 0 : sum;
 }
 

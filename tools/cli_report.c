@@ -208,11 +208,13 @@ static void read_stages(report_t *r)
             s->surv[k].foreign = cli_bool(doc, so, sw, "foreign");
             s->surv[k].bytes = cli_int(doc, so, sw, "bytes");
             s->surv[k].blocks = cli_int(doc, so, sw, "blocks");
+            if (s->surv[k].bytes < 0 || s->surv[k].blocks < 0)
+                cli_schema(doc, so, sw, "\"%s\" is below 0", s->surv[k].bytes < 0 ? "bytes" : "blocks");
         }
         int64_t bytes = 0, blocks = 0;
         for (size_t k = 0; k < s->nsurv; k++) {
-            bytes += s->surv[k].bytes;
-            blocks += s->surv[k].blocks;
+            bytes = cli_add(bytes, s->surv[k].bytes);
+            blocks = cli_add(blocks, s->surv[k].blocks);
         }
         if (bytes != s->survivor_bytes || blocks != s->survivor_blocks)
             cli_schema(doc, o, w, "survivor_bytes %" PRId64 " and survivor_blocks %" PRId64
@@ -242,6 +244,8 @@ static void read_leaks(report_t *r)
         l->foreign = cli_bool(doc, o, w, "foreign");
         l->bytes = cli_int(doc, o, w, "bytes");
         l->blocks = cli_int(doc, o, w, "blocks");
+        if (l->bytes < 0 || l->blocks < 0)
+            cli_schema(doc, o, w, "\"%s\" is below 0", l->bytes < 0 ? "bytes" : "blocks");
     }
 }
 
@@ -268,6 +272,9 @@ static void read_timeline(report_t *r)
         e->reserved = cli_int(doc, o, w, "reserved");
         e->tag = cli_str(doc, o, w, "tag", true);
         e->stage = cli_str(doc, o, w, "stage", true);
+        if (e->size < 0 || e->allocated < 0 || e->reserved < 0)
+            cli_schema(doc, o, w, "\"%s\" is below 0",
+                       e->size < 0 ? "size" : e->allocated < 0 ? "allocated" : "reserved");
     }
 }
 

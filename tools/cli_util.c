@@ -70,6 +70,15 @@ const char *cli_bytes(int64_t v, char *buf, size_t len)
     return buf;
 }
 
+int64_t cli_add(int64_t a, int64_t b)
+{
+    if (b > 0 && a > INT64_MAX - b)
+        return INT64_MAX;
+    if (b < 0 && a < INT64_MIN - b)
+        return INT64_MIN;
+    return a + b;
+}
+
 /* Parse a non-negative decimal integer below limit; -1 if it is not one. */
 static long cli_parse_uint(const char *s, long limit)
 {

@@ -35,6 +35,9 @@ void *cli_alloc(size_t n);
 void cli_grow(void **arr, size_t *cap, size_t need, size_t elem);
 /* "1.5 MiB" as the library's text reports write it; negatives keep a sign. */
 const char *cli_bytes(int64_t v, char *buf, size_t len);
+/* a + b, held at INT64_MAX (or INT64_MIN) where the sum would pass it: the
+ * totals over ranks add counts read from files, which may be anything. */
+int64_t cli_add(int64_t a, int64_t b);
 /* The larger of w and the length of s: column widths. */
 int cli_width_of(int w, const char *s);
 

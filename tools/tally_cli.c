@@ -194,8 +194,8 @@ static void print_leaks(const report_t *r)
     char h[32];
     int64_t bytes = 0, blocks = 0;
     for (size_t i = 0; i < r->nleaks; i++) {
-        bytes += r->leaks[i].bytes;
-        blocks += r->leaks[i].blocks;
+        bytes = cli_add(bytes, r->leaks[i].bytes);
+        blocks = cli_add(blocks, r->leaks[i].blocks);
     }
     if (!r->nleaks) {
         printf("\nlive blocks: none when the report was written\n");
