@@ -324,6 +324,10 @@ class CliTest(unittest.TestCase):
             ('"active.all.allocated"', '"active.all.alocatd"',
              'devices[0].stats: unknown key "active.all.alocatd" (did you mean "active.all.allocated"?)'),
             ('"active.all.allocated"', '"active.all.alcatd"', 'devices[0].stats: unknown key "active.all.alcatd"'),
+            # a swap is of two neighbours: the key, its first and last letters, then the key again but its first
+            # is 19 edits away, not 1 (a swap across the ends, b[-1] in Python, would make it 1)
+            ('"active.all.peak"', '"active.all.peakakctive.all.peak"',
+             'devices[0].stats: unknown key "active.all.peakakctive.all.peak"'),
             ('"num_ooms": 0, ', "", 'devices[0].stats: key "num_ooms" is missing'),
             (f'"segment.all.allocated": {current},', f'"segment.all.allocated": {current + 1},',
              f'devices[0].stats: "segment.all.allocated" is {current + 1}, but small_pool + large_pool is {current}'),
