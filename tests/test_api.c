@@ -162,6 +162,28 @@ static void test_integer_option_takes_its_bounds(void **state)
     }
 }
 
+/* roundup_power2_divisions:[] is a list of no entries: every slot is 0
+ * (no rounding), as the empty list PyTorch's parser reads; the shortest
+ * value with both brackets is taken, not called unclosed. */
+static void test_roundup_empty_list_turns_rounding_off(void **state)
+{
+    (void)state;
+    cap_begin();
+    int set = tally_configure("roundup_power2_divisions:4");
+    int empty = tally_configure("roundup_power2_divisions:[]");
+    int open = tally_configure("roundup_power2_divisions:[");
+    cap_end();
+    if (set != 0)
+        fail_msg("roundup_power2_divisions:4 refused: %s", tally_last_error());
+    if (empty != 0)
+        fail_msg("roundup_power2_divisions:[] refused: %s", tally_last_error());
+    assert_int_equal(open, -TALLY_ECONF);
+    HAS(tally_last_error(), "'[' lacks a closing ']'");
+    char *opts = tu_options_text();
+    HAS(opts, "roundup_power2_divisions:0");
+    free(opts);
+}
+
 /* ---- after initialisation --------------------------------------------------- */
 
 static void test_initialises_with_the_env_conf(void **state)
@@ -601,6 +623,7 @@ int main(void)
         /* These two must run first: nothing may initialise tally before. */
         cmocka_unit_test(test_bad_env_conf_makes_init_fail),
         cmocka_unit_test(test_configure_before_init_rejects_bad_values),
+        cmocka_unit_test(test_roundup_empty_list_turns_rounding_off),
         cmocka_unit_test(test_initialises_with_the_env_conf),
         cmocka_unit_test(test_configure_after_init_rejects_bad_values),
         cmocka_unit_test(test_integer_option_takes_its_bounds),
