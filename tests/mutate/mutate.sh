@@ -403,18 +403,22 @@ done <"$list"
 # calls, swapped fields and arguments) with MUTATE_SEED, over lib/, tools/
 # and python/; never chosen by looking at the tests.
 b_total=0 b_killed=0 b_stillborn=0 b_survivors="" b_tce=0 b_argued=0 b_equivalents=""
-# argued_equivalent FILE ORIG REPL: the reason equivalent.txt gives for this
-# mutant (leading blanks not compared), or nothing.
+# argued_equivalent FILE ORIG REPL WHAT: the reason equivalent.txt gives for
+# this mutant (leading blanks not compared), or nothing. An entry with a
+# fifth column holds only for a mutant in that function (WHAT ends "in F"):
+# the same line text can sit in two functions and be equivalent in one.
 argued_equivalent() {
     [ -f "$equivalent_list" ] || return 0
-    python3 - "$equivalent_list" "$1" "$2" "$3" <<'PY'
+    python3 - "$equivalent_list" "$1" "$2" "$3" "${4:-}" <<'PY'
 import sys
-path, f, a, b = sys.argv[1], sys.argv[2], sys.argv[3].strip(), sys.argv[4].strip()
+path, f, a, b, what = sys.argv[1], sys.argv[2], sys.argv[3].strip(), sys.argv[4].strip(), sys.argv[5]
 for line in open(path, encoding="utf-8"):
     if not line.strip() or line.startswith("#"):
         continue
     parts = line.rstrip("\n").split("\t")
     if len(parts) >= 4 and parts[0] == f and parts[1].strip() == a and parts[2].strip() == b:
+        if len(parts) >= 5 and parts[4].strip() and not what.endswith(" in " + parts[4].strip()):
+            continue
         print(parts[3])
         break
 PY
@@ -485,7 +489,7 @@ PY
                 echo "$label: $verdict" ;;
             *)
                 b_total=$((b_total + 1))
-                why=$(argued_equivalent "$file" "$orig" "$repl")
+                why=$(argued_equivalent "$file" "$orig" "$repl" "$what")
                 if [ -n "$why" ]; then
                     b_argued=$((b_argued + 1))
                     echo "$label: survived (equivalent.txt: $why)"
