@@ -1,5 +1,6 @@
-/* Shared helpers for the caching-core tests (test_cache, test_api,
- * test_core_options, test_cache_random, test_api_threads, test_cache_events).
+/* Shared helpers for the caching-core tests (test_cache_blocks,
+ * test_cache_limits, test_api, test_core_options, test_cache_random,
+ * test_api_threads, test_cache_events).
  *
  * - tu_conf(): set TALLY_CONF before the first tally call of the process.
  * - A capture sink that collects diagnostics lines into a buffer.
@@ -322,6 +323,15 @@ static inline void tu_clean_all(void)
     }
 }
 
+/* Free the blocks; then empty_cache(0) releases exactly expect bytes. */
+static inline void free_then_empty(void **blocks, size_t n, size_t expect)
+{
+    for (size_t i = 0; i < n; i++)
+        tu_free(blocks[i]);
+    EQ(tally_empty_cache(0), expect);
+    CHECK_OK();
+}
+
 /* Undo whatever a previous (possibly failed) test left: free its tracked
  * blocks, cancel fault injection, lift memory fractions, release holds on
  * STREAM(0..31), empty the cache; then require a clean slate. */
@@ -338,6 +348,14 @@ static inline void tu_reset(void)
     for (int d = 0; d < n; d++)
         tally_set_memory_fraction(1.0, d);
     tu_clean_all();
+}
+
+/* A cmocka setup: every test starts from tu_reset()'s clean slate. */
+static inline int tu_setup_clean(void **state)
+{
+    (void)state;
+    tu_reset();
+    return 0;
 }
 
 #endif /* TALLY_TESTUTIL_H */
