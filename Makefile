@@ -156,8 +156,14 @@ $(BUILD)/tests/test_backend_driver_h: tests/test_backend_driver_h.c tests/driver
 	$(CC) $(CFLAGS) -Wno-pedantic $(if $(CUDA_H_DIR),-DTALLY_CUDA_H_CHECK -I$(BUILD)/tests -isystem $(CUDA_H_DIR)) \
 		-o $@ $< -lcmocka $(LDLIBS)
 
-# test_tune compiles tally tune's readers in (tools/, bench/trace.c).
-$(BUILD)/tests/test_tune: $(TOOL_SRC) $(wildcard tools/*.h) bench/trace.h
+# The tests of tally tune compile what they test in: test_tune_pickle the
+# pickle reader; test_tune_snapshot, test_tune_recorded and test_tune_report
+# the readers of snapshots and reports (tools/tune_input.c, bench/trace.c);
+# test_tune_run the replays (tools/tune_run.c, the model of PyTorch's
+# expandable segments, the stand-in's cost table).
+$(BUILD)/tests/test_tune_pickle: tools/pickle.c tools/pickle.h
+$(BUILD)/tests/test_tune_snapshot $(BUILD)/tests/test_tune_recorded $(BUILD)/tests/test_tune_report: tools/pickle.c tools/tune_input.c bench/trace.c $(wildcard tools/*.h) bench/trace.h
+$(BUILD)/tests/test_tune_run: tools/tune_run.c tools/pt_expand.c bench/trace.c tests/standin/cost.c $(wildcard tools/*.h) bench/trace.h tests/standin/cost.h
 $(BUILD)/tests/test_tune_bad_input: $(TOOL_SRC) $(wildcard tools/*.h) bench/trace.h
 # test_tune_output compiles tools/tune_output.c in (its picture writer and torch-version reader), with the stand-in's cost table.
 $(BUILD)/tests/test_tune_output: tools/tune_output.c tools/tune.h tests/standin/cost.c tests/standin/cost.h

@@ -1,5 +1,5 @@
 /* Running a command-line tool as a user runs it, for the tests of the
- * tally command (test_cli_*.c, test_tune.c): its exit status, stdout and
+ * tally command (test_cli_*.c, test_tune_*.c): its exit status, stdout and
  * stderr, through the shell. Include after cmocka.h. */
 #ifndef TALLY_TESTS_CLIUTIL_H
 #define TALLY_TESTS_CLIUTIL_H

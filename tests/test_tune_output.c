@@ -2,10 +2,11 @@
  *
  * The picture writer (tune_plot_svg), for what the command cannot show: the
  * command checks that the --plot path can be written before its replays
- * (test_tune test_plot), so the writer's own refusal is reached only when
- * the path goes away while they run. The torch-version reader
+ * (test_tune_table test_plot), so the writer's own refusal is reached only
+ * when the path goes away while they run. The torch-version reader
  * (tune_parse_version), over the forms torch's versions take and the ones
- * that are none (the command's --torch-version refusals are in test_tune).
+ * that are none (the command's --torch-version refusals are in
+ * test_tune_table).
  *
  * The file is compiled in with the cost table it also uses; the two row
  * helpers it links against (tools/tune_run.c) are never called by these

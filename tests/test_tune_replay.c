@@ -1,7 +1,7 @@
-/* Tests for tally tune's replays (test_tune.c has the readers, the table
- * and the recommendations): the model of PyTorch's expandable segments
- * (tools/pt_expand.c, compiled in) merging a freed block with its free
- * neighbours, and through the command itself (the built ../bin/tally) the
+/* Tests for tally tune's replays (the other test_tune_*.c have the readers,
+ * the table and the recommendations): the model of PyTorch's expandable
+ * segments (tools/pt_expand.c, compiled in) merging a freed block with its
+ * free neighbours, and through the command itself (the built ../bin/tally) the
  * pages a tally row maps, as priced in its driver time, and a recorded
  * state's 512-byte remainder kept free; the model seeded from a recorded
  * state (exact figures, and the host's memory failing at each allocation in

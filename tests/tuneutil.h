@@ -1,7 +1,8 @@
-/* What the tests of tally tune share (test_tune.c, test_tune_replay.c,
- * test_tune_plot_ticks.c): the built command beside the test binary, a
- * scratch folder, running `tally tune -q`, writing a trace or a snapshot
- * pickle, and reading the JSON rows. Include after cmocka.h, cliutil.h and report/json.h. */
+/* What the tests of tally tune share (test_tune_*.c): the built command
+ * beside the test binary, a scratch folder and the fixtures, running `tally
+ * tune -q`, writing a trace or a snapshot pickle, reading the JSON rows (and
+ * checking what holds for every row), a one-line error, and the three-block
+ * trace worked by hand. Include after cmocka.h, cliutil.h and report/json.h. */
 #ifndef TALLY_TESTS_TUNEUTIL_H
 #define TALLY_TESTS_TUNEUTIL_H
 
@@ -9,15 +10,19 @@
 #include <limits.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static char tally_bin[PATH_MAX], scratch[PATH_MAX];
+#define MiB ((uint64_t)1 << 20)
+
+static char tally_bin[PATH_MAX], scratch[PATH_MAX], fixtures[PATH_MAX];
 
 /* The setup: tally_bin is ../bin/tally beside this binary (bin_dir gets its
- * folder, .../build/tests; PATH_MAX - 64 bytes hold it) and scratch a new folder made from tmpl (a
+ * folder, .../build/tests; PATH_MAX - 64 bytes hold it), fixtures the
+ * repository's tests/fixtures/tune, and scratch a new folder made from tmpl (a
  * mkdtemp template). -1, saying why, when the command is missing. */
 static inline int tune_setup(const char *name, const char *tmpl, char *bin_dir, size_t len)
 {
@@ -29,6 +34,7 @@ static inline int tune_setup(const char *name, const char *tmpl, char *bin_dir, 
     const char *dir = dirname(exe);
     snprintf(bin_dir, len, "%s", dir);
     snprintf(tally_bin, sizeof tally_bin, "%s/../bin/tally", dir);
+    snprintf(fixtures, sizeof fixtures, "%s/../../tests/fixtures/tune", dir);
     if (access(tally_bin, X_OK) != 0) {
         fprintf(stderr, "%s: %s is missing (make builds it)\n", name, tally_bin);
         return -1;
@@ -114,6 +120,98 @@ static inline const tally_json_t *row_of(const tally_json_t *rows, const char *s
             return &rows->items[k];
     fail_msg("no row '%s' (%s)", setting, allocator);
     return NULL;
+}
+
+/* An error: the given status, nothing on stdout, exactly one line on stderr
+ * containing want. */
+static inline void expect_one_line_error(run_t r, int rc, const char *want)
+{
+    if (r.rc != rc || r.out[0] || !strstr(r.err, want) || strchr(r.err, '\n') != r.err + strlen(r.err) - 1)
+        fail_msg("status %d (want %d), stdout '%s', stderr '%s' (want one line with '%s')", r.rc, rc, r.out, r.err,
+                 want);
+    run_free(&r);
+}
+
+/* Run --json on path; check the rows' invariants; return the parsed array. */
+static inline tally_json_t *tune_json(const char *path, const char *extra)
+{
+    run_t r = tune("--json %s '%s'", extra, path);
+    if (r.rc != 0)
+        fail_msg("tally tune --json %s: status %d: %s", path, r.rc, r.err);
+    tally_json_t *rows = tally__json_parse(r.out, strlen(r.out), NULL, 0, NULL);
+    assert_non_null(rows);
+    assert_int_equal(rows->type, TALLY_JSON_ARRAY);
+    assert_true(rows->len >= 10);
+    const tally_json_t *def = &rows->items[0];
+    assert_string_equal(tally__json_get(def, "setting")->s, "");
+    assert_string_equal(tally__json_get(def, "why")->s, "PyTorch's default");
+    assert_string_equal(tally__json_get(def, "line")->s, "PYTORCH_CUDA_ALLOC_CONF=");
+    int recommended = 0, recommended_tally = 0;
+    for (size_t i = 0; i < rows->len; i++) {
+        const tally_json_t *row = &rows->items[i];
+        assert_int_equal(jint(row, "peak_live_bytes"), jint(def, "peak_live_bytes"));
+        assert_true(jint(row, "peak_reserved_bytes") >= jint(row, "peak_live_bytes") || !jtrue(row, "fits"));
+        assert_true(jint(row, "backend_calls") >= 1);
+        const char *alloc = tally__json_get(row, "allocator")->s;
+        if (strcmp(alloc, "PyTorch/tally") && strcmp(alloc, "tally") && strcmp(alloc, "PyTorch (model)"))
+            fail_msg("row %zu: allocator '%s'", i, alloc);
+        /* A row tally runs gives its TALLY_CONF line; the model's rows have none. */
+        const tally_json_t *tline = tally__json_get(row, "tally_line");
+        if (!strcmp(alloc, "PyTorch (model)")) {
+            if (tline)
+                fail_msg("row %zu (%s, the model) has a tally_line", i, tally__json_get(row, "setting")->s);
+        } else {
+            char want[256];
+            snprintf(want, sizeof want, "TALLY_CONF=%s", tally__json_get(row, "setting")->s);
+            if (!tline || tline->type != TALLY_JSON_STRING || strcmp(tline->s, want))
+                fail_msg("row %zu (%s): tally_line %s, want %s", i, alloc, tline ? tline->s : "missing", want);
+        }
+        if (jtrue(row, "recommended_tally")) {
+            recommended_tally++;
+            assert_string_not_equal(alloc, "PyTorch (model)"); /* tally's recommendation runs under tally */
+            assert_true(jtrue(row, "fits"));
+        }
+        if (jtrue(row, "recommended")) {
+            recommended++;
+            assert_string_not_equal(alloc, "tally"); /* PyTorch's recommendation keeps PyTorch's rules */
+            assert_true(jtrue(row, "fits"));
+            /* Never more than the default, and the least among the fitting rows within the budget it had. */
+            assert_true(jint(row, "peak_reserved_bytes") <= jint(def, "peak_reserved_bytes"));
+        }
+    }
+    assert_int_equal(recommended, 1);
+    assert_int_equal(recommended_tally, 1);
+    run_free(&r);
+    return rows;
+}
+
+/* three.csv (three_csv writes it to scratch): 30 MiB, 1000 B and 5 MiB,
+ * all live to the end (worked by hand):
+ * - PyTorch's default placement: a 30 MiB segment, a 2 MiB small one, and
+ *   20 MiB for the 5 MiB block (under 10 MiB): 52 MiB in 3 calls;
+ *   large_segment_size_mb:4 gives the 5 MiB block 6 MiB (its size rounded
+ *   to 2 MiB): 38 MiB; :10 gives it 10 MiB: 42 MiB.
+ * - PyTorch's expandable segments (the model): 20 MiB large pages, so 30 MiB
+ *   maps 2 pages and the 5 MiB block fits in the second one's rest: 40 MiB
+ *   + one 2 MiB small page = 42 MiB in 3 page maps; with
+ *   large_segment_size_mb:2, 15 + 3 + 1 pages = 38 MiB in 19 calls; with
+ *   :10, 3 + 1 + 1 pages = 42 MiB in 5 calls.
+ * PyTorch's recommendation: 38 MiB, and of the two, the fewer calls:
+ * large_segment_size_mb:4. */
+static const char three_blocks[] = "op,id,size,stream\na,1,31457280,0\na,2,1000,0\na,3,5242880,0\n";
+
+static inline void three_csv(char *path, size_t len)
+{
+    snprintf(path, len, "%s/three.csv", scratch);
+    write_text(path, three_blocks);
+}
+
+/* TALLY_TEST_FILTER=PATTERN runs only the tests whose names match it
+ * (cmocka's pattern), for checking one test against a mutation. */
+static inline void tune_test_filter(void)
+{
+    if (getenv("TALLY_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("TALLY_TEST_FILTER"));
 }
 
 #endif
