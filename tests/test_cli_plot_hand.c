@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #define CLIUTIL_REPORTS /* the children, setup, tally_run, HAS, EXPECT_RC */
@@ -470,6 +471,31 @@ static void test_plot_y_axis_labels_start_at_zero(void **state)
     free(svg);
 }
 
+/* The y axis's step is the nice number (1, 2 or 5 times a power of ten) at
+ * or above a sixth of its top, and a sixth that is a power of ten exactly
+ * is its own step: a peak of 6 MiB gives steps of 1 MiB, labels 0 to 6 and
+ * seven grid lines (a step of 0 there gave a top of NaN and no labels).
+ * The command runs under a 16 MiB file-size limit, so a step too small to
+ * advance the axis loop stops it at once instead of filling the disk. */
+static void test_plot_y_step_of_an_exact_power_of_ten(void **state)
+{
+    (void)state;
+    struct rlimit old, small;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    small = old;
+    small.rlim_cur = 16 << 20;
+    if (old.rlim_cur != RLIM_INFINITY && old.rlim_cur < small.rlim_cur)
+        small.rlim_cur = old.rlim_cur;
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
+    char *svg = plot_two_events(6 * MiB, 1000);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    char labels[256];
+    axis_labels(svg, "y-axis", labels, sizeof labels);
+    assert_string_equal(labels, "0 1 2 3 4 5 6");
+    HAS(svg, "memory (MiB)</text>");
+    free(svg);
+}
+
 /* The time axis is in microseconds while it spans less than 2000 us, in
  * milliseconds from there and in seconds from 2 s. The axis runs 2% past the
  * last event, so an event span of 1960 us gives an axis of 1999.2 us, 1961 us
@@ -550,6 +576,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_by_time_when_the_clock_steps_back),
         cmocka_unit_test(test_plot_axis_unit_changes_at_1024_of_it),
         cmocka_unit_test(test_plot_y_axis_labels_start_at_zero),
+        cmocka_unit_test(test_plot_y_step_of_an_exact_power_of_ten),
         cmocka_unit_test(test_plot_time_unit_changes_at_an_axis_of_2000_of_it),
     };
     return CLI_MAIN("cli_plot_hand", tests);
