@@ -16,8 +16,10 @@ static pthread_once_t options_once = PTHREAD_ONCE_INIT;
 static int options_rc;
 static char options_error[512];
 /* 0 before initialisation, 1 after, 2 in a forked child refused its
- * parent's device backend (tally__after_fork_child). */
-static _Atomic int initialised;
+ * parent's device backend (tally__after_fork_child); api.h's
+ * tally__ensure_init reads it inline. */
+_Atomic int tally__initialised;
+#define initialised tally__initialised
 
 const char *tally_version(void)
 {
@@ -104,6 +106,14 @@ static int check_home(int home, int ndev)
                              ndev, ndev == 1 ? "" : "s", ndev > 1 ? "0 to " : "", ndev - 1);
 }
 
+/* Whether options o let small requests take the cache's fast path
+ * (tally__g.small_fast, lib/cache/small.c). */
+static void set_small_fast(const tally_options_t *o)
+{
+    bool ok = !tally__g.backend->passthrough && o->roundup_divisions[0] <= 1 && o->expandable_move_budget <= 0;
+    atomic_store_explicit(&tally__g.small_fast, ok, memory_order_relaxed);
+}
+
 static void do_init_locked(void);
 
 /* Under config_lock: a tally_configure racing the first use either lands
@@ -184,15 +194,14 @@ static void do_init_locked(void)
             apply_fraction_locked(tally__g.dev[i], tally__opt.memory_fraction);
     tally__opt.home_device = resolve_home(tally__opt.home_setting, n);
     tally__exit_register();
+    set_small_fast(&tally__opt);
     atomic_store(&initialised, 1);
 }
 
 static _Atomic int refusal_said;
 
-int tally__ensure_init(void)
+int tally__ensure_init_slow(void)
 {
-    if (TALLY_LIKELY(atomic_load_explicit(&initialised, memory_order_acquire) == 1))
-        return 0;
     pthread_once(&tally__g.once, do_init);
     if (TALLY_UNLIKELY(tally__g.init_rc)) {
         if (atomic_load(&initialised) == 2 && !atomic_exchange(&refusal_said, 1))
@@ -264,6 +273,7 @@ static void publish_runtime(const tally_options_t *n)
     memcpy(tally__opt.persistent_tags, n->persistent_tags, sizeof tally__opt.persistent_tags);
     memcpy(tally__opt.report_path, n->report_path, sizeof tally__opt.report_path);
     memcpy(tally__opt.leak_suppressions, n->leak_suppressions, sizeof tally__opt.leak_suppressions);
+    set_small_fast(n);
 }
 
 int tally_configure(const char *conf)

@@ -9,8 +9,16 @@
 #include "report/report.h"
 
 /* Initialise once: options, backend, devices, the cache's hooks; returns 0
- * or the init error. */
-int tally__ensure_init(void);
+ * or the init error. Inline, as every entry point starts with it: one load
+ * once initialised (api.c's flag), else the call that initialises. */
+extern _Atomic int tally__initialised;
+int tally__ensure_init_slow(void);
+static inline int tally__ensure_init(void)
+{
+    if (TALLY_LIKELY(atomic_load_explicit(&tally__initialised, memory_order_acquire) == 1))
+        return 0;
+    return tally__ensure_init_slow();
+}
 bool tally__is_initialised(void);
 /* The device, initialising first; NULL with an error naming fn and the
  * number. */
@@ -27,7 +35,11 @@ static inline __attribute__((always_inline)) void *tally__malloc_inline(size_t s
  * to, 0 for none, after refusing or waking a sleeping tag (sleep_alloc);
  * what a stage report says slept and woke. */
 int tally__private_init_locked(const tally_backend_t *be, char *err, size_t errlen);
-int tally__private_any(void);
+extern _Atomic int tally__nprivate;
+static inline int tally__private_any(void)
+{
+    return atomic_load_explicit(&tally__nprivate, memory_order_relaxed);
+}
 /* The lock of the private tags' list and notes (fork.c takes it; never
  * held with a device lock; taken before the names and sink locks). */
 tally_mutex_t *tally__private_lock(void);

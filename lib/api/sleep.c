@@ -15,7 +15,8 @@
 
 /* Append-only: readers load the count, then read that many ids. */
 static uint32_t private_ids[MAX_PRIVATE];
-static _Atomic int nprivate;
+_Atomic int tally__nprivate; /* read inline by api.h's tally__private_any */
+#define nprivate tally__nprivate
 static tally_mutex_t private_lock = TALLY_MUTEX_INIT;
 tally_mutex_t *tally__private_lock(void) { return &private_lock; }
 
@@ -93,11 +94,6 @@ int tally__private_init_locked(const tally_backend_t *be, char *err, size_t errl
         p = end + 1;
     }
     return 0;
-}
-
-int tally__private_any(void)
-{
-    return atomic_load_explicit(&nprivate, memory_order_relaxed);
 }
 
 /* ---- allocation ------------------------------------------------------------------------- */

@@ -46,7 +46,7 @@ tally_device_t *tally__device_lookup(int device, const char *fn)
 }
 
 #define MIN_BLOCK 512u
-#define SMALL_SIZE ((size_t)1 << 20)
+#define SMALL_SIZE TALLY_SMALL_SIZE
 #define SMALL_BUFFER ((size_t)2 << 20)
 #define MIN_LARGE_ALLOC ((size_t)10 << 20)
 #define ROUND_LARGE ((size_t)2 << 20)
@@ -208,19 +208,9 @@ void tally__cache_passthrough_free_locked(tally_device_t *d, tally_block_t *b)
     tally__cache_release_segment_locked(d, b, false);
 }
 
-void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
+void tally__cache_free_general_locked(tally_device_t *d, tally_block_t *b)
 {
-    tally__stat_pool_dec(d->stats.allocation, b->pool, 1);
-    tally__stat_pool_dec(d->stats.allocated_bytes, b->pool, (int64_t)b->size);
-    if (b->size >= tally__opt.max_split_size)
-        tally__stat_dec(&d->stats.oversize_allocations, 1);
-    tally__cache_hooks.block_free(d, b);
-    tally_freed_t *f = &d->freed[d->freed_next++ % TALLY_FREED_RING];
-    f->addr = b->addr;
-    f->size = b->requested;
-    f->tag = b->tag;
-    f->stage = b->stage;
-    f->seq = b->seq;
+    tally__cache_free_begin_locked(d, b);
     if (TALLY_UNLIKELY(b->seg->asleep))
         tally__ppool_block_freed_locked(d, b);
     if (TALLY_UNLIKELY(tally__g.backend->passthrough)) {
@@ -579,49 +569,20 @@ static bool lend_block(tally_device_t *d, alloc_params_t *p)
     return true;
 }
 
-/* Whether a request of orig bytes may take the fast path: the device's own
- * small pool (no graph or private pool, no capture, no pass-through
- * backend), PyTorch's default rounding, no memory fraction (so no garbage
- * collection) and no move budget (which watches every request). */
-static inline bool fast_ok(const tally_device_t *d, size_t orig, bool capturing, const tally_gpool_t *priv)
-{
-    return orig <= SMALL_SIZE && !capturing && !priv && !d->nallocating && d->allowed_max == UINT64_MAX &&
-           !tally__g.backend->passthrough && tally__opt.roundup_divisions[0] <= 1 &&
-           TALLY_OPT(expandable_move_budget) <= 0;
-}
-
-/* Everything after the capture check and the event queue (below). */
+/* Everything after the capture check and the event queue. */
 static tally_block_t *malloc_general(tally_device_t *d, size_t orig, void *stream, void *site, tally_gpool_t *priv,
                                      bool capturing);
 
-/* What every allocation does first: the capture check (a driver query
- * unless captures are announced), then, outside a capture, the completed
- * events. Returns whether stream is capturing. */
-static inline bool alloc_begin(tally_device_t *d, void *stream)
+tally_block_t *tally__cache_malloc_general_locked(tally_device_t *d, size_t orig, void *stream, void *site,
+                                                  bool capturing)
 {
-    /* While a capture is under way no event is looked at. */
-    bool capturing = tally__g.backend->stream_capturing && tally__events_capture_on_locked(d, stream, true);
-    if (!capturing && d->events_head)
-        tally__events_process_locked(d, false);
-    return capturing;
-}
-
-/* The fast path when it applies, else the general one. */
-tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *stream, void *site)
-{
-    bool capturing = alloc_begin(d, stream);
-    if (TALLY_LIKELY(fast_ok(d, orig, capturing, NULL))) {
-        tally_block_t *b = tally__small_alloc_locked(d, round_size(orig), orig, stream, site);
-        if (b)
-            return b;
-    }
     return malloc_general(d, orig, stream, site, NULL, capturing);
 }
 
 tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t orig, void *stream, void *site,
                                              tally_gpool_t *priv)
 {
-    return malloc_general(d, orig, stream, site, priv, alloc_begin(d, stream));
+    return malloc_general(d, orig, stream, site, priv, tally__cache_alloc_begin_locked(d, stream));
 }
 
 static tally_block_t *malloc_general(tally_device_t *d, size_t orig, void *stream, void *site, tally_gpool_t *priv,

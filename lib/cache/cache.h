@@ -182,6 +182,10 @@ typedef struct tally_global {
      * the cached path outside them). */
     _Atomic int announced;
     _Atomic bool announces;
+    /* The small pool's fast allocation may run (small.c): a backend that
+     * caches, PyTorch's default rounding, no move budget. The API sets it at
+     * initialisation and when tally_configure changes a key. */
+    _Atomic bool small_fast;
 } tally_global_t;
 
 extern tally_global_t tally__g;
@@ -272,13 +276,11 @@ void tally__bins_erase(struct tally_binset *set, tally_block_t *b);
 tally_block_t *tally__bins_lower_bound(tally_pool_t *p, void *stream, size_t size);
 size_t tally__bins_walk(const tally_pool_t *p, void (*fn)(tally_block_t *, void *), void *arg);
 long tally__bins_verify(const tally_pool_t *p); /* free blocks in the bins, or -1 */
-/* small.c: the fast paths. An allocation of size bytes (rounded, at most
- * 1 MiB; orig asked) from the device's own small pool, when a cached block
- * fits and a block record and room in the pointer map are at hand: NULL,
- * with nothing changed, sends it down the general path. The free of a
- * small-pool block whose user and events are done: merged, put in its bin
- * and counted (tally__cache_free_block_locked for the small pool). */
-tally_block_t *tally__small_alloc_locked(tally_device_t *d, size_t size, size_t orig, void *stream, void *site);
+/* Requests of at most this many bytes go to the small pool. */
+#define TALLY_SMALL_SIZE ((size_t)1 << 20)
+/* small.c: the small pool's fast paths. The free of a small-pool block
+ * whose user and events are done: merged, put in its bin and counted
+ * (tally__cache_free_block_locked for the small pool). */
 void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b);
 
 /* ptrmap.c */
@@ -288,13 +290,20 @@ tally_block_t *tally__ptrmap_get(const tally_ptrmap_t *m, uintptr_t key);
 tally_block_t *tally__ptrmap_take(tally_ptrmap_t *m, uintptr_t key);
 void tally__ptrmap_free(tally_ptrmap_t *m);
 
-/* cache.c */
+/* small.c: an allocation, through the small pool's fast path when it
+ * applies (issue 21, item 7), else cache.c's general path; a free, the same
+ * way. */
 tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t size, void *stream, void *site);
+void tally__cache_free_locked(tally_device_t *d, tally_block_t *b);
+/* cache.c: the general paths, for what the fast ones do not take
+ * (capturing: tally__cache_alloc_begin_locked's answer). */
+tally_block_t *tally__cache_malloc_general_locked(tally_device_t *d, size_t size, void *stream, void *site,
+                                                  bool capturing);
+void tally__cache_free_general_locked(tally_device_t *d, tally_block_t *b);
 /* The same, from private pool priv (never NULL) when no graph pool takes
  * it. */
 tally_block_t *tally__cache_malloc_in_locked(tally_device_t *d, size_t size, void *stream, void *site,
                                              tally_gpool_t *priv);
-void tally__cache_free_locked(tally_device_t *d, tally_block_t *b);
 int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void *stream);
 int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen);
 void tally__cache_fill_derived_locked(tally_device_t *d, tally_stats_t *out);
@@ -496,5 +505,35 @@ tally_block_t *tally__cache_block_new(tally_device_t *d);
 tally_block_t *tally__cache_cut_front(tally_device_t *d, tally_block_t *b, size_t size);
 /* cache.c, for segment.c: a block record goes back to the free list. */
 void tally__cache_block_delete_locked(tally_device_t *d, tally_block_t *b);
+
+/* What every allocation does first: the capture check (a driver query
+ * unless captures are announced), then, outside a capture, the completed
+ * events. Returns whether stream is capturing. */
+static inline __attribute__((always_inline)) bool tally__cache_alloc_begin_locked(tally_device_t *d, void *stream)
+{
+    /* While a capture is under way no event is looked at. */
+    bool capturing = tally__g.backend->stream_capturing && tally__events_capture_on_locked(d, stream, true);
+    if (!capturing && d->events_head)
+        tally__events_process_locked(d, false);
+    return capturing;
+}
+
+/* What every free does first, both paths (cache.c, small.c): the
+ * statistics of the allocation, the hook, and the freed-block ring (which
+ * names a double free's first free). */
+static inline __attribute__((always_inline)) void tally__cache_free_begin_locked(tally_device_t *d, tally_block_t *b)
+{
+    tally__stat_pool_dec(d->stats.allocation, b->pool, 1);
+    tally__stat_pool_dec(d->stats.allocated_bytes, b->pool, (int64_t)b->size);
+    if (b->size >= tally__opt.max_split_size)
+        tally__stat_dec(&d->stats.oversize_allocations, 1);
+    tally__cache_hooks.block_free(d, b);
+    tally_freed_t *f = &d->freed[d->freed_next++ % TALLY_FREED_RING];
+    f->addr = b->addr;
+    f->size = b->requested;
+    f->tag = b->tag;
+    f->stage = b->stage;
+    f->seq = b->seq;
+}
 
 #endif

@@ -289,7 +289,12 @@ tally_block_t *tally__cache_cut_front(tally_device_t *d, tally_block_t *b, size_
     return records_ready(d) ? cut_front(d, b, size) : NULL;
 }
 
-tally_block_t *tally__small_alloc_locked(tally_device_t *d, size_t size, size_t orig, void *stream, void *site)
+/* An allocation of size bytes (rounded; orig asked) from the device's own
+ * small pool, when a cached block fits and a block record and room in the
+ * pointer map are at hand; NULL, with nothing changed, sends it down the
+ * general path. */
+static inline __attribute__((always_inline)) tally_block_t *small_alloc(tally_device_t *d, size_t size, size_t orig,
+                                                                        void *stream, void *site)
 {
     if (TALLY_UNLIKELY(!d->spare_blocks || (d->map.count + 1) * 2 > d->map.mask + 1))
         return NULL; /* the general path makes records and grows the map */
@@ -356,7 +361,7 @@ static inline void absorb(tally_device_t *d, tally_binset_t *set, tally_block_t 
     d->spare_blocks = n;
 }
 
-void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b)
+static inline __attribute__((always_inline)) void small_free(tally_device_t *d, tally_block_t *b)
 {
     size_t original = b->size;
     tally_pool_t *pool = TALLY_UNLIKELY(b->seg->gp != NULL) ? &b->seg->gp->small : &d->small; /* tally__pool_for */
@@ -393,4 +398,51 @@ void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b)
     tally__stat_dec(&d->stats.requested_bytes[TALLY_POOL_SMALL], (int64_t)b->requested);
     if (TALLY_UNLIKELY(whole) && b->seg->lender != NULL)
         tally__lend_idle_locked(d, b);
+}
+
+void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b)
+{
+    small_free(d, b);
+}
+
+/* ---- the entry points ----------------------------------------------------- */
+
+/* Whether a request of orig bytes may take the fast path: the device's own
+ * small pool (no graph pool, no capture), no memory fraction (so no garbage
+ * collection), and the options and backend that allow it
+ * (tally__g.small_fast: no pass-through backend, PyTorch's default
+ * rounding, no move budget, which watches every request). */
+static inline bool fast_ok(const tally_device_t *d, size_t orig, bool capturing)
+{
+    return orig <= TALLY_SMALL_SIZE && !capturing && !d->nallocating && d->allowed_max == UINT64_MAX &&
+           atomic_load_explicit(&tally__g.small_fast, memory_order_relaxed);
+}
+
+/* PyTorch's small-pool rounding (no divisions): 512 B multiples. */
+static inline size_t round_small(size_t orig)
+{
+    return orig < MIN_BLOCK ? MIN_BLOCK : (orig + MIN_BLOCK - 1) & ~(size_t)(MIN_BLOCK - 1);
+}
+
+tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *stream, void *site)
+{
+    bool capturing = tally__cache_alloc_begin_locked(d, stream);
+    if (TALLY_LIKELY(fast_ok(d, orig, capturing))) {
+        tally_block_t *b = small_alloc(d, round_small(orig), orig, stream, site);
+        if (b)
+            return b;
+    }
+    return tally__cache_malloc_general_locked(d, orig, stream, site, capturing);
+}
+
+void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
+{
+    /* A small block of the device's own pool, never shared with another
+     * stream and not asleep, on a backend that caches: nothing to wait for. */
+    if (TALLY_LIKELY(b->pool == TALLY_POOL_SMALL && !b->nuses && !b->seg->asleep && !tally__g.backend->passthrough)) {
+        tally__cache_free_begin_locked(d, b);
+        small_free(d, b);
+        return;
+    }
+    tally__cache_free_general_locked(d, b);
 }
