@@ -83,19 +83,12 @@ tally_block_t *tally__ptrmap_get(const tally_ptrmap_t *m, uintptr_t key)
     return NULL;
 }
 
-tally_block_t *tally__ptrmap_take(tally_ptrmap_t *m, uintptr_t key)
+/* Backward shift from hole: pull later entries of the probe run into it.
+ * Out of line, so that take stays a leaf function for the common case of
+ * a run that ends right after the entry taken. */
+__attribute__((noinline)) static void shift_back(tally_ptrmap_t *m, size_t hole)
 {
-    if (!m->keys || !key)
-        return NULL;
-    size_t i = slot_of(key, m->mask);
-    while (m->keys[i] && m->keys[i] != key)
-        i = (i + 1) & m->mask;
-    if (!m->keys[i])
-        return NULL;
-    tally_block_t *b = m->vals[i];
-    /* Backward shift: pull later entries of the probe run into the hole. */
-    size_t hole = i;
-    for (size_t j = (i + 1) & m->mask; m->keys[j]; j = (j + 1) & m->mask) {
+    for (size_t j = (hole + 1) & m->mask; m->keys[j]; j = (j + 1) & m->mask) {
         size_t home = slot_of(m->keys[j], m->mask);
         /* Entry j may move to hole if hole lies cyclically in [home, j). */
         bool movable = hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
@@ -106,7 +99,23 @@ tally_block_t *tally__ptrmap_take(tally_ptrmap_t *m, uintptr_t key)
         }
     }
     m->keys[hole] = 0;
+}
+
+tally_block_t *tally__ptrmap_take(tally_ptrmap_t *m, uintptr_t key)
+{
+    if (!m->keys || !key)
+        return NULL;
+    size_t i = slot_of(key, m->mask);
+    while (m->keys[i] && m->keys[i] != key)
+        i = (i + 1) & m->mask;
+    if (!m->keys[i])
+        return NULL;
+    tally_block_t *b = m->vals[i];
     m->count--;
+    if (TALLY_LIKELY(!m->keys[(i + 1) & m->mask]))
+        m->keys[i] = 0; /* the run ends here: nothing to shift */
+    else
+        shift_back(m, i);
     return b;
 }
 
