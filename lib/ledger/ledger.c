@@ -119,42 +119,15 @@ __attribute__((noinline)) static uint32_t row_find(tally_ledger_dev_t *ld, uint3
     return ld->last_idx;
 }
 
-/* The last row's key checked inline: the common case is the same owner as
- * the allocation before. */
-static inline uint32_t row_of(tally_ledger_dev_t *ld, uint32_t tag, uint32_t stage)
+/* The owner counters of an allocation: row r takes block b. */
+static inline void count_in(tally_ledger_dev_t *ld, uint32_t r, tally_block_t *b)
 {
-    if (((uint64_t)tag << 32 | stage) == ld->last_key)
-        return ld->last_idx;
-    return row_find(ld, tag, stage);
-}
-
-/* The bodies of the owner counters' hooks, static so that the cache's hooks
- * below take them inline (one call per allocate or free, not two). */
-static inline __attribute__((always_inline)) void on_alloc(tally_device_t *d, tally_block_t *b)
-{
-    tally_ledger_dev_t *ld = d->ledger;
-    int64_t alloc = tally__stat_all_current(d->stats.allocated_bytes);
-    int64_t reserved = tally__stat_all_current(d->stats.reserved_bytes);
-    if (alloc > ld->win_peak_alloc)
-        ld->win_peak_alloc = alloc;
-    if (reserved > ld->win_peak_reserved)
-        ld->win_peak_reserved = reserved;
-    b->lentry = UINT32_MAX;
-    b->epoch = 0;
-    if (!tally__opt.ledger)
-        return;
-    b->tag = tally__current_tag();
-    uint64_t st = atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
-    b->stage = (uint32_t)st;
-    b->epoch = (uint32_t)(st >> 32);
-    uint32_t r = row_of(ld, b->tag, b->stage);
-    if (TALLY_UNLIKELY(r == UINT32_MAX))
-        return;
     tally__stat_inc(&ld->entries[r].bytes, (int64_t)b->size);
     tally__stat_inc(&ld->entries[r].blocks, 1);
     b->lentry = r;
 }
 
+/* The owner counters' free: the block's own row, no lookup. */
 static inline __attribute__((always_inline)) void on_free(tally_device_t *d, tally_block_t *b)
 {
     if (b->lentry == UINT32_MAX)
@@ -164,28 +137,58 @@ static inline __attribute__((always_inline)) void on_free(tally_device_t *d, tal
     tally__stat_dec(&ld->entries[b->lentry].blocks, 1);
 }
 
-void tally__ledger_on_alloc_locked(tally_device_t *d, tally_block_t *b)
+/* The hooks' rare halves, out of line so that the common case (the row
+ * of the allocation before, no timeline, no trace) is a leaf function. */
+__attribute__((noinline)) static void record_events(tally_device_t *d, int alloc, tally_block_t *b)
 {
-    on_alloc(d, b);
+    tally__timeline_block_locked(d, alloc ? TALLY_EV_ALLOC : TALLY_EV_FREE, b);
+    tally__trace_block_locked(d, alloc, b);
 }
 
-void tally__ledger_on_free_locked(tally_device_t *d, tally_block_t *b)
+__attribute__((noinline)) static void alloc_other_row(tally_device_t *d, tally_block_t *b)
 {
-    on_free(d, b);
+    tally_ledger_dev_t *ld = d->ledger;
+    uint32_t r = row_find(ld, b->tag, b->stage);
+    if (TALLY_LIKELY(r != UINT32_MAX))
+        count_in(ld, r, b);
+    if (TALLY_UNLIKELY(TALLY_OPT(timeline) | TALLY_OPT(trace)))
+        record_events(d, 1, b);
 }
 
 void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b)
 {
-    on_alloc(d, b);
-    tally__timeline_block_locked(d, TALLY_EV_ALLOC, b);
-    tally__trace_block_locked(d, 1, b);
+    /* The stage window's peaks, then the owner counters: the row of the
+     * allocation before inline (the common case), any other row and the
+     * events out of line. */
+    tally_ledger_dev_t *ld = d->ledger;
+    int64_t alloc = tally__stat_all_current(d->stats.allocated_bytes);
+    int64_t reserved = tally__stat_all_current(d->stats.reserved_bytes);
+    if (alloc > ld->win_peak_alloc)
+        ld->win_peak_alloc = alloc;
+    if (reserved > ld->win_peak_reserved)
+        ld->win_peak_reserved = reserved;
+    b->lentry = UINT32_MAX;
+    b->epoch = 0;
+    if (tally__opt.ledger) {
+        b->tag = tally__current_tag();
+        uint64_t st = atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
+        b->stage = (uint32_t)st;
+        b->epoch = (uint32_t)(st >> 32);
+        if (TALLY_UNLIKELY(((uint64_t)b->tag << 32 | b->stage) != ld->last_key)) {
+            alloc_other_row(d, b);
+            return;
+        }
+        count_in(ld, ld->last_idx, b);
+    }
+    if (TALLY_UNLIKELY(TALLY_OPT(timeline) | TALLY_OPT(trace)))
+        record_events(d, 1, b);
 }
 
 void tally__ledger_block_free_locked(tally_device_t *d, tally_block_t *b)
 {
     on_free(d, b);
-    tally__timeline_block_locked(d, TALLY_EV_FREE, b);
-    tally__trace_block_locked(d, 0, b);
+    if (TALLY_UNLIKELY(TALLY_OPT(timeline) | TALLY_OPT(trace)))
+        record_events(d, 0, b);
 }
 
 void tally__ledger_device_event_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream)

@@ -40,11 +40,9 @@ static inline uint32_t tally__stage_now(void)
     return (uint32_t)atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
 }
 
-/* b->site is set by the caller (captured before the lock). */
-void tally__ledger_on_alloc_locked(tally_device_t *d, tally_block_t *b);
-void tally__ledger_on_free_locked(tally_device_t *d, tally_block_t *b);
 /* The cache's hooks (tally_cache_hooks_t): a block's owner counters, its
- * timeline event and its trace record; a device event on the timeline. */
+ * timeline event and its trace record (b->site is set by the caller,
+ * captured before the lock); a device event on the timeline. */
 void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b);
 void tally__ledger_block_free_locked(tally_device_t *d, tally_block_t *b);
 void tally__ledger_device_event_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream);
