@@ -237,7 +237,9 @@ static inline __attribute__((always_inline)) tally_block_t *tally__cache_hand_ou
     tally__stat_pool_inc(d->stats.active, kind, 1);
     tally__stat_pool_inc(d->stats.active_bytes, kind, (int64_t)b->size);
     tally__stat_pool_inc(d->stats.requested_bytes, kind, (int64_t)orig);
-    if (b->size >= tally__opt.max_split_size)
+    /* A small-pool block (at most 2 MiB) is never oversize: max_split_size
+     * is at least 20 MiB (options.c), so the fast path skips the test. */
+    if (kind == TALLY_POOL_LARGE && b->size >= tally__opt.max_split_size)
         tally__stat_inc(&d->stats.oversize_allocations, 1);
     b->site = site;
     b->ignored = 0;
@@ -525,7 +527,7 @@ static inline __attribute__((always_inline)) void tally__cache_free_begin_locked
 {
     tally__stat_pool_dec(d->stats.allocation, b->pool, 1);
     tally__stat_pool_dec(d->stats.allocated_bytes, b->pool, (int64_t)b->size);
-    if (b->size >= tally__opt.max_split_size)
+    if (b->pool == TALLY_POOL_LARGE && b->size >= tally__opt.max_split_size) /* as in hand_out */
         tally__stat_dec(&d->stats.oversize_allocations, 1);
     tally__cache_hooks.block_free(d, b);
     tally_freed_t *f = &d->freed[d->freed_next++ % TALLY_FREED_RING];
