@@ -58,9 +58,10 @@ static void run_free(run_t *r)
 
 /* ---- the tally command's reports harness ---------------------------------- */
 /* For the tests of tally's report commands (test_cli_usage, test_cli_summary,
- * test_cli_ledger_merge, test_cli_plot); define CLIUTIL_REPORTS before
- * including. The built binary (../bin/tally next to the test's directory)
- * runs under system(). Real reports come from the test binary itself:
+ * test_cli_ledger_merge, test_cli_ledger_merge_ranks, test_cli_plot); define
+ * CLIUTIL_REPORTS before including. The built binary (../bin/tally next to
+ * the test's directory) runs under system(). Real reports come from the
+ * test binary itself:
  * "--child MODE" runs a small workload on the host backend and exits,
  * writing its JSON report at exit (TALLY_CONF report_path, set by the parent
  * for the child only); the parent never initialises the library itself.

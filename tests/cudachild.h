@@ -3,13 +3,15 @@
  * TALLY_REAL_CUDA=1): each body gets its own TALLY_CONF and a fresh CUDA
  * (which must not be initialised before a fork), and fails by exiting
  * non-zero. The stand-in gets three devices (CUDA_STANDIN_DEVICES, ignored by
- * a real driver). For tests/test_backend_cuda.c and tests/test_api_relied_on.c.
+ * a real driver). For tests/test_backend_cuda*.c (test_backend_cuda,
+ * _events, _graph_pool, _refusals) and tests/test_api_relied_on.c.
  *
  *   EXPECT(cond), CU_EXPECT(call)  in a body: on failure, say where and exit 1
  *   in_child(conf, body)           run body in a child under TALLY_CONF=conf
  *   need_devices(n)                fail without a driver, skip with fewer than n
  *   driver_up()                    in a body: load the driver and cuInit
  *   make_stream(dev)               a non-blocking stream in dev's primary context
+ *   is_cuda()                      in a body: the backend is cuda (not async)
  *   child_said_sink, child_said    a sink keeping what tally wrote (child_said_clear)
  *   CUDA_TEST(name, conf, body, n) a cmocka test: body in a child, n devices needed
  * Include after cmocka.h. */
@@ -17,6 +19,7 @@
 #define TALLY_TESTS_CUDACHILD_H
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +130,11 @@ static inline CUstream make_stream(int dev)
     CU_EXPECT(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     CU_EXPECT(cu.cuCtxPopCurrent(&popped));
     return s;
+}
+
+static inline bool is_cuda(void)
+{
+    return strcmp(tally_backend_name(), "cuda") == 0;
 }
 
 /* ---- what tally said ------------------------------------------------------------ */

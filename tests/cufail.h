@@ -1,5 +1,5 @@
 /* Driver calls made to fail, for the tests of the cuda and async backends'
- * error paths (test_backend_cuda_refusals.c, test_backend_cuda_vmm.c). The
+ * error paths (test_backend_cuda_refusals.c, test_backend_cuda_vmm_refusals.c). The
  * library's table of entry points (tally__cu, linked statically into the
  * test) gets a wrapper in place of one entry point; the wrapper returns
  * cf_error for the calls cf_fail_at names and passes the others through.

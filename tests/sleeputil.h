@@ -1,7 +1,8 @@
-/* Helpers for the sleep and wake tests (test_api_sleep.c, test_api_sleep_cuda.c,
- * test_standin_copy.c): whether touching an address faults (in a forked
- * child, with the default signal actions: cmocka's handler would carry on
- * with the tests there), and a seeded byte pattern to fill and compare. */
+/* Helpers for the sleep and wake tests (test_api_sleep.c,
+ * test_api_sleep_errors.c, test_api_sleep_cuda.c, test_standin_copy.c):
+ * whether touching an address faults (in a forked child, with the default
+ * signal actions: cmocka's handler would carry on with the tests there),
+ * and a seeded byte pattern to fill and compare. */
 #ifndef TALLY_TESTS_SLEEPUTIL_H
 #define TALLY_TESTS_SLEEPUTIL_H
 

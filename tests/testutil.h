@@ -1,6 +1,6 @@
 /* Shared helpers for the caching-core tests (test_cache_blocks,
- * test_cache_limits, test_api, test_core_options, test_cache_random,
- * test_api_threads, test_cache_events).
+ * test_cache_limits, test_api, test_core_options, test_core_options_max_split,
+ * test_cache_random, test_api_threads, test_cache_events).
  *
  * - tu_conf(): set TALLY_CONF before the first tally call of the process.
  * - A capture sink that collects diagnostics lines into a buffer.

@@ -1,6 +1,7 @@
 /* Helpers for the tests of expandable segments on the cuda backend
- * (test_backend_cuda_vmm.c, test_backend_cuda_vmm_replay.c): each test body runs in a
- * forked child with its own environment (the backend is chosen once per
+ * (test_backend_cuda_vmm.c, test_backend_cuda_vmm_refusals.c,
+ * test_backend_cuda_vmm_replay.c): each test body runs in a forked child
+ * with its own environment (the backend is chosen once per
  * process, and CUDA must not start before a fork).
  *
  * - NEED(cond): in a child, a failed expectation ends it with status 1 and
