@@ -7,6 +7,8 @@
  *                   a tally report's alloc_trace read into that trace_t
  *   tune_run.c      the candidate settings, chosen from the trace, and
  *                   their replays in forked worker processes
+ *   tune_run_replay.c
+ *                   one replay in this process, and its driver time
  *   tune.c          the command: options, the replays, the recommendation
  *   tune_output.c   what it writes: table, JSON, recommendation lines, plot
  *   pickle.c        the plain-data pickle reader */
@@ -114,6 +116,12 @@ int tune_run(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t nrows
 int tune_run_ex(const trace_t *t, const tune_start_t *start, uint64_t capacity, bool search, tune_row_t *rows,
                 size_t nrows, int jobs, bool quiet, const size_t *want, size_t nwant, tune_series_t *series, char *err,
                 size_t errlen);
+/* tune_run_replay.c, for tune_run.c's workers: one replay of r's setting
+ * with capacity bytes of device memory in this process (from the recorded
+ * state when r->from_start; the reserved bytes after each event into
+ * series when given), and a monotonic clock in seconds. */
+void tune_replay_one(const trace_t *t, const tune_start_t *start, uint64_t capacity, tune_row_t *r, int64_t *series);
+double tune_now_s(void);
 
 /* A tally JSON report's alloc_trace (tune_input_report.c; _load reads the
  * file in tune_input.c); as tune_input_load. _parse reads text[0..len)
