@@ -122,9 +122,11 @@ $(BUILD)/bin/demo-sleep: tools/demo_sleep.c $(BUILD)/lib/libtally.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/lib/libtally.a $(LDLIBS)
 
+# TEST_LINK: the sources a test links beside its own file (set per test below).
+TEST_LINK :=
 $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a $(BUILD)/lib/libtally.so | $(SETUP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Wno-pedantic -o $@ $< $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
+	$(CC) $(CFLAGS) -Wno-pedantic -o $@ $< $(TEST_LINK) $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
 # test_backend_cuda_vmm_replay replays the shared traces with bench/trace.c's reader.
 $(BUILD)/tests/test_backend_cuda_vmm_replay: tests/test_backend_cuda_vmm_replay.c bench/trace.c bench/trace.h $(wildcard tests/*.h) $(BUILD)/lib/libtally.a | $(SETUP)
@@ -158,12 +160,17 @@ $(BUILD)/tests/test_backend_driver_h: tests/test_backend_driver_h.c tests/driver
 
 # The tests of tally tune compile what they test in: test_tune_pickle the
 # pickle reader; test_tune_snapshot, test_tune_recorded and test_tune_report
-# the readers of snapshots and reports (tools/tune_input.c, bench/trace.c);
-# test_tune_run the replays (tools/tune_run.c, the model of PyTorch's
-# expandable segments, the stand-in's cost table).
+# the readers of snapshots and reports (tools/tune_input.c, bench/trace.c;
+# tools/tune_input_report.c linked beside them, as for test_tune_bad_input);
+# test_tune_run the replays (tools/tune_run.c, with tools/tune_run_replay.c
+# linked beside it, the model of PyTorch's expandable segments, the
+# stand-in's cost table).
 $(BUILD)/tests/test_tune_pickle: tools/pickle.c tools/pickle.h
-$(BUILD)/tests/test_tune_snapshot $(BUILD)/tests/test_tune_recorded $(BUILD)/tests/test_tune_report: tools/pickle.c tools/tune_input.c bench/trace.c $(wildcard tools/*.h) bench/trace.h
-$(BUILD)/tests/test_tune_run: tools/tune_run.c tools/pt_expand.c bench/trace.c tests/standin/cost.c $(wildcard tools/*.h) bench/trace.h tests/standin/cost.h
+$(BUILD)/tests/test_tune_snapshot $(BUILD)/tests/test_tune_recorded $(BUILD)/tests/test_tune_report: tools/pickle.c tools/tune_input.c tools/tune_input_report.c bench/trace.c $(wildcard tools/*.h) bench/trace.h
+$(BUILD)/tests/test_tune_snapshot $(BUILD)/tests/test_tune_recorded $(BUILD)/tests/test_tune_report \
+	$(BUILD)/tests/test_tune_bad_input: TEST_LINK := tools/tune_input_report.c
+$(BUILD)/tests/test_tune_run: tools/tune_run.c tools/tune_run_replay.c tools/pt_expand.c bench/trace.c tests/standin/cost.c $(wildcard tools/*.h) bench/trace.h tests/standin/cost.h
+$(BUILD)/tests/test_tune_run: TEST_LINK := tools/tune_run_replay.c
 $(BUILD)/tests/test_tune_bad_input: $(TOOL_SRC) $(wildcard tools/*.h) bench/trace.h
 # test_tune_output compiles tools/tune_output.c in (its picture writer and torch-version reader), with the stand-in's cost table.
 $(BUILD)/tests/test_tune_output: tools/tune_output.c tools/tune.h tests/standin/cost.c tests/standin/cost.h

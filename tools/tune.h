@@ -3,8 +3,12 @@
  *
  *   tune_input.c    the three inputs (CSV trace, PyTorch snapshot pickle,
  *                   tally JSON report with trace:true) as one trace_t
+ *   tune_input_report.c
+ *                   a tally report's alloc_trace read into that trace_t
  *   tune_run.c      the candidate settings, chosen from the trace, and
  *                   their replays in forked worker processes
+ *   tune_run_replay.c
+ *                   one replay in this process, and its driver time
  *   tune.c          the command: options, the replays, the recommendation
  *   tune_output.c   what it writes: table, JSON, recommendation lines, plot
  *   pickle.c        the plain-data pickle reader */
@@ -12,6 +16,7 @@
 #define TALLY_TOOLS_TUNE_H
 
 #include "../bench/trace.h"
+#include "pickle.h"
 #include "pt_expand.h"
 
 #include <stdbool.h>
@@ -111,12 +116,43 @@ int tune_run(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t nrows
 int tune_run_ex(const trace_t *t, const tune_start_t *start, uint64_t capacity, bool search, tune_row_t *rows,
                 size_t nrows, int jobs, bool quiet, const size_t *want, size_t nwant, tune_series_t *series, char *err,
                 size_t errlen);
+/* tune_run_replay.c, for tune_run.c's workers: one replay of r's setting
+ * with capacity bytes of device memory in this process (from the recorded
+ * state when r->from_start; the reserved bytes after each event into
+ * series when given), and a monotonic clock in seconds. */
+void tune_replay_one(const trace_t *t, const tune_start_t *start, uint64_t capacity, tune_row_t *r, int64_t *series);
+double tune_now_s(void);
 
-/* A tally JSON report's alloc_trace (tune_input.c); as tune_input_load.
- * _parse reads text[0..len) (not taken over); name is for messages. */
+/* A tally JSON report's alloc_trace (tune_input_report.c; _load reads the
+ * file in tune_input.c); as tune_input_load. _parse reads text[0..len)
+ * (not taken over); name is for messages. */
 int tune_report_load(const char *path, int device, tune_input_t *in, char *err, size_t errlen);
 int tune_report_parse(const char *text, size_t len, const char *name, int device, tune_input_t *in, char *err,
                       size_t errlen);
+
+/* tune_input.c's, shared with tune_input_report.c: a device's events and
+ * the allocations live before recording began (a snapshot's frees of
+ * addresses not live, a report's frees of blocks never allocated), which
+ * the readers place first. */
+typedef struct tune_prelive {
+    uint64_t addr, size, stream;
+    uint64_t block; /* the block's rounded size where the snapshot gives it, else 0 */
+} tune_prelive_t;
+
+typedef struct tune_snap_events {
+    const pk_value_t *ev; /* the device's trace list */
+    tune_prelive_t *pre;
+    size_t npre, cappre;
+    /* Frees PyTorch completed later than the user asked (a block used on
+     * another stream: reusable only once that stream's work was done):
+     * defer[i] on the free_requested, fire[j] on its free_completed, where
+     * the replay frees it. NULL when there are none. */
+    unsigned char *defer, *fire;
+} tune_snap_events_t;
+/* One more allocation live before recording in s; -1 when out of memory. */
+int tune_add_prelive(tune_snap_events_t *s, uint64_t addr, uint64_t size, uint64_t stream);
+/* An input reader's error: fmt into err; returns -1. */
+int tune_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* tune_output.c: what the command writes. A torch version (--torch-version,
  * or the installed torch's; text "" when unknown), which says the variable

@@ -1,13 +1,10 @@
 /* tally tune's inputs as one trace (tune.h): a CSV trace (bench/trace.c
  * reads it), a PyTorch memory snapshot pickle (read with tools/pickle.c and
  * turned into events by the rules of docs/tune.md), or a tally JSON report
- * recorded with trace:true, whose "alloc_trace" array holds, per device,
- * every allocation and free as four integers (dt_us, id, size, stream
- * index; id < 0 frees block -id; docs/reports.md). */
+ * recorded with trace:true (read here, its alloc_trace turned into events
+ * by tune_input_report.c). */
 #include "tune.h"
 
-#include "report/json.h"
-#include "report/report.h" /* the strict stats reader */
 #include "pickle.h"
 
 #include <errno.h>
@@ -16,8 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int in_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int in_fail(char *err, size_t errlen, const char *fmt, ...)
+int tune_fail(char *err, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -40,10 +36,10 @@ static int snap_int(const snap_ctx_t *c, const pk_value_t *dict, const char *key
 {
     const pk_value_t *v = pk_get(dict, key);
     if (!v)
-        return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: %s[%zu]: '%s' is missing", c->path, where, i, key);
+        return tune_fail(c->err, c->errlen, "%s: PyTorch snapshot: %s[%zu]: '%s' is missing", c->path, where, i, key);
     if (v->type != PK_INT)
-        return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: %s[%zu]: '%s' is a %s, not an integer", c->path,
-                       where, i, key, pk_type_name(v));
+        return tune_fail(c->err, c->errlen, "%s: PyTorch snapshot: %s[%zu]: '%s' is a %s, not an integer", c->path,
+                         where, i, key, pk_type_name(v));
     *out = v->i;
     return 0;
 }
@@ -51,32 +47,16 @@ static int snap_int(const snap_ctx_t *c, const pk_value_t *dict, const char *key
 static const pk_value_t *snap_list(const snap_ctx_t *c, const pk_value_t *v, const char *what)
 {
     if (!v || v->type != PK_LIST) {
-        in_fail(c->err, c->errlen, "%s: PyTorch snapshot: '%s' is %s, not a list", c->path, what,
-                v ? pk_type_name(v) : "missing");
+        tune_fail(c->err, c->errlen, "%s: PyTorch snapshot: '%s' is %s, not a list", c->path, what,
+                  v ? pk_type_name(v) : "missing");
         return NULL;
     }
     return v;
 }
 
-typedef struct prelive {
-    uint64_t addr, size, stream;
-    uint64_t block; /* the block's rounded size where the snapshot gives it, else 0 */
-} prelive_t;
-
-typedef struct snap_events {
-    const pk_value_t *ev; /* the device's trace list */
-    prelive_t *pre;
-    size_t npre, cappre;
-    /* Frees PyTorch completed later than the user asked (a block used on
-     * another stream: reusable only once that stream's work was done):
-     * defer[i] on the free_requested, fire[j] on its free_completed, where
-     * the replay frees it. NULL when there are none. */
-    unsigned char *defer, *fire;
-} snap_events_t;
-
 /* Mark the free_requested events whose free_completed comes after other
  * allocations, frees or segment events (cross-stream frees). */
-static int snap_defer(snap_events_t *s)
+static int snap_defer(tune_snap_events_t *s)
 {
     size_t n = s->ev->n, cap = 16;
     while (cap < 2 * n)
@@ -128,17 +108,17 @@ static int snap_defer(snap_events_t *s)
     return 0;
 }
 
-static int add_prelive(snap_events_t *s, uint64_t addr, uint64_t size, uint64_t stream)
+int tune_add_prelive(tune_snap_events_t *s, uint64_t addr, uint64_t size, uint64_t stream)
 {
     if (s->npre == s->cappre) {
         size_t cap = s->cappre ? s->cappre * 2 : 256;
-        prelive_t *g = realloc(s->pre, cap * sizeof *g);
+        tune_prelive_t *g = realloc(s->pre, cap * sizeof *g);
         if (!g)
             return -1;
         s->pre = g;
         s->cappre = cap;
     }
-    s->pre[s->npre++] = (prelive_t){addr, size, stream, 0};
+    s->pre[s->npre++] = (tune_prelive_t){addr, size, stream, 0};
     return 0;
 }
 
@@ -146,7 +126,7 @@ static int add_prelive(snap_events_t *s, uint64_t addr, uint64_t size, uint64_t 
  * (first pass) a free of an address not live is an allocation made before
  * recording: noted in pre, not fed. Segment events update the recorded
  * reserved memory when rec is given. */
-static int snap_feed(const snap_ctx_t *c, snap_events_t *s, trace_builder_t *b, bool first, tune_input_t *rec)
+static int snap_feed(const snap_ctx_t *c, tune_snap_events_t *s, trace_builder_t *b, bool first, tune_input_t *rec)
 {
     char why[400];
     int64_t reserved = rec ? rec->recorded_start : 0;
@@ -154,13 +134,13 @@ static int snap_feed(const snap_ctx_t *c, snap_events_t *s, trace_builder_t *b, 
         const pk_value_t *e = s->ev->items[i];
         const pk_value_t *action = pk_get(e, "action");
         if (!action)
-            return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event[%zu]: 'action' is missing",
-                           c->path, i);
+            return tune_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event[%zu]: 'action' is missing",
+                             c->path, i);
         if (action->type != PK_STR) {
             const char *t = pk_type_name(action);
-            return in_fail(c->err, c->errlen,
-                           "%s: PyTorch snapshot: device_traces event[%zu]: 'action' is %s %s, not a string", c->path,
-                           i, strchr("aeiou", t[0]) ? "an" : "a", t);
+            return tune_fail(c->err, c->errlen,
+                             "%s: PyTorch snapshot: device_traces event[%zu]: 'action' is %s %s, not a string", c->path,
+                             i, strchr("aeiou", t[0]) ? "an" : "a", t);
         }
         bool alloc = pk_str_is(action, "alloc"), free_req = pk_str_is(action, "free_requested");
         bool fire = s->fire && s->fire[i];
@@ -178,14 +158,14 @@ static int snap_feed(const snap_ctx_t *c, snap_events_t *s, trace_builder_t *b, 
         if (pk_get(e, "stream") && snap_int(c, e, "stream", "device_traces event", i, &stream))
             return -1;
         if (size < 0 || stream < 0)
-            return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu: negative size or stream",
-                           c->path, i);
+            return tune_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu: negative size or stream",
+                             c->path, i);
         if (seg_up || seg_down) {
             if (rec) {
                 if (__builtin_add_overflow(reserved, seg_up ? size : -size, &reserved))
-                    return in_fail(c->err, c->errlen,
-                                   "%s: PyTorch snapshot: device_traces event %zu: the reserved bytes go past 2^63 - 1",
-                                   c->path, i);
+                    return tune_fail(c->err, c->errlen,
+                                     "%s: PyTorch snapshot: device_traces event %zu: the reserved bytes go past 2^63 - 1",
+                                     c->path, i);
                 if (reserved > rec->recorded_peak)
                     rec->recorded_peak = reserved;
                 rec->recorded_segment_allocs += pk_str_is(action, "segment_alloc");
@@ -193,7 +173,7 @@ static int snap_feed(const snap_ctx_t *c, snap_events_t *s, trace_builder_t *b, 
                  * frees or unmaps is one release, replayed at the same point. */
                 if (seg_down && (b->t->nev == 0 || b->t->ev[b->t->nev - 1].op != 'e')) {
                     if (trace_add(b, 'e', 0, 0, 0, why, sizeof why))
-                        return in_fail(c->err, c->errlen, "%s: %s", c->path, why);
+                        return tune_fail(c->err, c->errlen, "%s: %s", c->path, why);
                     rec->releases++;
                 }
             }
@@ -202,23 +182,23 @@ static int snap_feed(const snap_ctx_t *c, snap_events_t *s, trace_builder_t *b, 
         if (first && fire && !trace_is_live(b, (uint64_t)addr))
             continue; /* allocated before recording: noted at its free_requested */
         if (first && free_req && !trace_is_live(b, (uint64_t)addr)) {
-            if (add_prelive(s, (uint64_t)addr, (uint64_t)size, (uint64_t)stream))
-                return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
+            if (tune_add_prelive(s, (uint64_t)addr, (uint64_t)size, (uint64_t)stream))
+                return tune_fail(c->err, c->errlen, "%s: out of memory", c->path);
             continue;
         }
         if (first && s->defer && s->defer[i])
             continue; /* a live block freed later, at its free_completed */
         if (trace_add(b, alloc ? 'a' : 'f', (uint64_t)addr, free_req ? 0 : (uint64_t)size, (uint64_t)stream, why,
                       sizeof why))
-            return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu (%.*s at address %lld): %s",
-                           c->path, i, (int)action->len, action->s, (long long)addr, why);
+            return tune_fail(c->err, c->errlen, "%s: PyTorch snapshot: device_traces event %zu (%.*s at address %lld): %s",
+                             c->path, i, (int)action->len, action->s, (long long)addr, why);
     }
     return 0;
 }
 
 /* The device's segments: their total size, and (first pass) the blocks
  * active at dump time that no traced allocation explains. */
-static int snap_segments(const snap_ctx_t *c, const pk_value_t *segs, int device, snap_events_t *s,
+static int snap_segments(const snap_ctx_t *c, const pk_value_t *segs, int device, tune_snap_events_t *s,
                          const trace_builder_t *b, int64_t *total)
 {
     *total = 0;
@@ -234,12 +214,12 @@ static int snap_segments(const snap_ctx_t *c, const pk_value_t *segs, int device
         if (pk_get(seg, "stream") && snap_int(c, seg, "stream", "segments", i, &stream))
             return -1;
         if (size < 0)
-            return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: segments[%zu]: 'total_size' is negative", c->path,
-                           i);
+            return tune_fail(c->err, c->errlen, "%s: PyTorch snapshot: segments[%zu]: 'total_size' is negative", c->path,
+                             i);
         if (__builtin_add_overflow(*total, size, total))
-            return in_fail(c->err, c->errlen,
-                           "%s: PyTorch snapshot: segments[%zu]: device %d's segments add up past 2^63 - 1 bytes",
-                           c->path, i, device);
+            return tune_fail(c->err, c->errlen,
+                             "%s: PyTorch snapshot: segments[%zu]: device %d's segments add up past 2^63 - 1 bytes",
+                             c->path, i, device);
         const pk_value_t *blocks = snap_list(c, pk_get(seg, "blocks"), "segments[].blocks");
         if (!blocks)
             return -1;
@@ -254,8 +234,8 @@ static int snap_segments(const snap_ctx_t *c, const pk_value_t *segs, int device
             if (pk_get(blk, "size") && snap_int(c, blk, "size", "segments[].blocks", k, &bsize))
                 return -1;
             if (!trace_is_live(b, (uint64_t)addr)) {
-                if (add_prelive(s, (uint64_t)addr, (uint64_t)req, (uint64_t)stream))
-                    return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
+                if (tune_add_prelive(s, (uint64_t)addr, (uint64_t)req, (uint64_t)stream))
+                    return tune_fail(c->err, c->errlen, "%s: out of memory", c->path);
                 s->pre[s->npre - 1].block = bsize > 0 ? (uint64_t)bsize : 0;
             }
         }
@@ -355,7 +335,7 @@ static int cmp_range(const void *a, const void *b)
  * segments, less those the window allocated (or mapped), plus those it
  * freed (or unmapped); every block live then is one of the allocations
  * placed first (rule 3), at its address; all else in them was free. */
-static int snap_start(const snap_ctx_t *c, const pk_value_t *segs, int device, const snap_events_t *s,
+static int snap_start(const snap_ctx_t *c, const pk_value_t *segs, int device, const tune_snap_events_t *s,
                       tune_input_t *in)
 {
     tune_start_t *st = &in->start;
@@ -417,7 +397,7 @@ static int snap_start(const snap_ctx_t *c, const pk_value_t *segs, int device, c
         goto nomem;
     size_t outside = 0;
     for (size_t i = 0; i < s->npre; i++) {
-        const prelive_t *p = &s->pre[i];
+        const tune_prelive_t *p = &s->pre[i];
         uint64_t size = p->block ? p->block : p->size < 512 ? 512 : (p->size + 511) / 512 * 512;
         bool in_range = false;
         for (size_t k = 0; k < l.n && !in_range; k++)
@@ -440,26 +420,26 @@ nomem:
     free(l.r);
     st->ranges = NULL;
     st->nranges = 0;
-    return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
+    return tune_fail(c->err, c->errlen, "%s: out of memory", c->path);
 }
 
 static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, int device, tune_input_t *in)
 {
     if (!root || root->type != PK_DICT)
-        return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: the pickle holds a %s, not a dict", c->path,
-                       pk_type_name(root));
+        return tune_fail(c->err, c->errlen, "%s: PyTorch snapshot: the pickle holds a %s, not a dict", c->path,
+                         pk_type_name(root));
     const pk_value_t *segs = snap_list(c, pk_get(root, "segments"), "segments");
     const pk_value_t *traces = segs ? snap_list(c, pk_get(root, "device_traces"), "device_traces") : NULL;
     if (!traces)
         return -1;
     if (device >= 0 && (size_t)device >= traces->n)
-        return in_fail(c->err, c->errlen, "%s: PyTorch snapshot: no device %d (device_traces has %zu device%s)",
-                       c->path, device, traces->n, traces->n == 1 ? "" : "s");
+        return tune_fail(c->err, c->errlen, "%s: PyTorch snapshot: no device %d (device_traces has %zu device%s)",
+                         c->path, device, traces->n, traces->n == 1 ? "" : "s");
     in->device = device >= 0 ? device : snap_device(traces);
-    snap_events_t s = {0};
+    tune_snap_events_t s = {0};
     s.ev = traces->n ? snap_list(c, traces->items[in->device], "device_traces[]") : NULL;
     if (!s.ev)
-        return traces->n ? -1 : in_fail(c->err, c->errlen, "%s: PyTorch snapshot: 'device_traces' is empty", c->path);
+        return traces->n ? -1 : tune_fail(c->err, c->errlen, "%s: PyTorch snapshot: 'device_traces' is empty", c->path);
     const pk_value_t *settings = pk_get(root, "allocator_settings");
     const pk_value_t *conf = pk_get(settings, "PYTORCH_CUDA_ALLOC_CONF");
     if (conf && conf->type == PK_STR)
@@ -470,7 +450,7 @@ static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, int dev
     trace_builder_t b;
     int64_t total = 0;
     if (snap_defer(&s))
-        return in_fail(c->err, c->errlen, "%s: out of memory", c->path);
+        return tune_fail(c->err, c->errlen, "%s: out of memory", c->path);
     int rc = trace_begin(&b, &scratch, c->path, c->err, c->errlen);
     if (!rc)
         rc = snap_feed(c, &s, &b, true, NULL);
@@ -484,8 +464,8 @@ static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, int dev
     if (!rc) {
         int64_t net;
         if (snap_segment_net(s.ev, &net) || __builtin_sub_overflow(total, net, &in->recorded_start))
-            rc = in_fail(c->err, c->errlen,
-                         "%s: PyTorch snapshot: the segment events' sizes add up past 2^63 - 1 bytes", c->path);
+            rc = tune_fail(c->err, c->errlen,
+                           "%s: PyTorch snapshot: the segment events' sizes add up past 2^63 - 1 bytes", c->path);
         in->recorded_peak = in->recorded_start;
         if (!rc)
             rc = trace_begin(&b, &in->trace, c->path, c->err, c->errlen);
@@ -493,13 +473,13 @@ static int snapshot_convert(const snap_ctx_t *c, const pk_value_t *root, int dev
         for (size_t i = 0; !rc && i < s.npre; i++) {
             bool shared = trace_is_live(&b, s.pre[i].addr);
             if (trace_add(&b, 'a', s.pre[i].addr, s.pre[i].size, s.pre[i].stream, why, sizeof why))
-                rc = shared ? in_fail(c->err, c->errlen,
-                                      "%s: PyTorch snapshot: two allocations live before recording began share address "
-                                      "%llu (freed twice with no allocation between, or freed and still active at "
-                                      "dump): %s",
-                                      c->path, (unsigned long long)s.pre[i].addr, why)
-                            : in_fail(c->err, c->errlen, "%s: PyTorch snapshot: the blocks live before recording began: %s",
-                                      c->path, why);
+                rc = shared ? tune_fail(c->err, c->errlen,
+                                        "%s: PyTorch snapshot: two allocations live before recording began share address "
+                                        "%llu (freed twice with no allocation between, or freed and still active at "
+                                        "dump): %s",
+                                        c->path, (unsigned long long)s.pre[i].addr, why)
+                            : tune_fail(c->err, c->errlen, "%s: PyTorch snapshot: the blocks live before recording began: %s",
+                                        c->path, why);
         }
         if (!rc)
             rc = snap_feed(c, &s, &b, false, in);
@@ -558,183 +538,6 @@ static char *report_text(const char *path, size_t *len, char *err, size_t errlen
     return buf;
 }
 
-/* One decimal field of an events string, ending at sep (or the string's end). */
-static int event_field(const char **p, const char *end, char sep, int64_t *out)
-{
-    const char *q = *p;
-    bool neg = q < end && *q == '-';
-    q += neg;
-    uint64_t v = 0;
-    const char *digits = q;
-    while (q < end && *q >= '0' && *q <= '9' && v <= (uint64_t)INT64_MAX / 10)
-        v = v * 10 + (uint64_t)(*q++ - '0');
-    if (q == digits || v > (uint64_t)INT64_MAX || (q < end && *q != sep) || (q == end && sep != ' '))
-        return -1;
-    *out = neg ? -(int64_t)v : (int64_t)v;
-    *p = q < end ? q + 1 : q;
-    return 0;
-}
-
-/* Feed the events string to b. With pre (first pass) a free of a block not
- * live is noted there instead (allocated before tracing began). */
-static int report_feed(const char *path, const tally_json_t *events, const tally_json_t *streams,
-                       trace_builder_t *b, snap_events_t *pre, char *err, size_t errlen)
-{
-    char why[400];
-    const char *p = events->s, *end = events->s + events->len;
-    for (size_t k = 0; p < end; k++) {
-        int64_t v[4], stream = 0;
-        const tally_json_t *sv = NULL;
-        int bad = 0;
-        for (int j = 0; j < 4 && !bad; j++)
-            bad = event_field(&p, end, j < 3 ? ',' : ' ', &v[j]);
-        if (!bad)
-            sv = tally__json_at(streams, (size_t)(v[3] < 0 ? 0 : v[3]));
-        if (bad || v[0] < 0 || v[1] == 0 || v[2] < 0 || v[3] < 0 || !sv || tally__json_int(sv, &stream))
-            return in_fail(err, errlen,
-                           "%s: alloc_trace event %zu: not 'dt,id,size,stream' with dt, size >= 0, id != 0 and a "
-                           "known stream index",
-                           path, k);
-        uint64_t id = (uint64_t)(v[1] < 0 ? -v[1] : v[1]);
-        if (pre && v[1] < 0 && !trace_is_live(b, id)) {
-            if (add_prelive(pre, id, (uint64_t)v[2], (uint64_t)stream))
-                return in_fail(err, errlen, "%s: out of memory", path);
-            continue;
-        }
-        if (trace_add(b, v[1] > 0 ? 'a' : 'f', id, (uint64_t)v[2], (uint64_t)stream, why, sizeof why))
-            return in_fail(err, errlen, "%s: alloc_trace event %zu: %s", path, k, why);
-    }
-    return 0;
-}
-
-static int convert(const char *path, const tally_json_t *root, int want, tune_input_t *in, char *err,
-                   size_t errlen)
-{
-    const tally_json_t *format = tally__json_get(root, "format");
-    if (!format || format->type != TALLY_JSON_STRING || strcmp(format->s, "tally-report") != 0) {
-        snprintf(err, errlen, "%s: not a tally report (no \"format\":\"tally-report\")", path);
-        return -1;
-    }
-    const tally_json_t *traces = tally__json_get(root, "alloc_trace");
-    if (!traces || traces->type != TALLY_JSON_ARRAY || traces->len == 0) {
-        snprintf(err, errlen, "%s: the report holds no allocation trace (record it with TALLY_CONF=trace:true)", path);
-        return -1;
-    }
-    /* The device asked for, else the one with the most events (the longest string). */
-    const tally_json_t *dev = NULL;
-    for (size_t i = 0; i < traces->len; i++) {
-        const tally_json_t *ev = tally__json_get(&traces->items[i], "events");
-        const tally_json_t *best = dev ? tally__json_get(dev, "events") : NULL;
-        int64_t id = -1;
-        tally__json_int(tally__json_get(&traces->items[i], "device"), &id);
-        if (want >= 0 ? id == want : ev && ev->type == TALLY_JSON_STRING && (!best || ev->len > best->len))
-            dev = &traces->items[i];
-    }
-    if (want >= 0 && !dev) {
-        snprintf(err, errlen, "%s: alloc_trace has no device %d (devices that allocated while tracing: %zu)", path,
-                 want, traces->len);
-        return -1;
-    }
-    const tally_json_t *events = dev ? tally__json_get(dev, "events") : NULL;
-    const tally_json_t *streams = dev ? tally__json_get(dev, "streams") : NULL;
-    int64_t device = 0, total = 0;
-    if (!events || events->type != TALLY_JSON_STRING || !streams || streams->type != TALLY_JSON_ARRAY ||
-        tally__json_int(tally__json_get(dev, "device"), &device)) {
-        snprintf(err, errlen, "%s: alloc_trace: each entry needs device, streams and an events string", path);
-        return -1;
-    }
-    if (tally__json_int(tally__json_get(dev, "total_bytes"), &total) == 0)
-        in->capacity = total;
-    in->device = (int)device;
-    /* As with snapshots: frees of blocks allocated before tracing began
-     * (trace switched on at run time) become allocations placed first. */
-    snap_events_t pre = {0};
-    trace_t scratch;
-    trace_builder_t b;
-    int rc = trace_begin(&b, &scratch, path, err, errlen);
-    if (!rc)
-        rc = report_feed(path, events, streams, &b, &pre, err, errlen);
-    trace_end(&b);
-    trace_free(&scratch);
-    if (!rc)
-        rc = trace_begin(&b, &in->trace, path, err, errlen);
-    if (!rc) {
-        char why[400];
-        for (size_t i = 0; !rc && i < pre.npre; i++)
-            if (trace_add(&b, 'a', pre.pre[i].addr, pre.pre[i].size, pre.pre[i].stream, why, sizeof why))
-                rc = !trace_is_live(&b, pre.pre[i].addr) /* out of memory, not a second free */
-                         ? in_fail(err, errlen, "%s: %s", path, why)
-                         : in_fail(err, errlen, "%s: alloc_trace: block %llu freed twice before any allocation of it",
-                                   path, (unsigned long long)pre.pre[i].addr);
-        if (!rc)
-            rc = report_feed(path, events, streams, &b, NULL, err, errlen);
-        trace_end(&b);
-    }
-    in->prelive = pre.npre;
-    free(pre.pre);
-    return rc;
-}
-
-/* A damaged report is refused here as by the other commands
- * (tools/cli_report.h): a version newer than this tally, or device stats
- * that are not the report's own strict set. */
-static int check_report(const char *path, const tally_json_t *root, char *err, size_t errlen)
-{
-    const tally_json_t *ver = tally__json_get(root, "version");
-    int maj, min, patch, used = 0, mine_maj = 0, mine_min = 0;
-    if (ver && (ver->type != TALLY_JSON_STRING || sscanf(ver->s, "%d.%d.%d%n", &maj, &min, &patch, &used) != 3 ||
-                ver->s[used] != 0))
-        return in_fail(err, errlen, "%s: byte %zu: \"version\" is not a tally version", path, ver->offset);
-    if (ver && sscanf(TALLY_VERSION, "%d.%d", &mine_maj, &mine_min) == 2 &&
-        (maj > mine_maj || (maj == mine_maj && min > mine_min)))
-        return in_fail(err, errlen, "%s: written by tally %s, newer than this tally (%s): read it with tally %d.%d or later",
-                       path, ver->s, TALLY_VERSION, maj, min);
-    const tally_json_t *devs = tally__json_get(root, "devices");
-    for (size_t i = 0; devs && devs->type == TALLY_JSON_ARRAY && i < devs->len; i++) {
-        const tally_json_t *st = tally__json_get(&devs->items[i], "stats");
-        tally_stats_t s;
-        char why[300];
-        if (st && tally__stats_from_node(st, &s, TALLY_STATS_STRICT, why, sizeof why) < 0) {
-            /* The other commands' shape: "byte N: devices[i].stats: why". */
-            size_t at = st->offset;
-            int skip = 0;
-            const char *w = why;
-            if (sscanf(why, "stats JSON: byte %zu: %n", &at, &skip) == 1 && skip > 0)
-                w = why + skip;
-            else if (strncmp(why, "stats JSON: ", 12) == 0)
-                w = why + 12;
-            return in_fail(err, errlen, "%s: not a valid tally report: byte %zu: devices[%zu].stats: %s", path, at, i,
-                           w);
-        }
-    }
-    return 0;
-}
-
-int tune_report_parse(const char *text, size_t len, const char *name, int device, tune_input_t *in, char *err,
-                      size_t errlen)
-{
-    memset(in, 0, sizeof *in);
-    in->kind = "tally report";
-    char why[256];
-    size_t at = 0;
-    tally_json_t *root = tally__json_parse(text, len, why, sizeof why, &at);
-    if (!root) {
-        /* The reader's message can quote a key from the input, control characters and all: one line. */
-        for (char *c = why; *c; c++)
-            if ((unsigned char)*c < 0x20)
-                *c = '?';
-        return in_fail(err, errlen, "%s: malformed JSON: %s", name, why);
-    }
-    const tally_json_t *format = tally__json_get(root, "format");
-    int rc = 0;
-    if (format && format->type == TALLY_JSON_STRING && strcmp(format->s, "tally-report") == 0)
-        rc = check_report(name, root, err, errlen);
-    if (!rc)
-        rc = convert(name, root, device, in, err, errlen);
-    tally__json_free(root);
-    return rc;
-}
-
 int tune_report_load(const char *path, int device, tune_input_t *in, char *err, size_t errlen)
 {
     size_t len;
@@ -753,7 +556,7 @@ int tune_input_load(const char *path, int device, tune_input_t *in, char *err, s
     memset(in, 0, sizeof *in);
     FILE *f = fopen(path, "rb");
     if (!f)
-        return in_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return tune_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     int first = fgetc(f);
     while (first == ' ' || first == '\n' || first == '\r' || first == '\t')
         first = fgetc(f);
@@ -776,7 +579,7 @@ int tune_input_load(const char *path, int device, tune_input_t *in, char *err, s
         rc = trace_load(path, &in->trace, err, errlen);
     }
     if (!rc && in->trace.nalloc == 0)
-        rc = in_fail(err, errlen, "%s: empty trace: no allocations to replay", path);
+        rc = tune_fail(err, errlen, "%s: empty trace: no allocations to replay", path);
     if (rc)
         tune_input_free(in);
     return rc;
