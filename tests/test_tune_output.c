@@ -9,8 +9,9 @@
  * test_tune_table).
  *
  * The file is compiled in with the cost table it also uses; the two row
- * helpers it links against (tools/tune_run.c) are never called by these
- * functions, and fail the test if they are. */
+ * helpers it would link against (tools/tune.c's tune_fits and
+ * tools/tune_run_replay.c's tune_driver_us) are stubs below: never called
+ * by these functions, they fail the test if they are. */
 #include "../tools/tune_output.c"
 #include "../tests/standin/cost.c"
 

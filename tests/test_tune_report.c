@@ -1,7 +1,8 @@
 /* Tests for tally tune on tally's own reports: one recorded with
  * trace:true by a child of this binary (run as "--child", on the host
- * backend), read with tools/tune_input.c (compiled in: its events, streams,
- * the device's memory and the events' times) and replayed by the command
+ * backend), read with tools/tune_input.c (compiled in) and
+ * tune_input_report.c (linked: its events, streams, the device's memory
+ * and the events' times) and replayed by the command
  * (the built ../bin/tally, run as a user runs it); a trace switched on late
  * (frees of blocks from before it), the busiest device of a tie, and a
  * report without a trace, with a bad events string or with damaged stats,

@@ -1,6 +1,7 @@
-/* Tests for tally tune's replays called directly (tools/tune_run.c, with
- * the model of PyTorch's expandable segments, tools/pt_expand.c, bench/trace.c
- * and the stand-in's cost table compiled in), on traces built in memory:
+/* Tests for tally tune's replays called directly (tools/tune_run.c and
+ * tune_run_replay.c, with the model of PyTorch's expandable segments,
+ * tools/pt_expand.c, bench/trace.c and the stand-in's cost table compiled
+ * in), on traces built in memory:
  * the grid's max_split_size_mb candidates, the worker processes (waiting
  * out a profiler's interrupting signals, the series handed back for a
  * wanted row, the shared table that cannot be mapped), and the model

@@ -1,6 +1,6 @@
 /* Fuzz target: tally tune's readers of the files a user hands it: the
  * pickle reader (tools/pickle.c) with the PyTorch snapshot rules on top of
- * it, and the alloc_trace of a tally report (tools/tune_input.c); an input
+ * it, and the alloc_trace of a tally report (tools/tune_input_report.c); an input
  * starting with '{' goes to the report reader, any other to the snapshot's.
  *
  * On every input: no crash, no read outside the input, nothing leaked.
