@@ -465,6 +465,39 @@ static void test_step_detector_steady_after_a_whole_step(void **state)
     expect_child_ok(env, body_detector);
 }
 
+/* The budget set at run time watches small requests too: the step detector
+ * sees every allocation once a budget is on, so tally_configure must take
+ * small requests off the cache's fast path (tally__g.small_fast), which
+ * does not feed the detector. A job of P small allocations a step, each
+ * freed before the next step (so that a fast path could serve every step
+ * after the first from the cache), is steady after two steps. */
+static void body_budget_at_run_time(int fd)
+{
+    (void)fd;
+    NEED(tally_configure("backend:host,host_mode:virtual,expandable_segments:true,leak_report:off") == 0);
+    NEED(tally_init() == 0);
+    NEED(tally_configure("expandable_move_budget:50000") == 0);
+    tally_device_t *d = tally__g.dev[0];
+    enum { P = 20 }; /* the detector's shortest period is 16 */
+    void *p[P];
+    for (int step = 0; step < 4; step++) {
+        for (int k = 0; k < P; k++)
+            NEED((p[k] = tally_malloc((size_t)(k + 1) * 4096, 0, NULL)) != NULL);
+        for (int k = 0; k < P; k++)
+            tally_free(p[k]);
+    }
+    NEED(tally__expand_steady(d));
+    NEED(tally__expand_period(d) == P);
+    NEED(tally_check() == 0);
+}
+
+static void test_budget_set_at_run_time_watches_small_requests(void **state)
+{
+    (void)state;
+    const char *const env[] = {"TALLY_CONF", "", NULL};
+    expect_child_ok(env, body_budget_at_run_time);
+}
+
 /* The key: runtime, shown by tally_write_options, -1 to 2^30 only. */
 static char options_text[16384];
 static size_t options_len;
@@ -513,6 +546,7 @@ int main(void)
         cmocka_unit_test(test_random_workload_without_moves_keeps_invariants),
         cmocka_unit_test(test_move_budget_key),
         cmocka_unit_test(test_step_detector_steady_after_a_whole_step),
+        cmocka_unit_test(test_budget_set_at_run_time_watches_small_requests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
