@@ -1,10 +1,13 @@
-/* The CUDA stand-in's rules for what a sleep with offload uses
- * (tests/standin/vmm.c, copy.c; docs/standin.md): reserved addresses hold no
- * memory; a mapping is usable once cuMemSetAccess gave access; what is
- * unmapped is lost (scrubbed, inaccessible until mapped again); copies
- * between host and device memory check their device range; pinned host
- * memory comes from cuMemHostAlloc and goes back only through cuMemFreeHost.
- * Through the driver API, as tally uses it (tests/cudautil.h). */
+/* The CUDA stand-in's rules for the contents of device memory, what a sleep
+ * with offload uses (tests/standin/vmm.c, copy.c; docs/standin.md): reserved
+ * addresses hold no memory; a mapping is usable once cuMemSetAccess gave
+ * access; what is unmapped and released is lost (inaccessible until mapped
+ * again, zeros then); a handle's memory is its own wherever it is mapped (two
+ * mappings of one handle alias, and a handle kept unreleased keeps its bytes
+ * across an unmap); copies between host and device memory check their device
+ * range; pinned host memory comes from cuMemHostAlloc and goes back only
+ * through cuMemFreeHost. Through the driver API, as tally uses it
+ * (tests/cudautil.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -81,6 +84,96 @@ static void test_unmapped_pages_are_lost(void **state)
     cu.cuCtxPopCurrent(&c);
 }
 
+static size_t free_bytes(void)
+{
+    size_t free = 0, total = 0;
+    CU_OK(cu.cuMemGetInfo(&free, &total));
+    return free;
+}
+
+/* CUDA C++ Programming Guide, "Virtual Aliasing Support": one allocation may
+ * be mapped at several virtual addresses, each a proxy of the same memory.
+ * What is written through one mapping is read through the other, and the
+ * memory stays charged to the device until the last mapping of a released
+ * handle goes. */
+static void test_two_mappings_of_one_handle_alias(void **state)
+{
+    (void)state;
+    CU_NEED_STANDIN(); /* the host reads and writes device addresses */
+    CU_OK(cu.cuCtxPushCurrent(cu_ctx[0]));
+    size_t before = free_bytes();
+    CUdeviceptr r = 0;
+    CU_OK(cu.cuMemAddressReserve(&r, 4 * PAGE, 0, 0, 0));
+    CUmemAllocationProp p = prop0();
+    CUmemGenericAllocationHandle h;
+    CU_OK(cu.cuMemCreate(&h, PAGE, &p, 0));
+    CUdeviceptr a = r, b = r + 2 * PAGE;
+    CU_OK(cu.cuMemMap(a, PAGE, 0, h, 0));
+    CU_OK(cu.cuMemMap(b, PAGE, 0, h, 0));
+    set_access(a, PAGE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    set_access(b, PAGE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    unsigned char *pa = (unsigned char *)(uintptr_t)a, *pb = (unsigned char *)(uintptr_t)b;
+    memset(pa, 0x11, PAGE);
+    pa[12345] = 0x77;
+    assert_int_equal(pb[0], 0x11);
+    assert_int_equal(pb[PAGE - 1], 0x11);
+    assert_int_equal(pb[12345], 0x77);
+    pb[PAGE / 2] = 0x99; /* and back */
+    assert_int_equal(pa[PAGE / 2], 0x99);
+    assert_int_equal(before - free_bytes(), PAGE); /* one page of memory, mapped twice */
+    /* One mapping gone, the other still shows the bytes. */
+    CU_OK(cu.cuMemUnmap(a, PAGE));
+    assert_true(su_faults(pa));
+    assert_int_equal(pb[12345], 0x77);
+    /* Released while mapped: the memory lives until the last mapping goes. */
+    CU_OK(cu.cuMemRelease(h));
+    assert_int_equal(pb[PAGE / 2], 0x99);
+    assert_int_equal(before - free_bytes(), PAGE);
+    CU_OK(cu.cuMemUnmap(b, PAGE));
+    assert_int_equal(free_bytes(), before);
+    CU_OK(cu.cuMemAddressFree(r, 4 * PAGE));
+    CUcontext c;
+    cu.cuCtxPopCurrent(&c);
+}
+
+/* A handle kept unreleased keeps its memory, and so its bytes, while it is
+ * mapped nowhere: mapped again (here at another address) it shows what was
+ * written before the unmap. A released one does not
+ * (test_unmapped_pages_are_lost). */
+static void test_kept_handle_keeps_its_bytes(void **state)
+{
+    (void)state;
+    CU_NEED_STANDIN(); /* the host reads and writes device addresses */
+    CU_OK(cu.cuCtxPushCurrent(cu_ctx[0]));
+    CUdeviceptr r = 0;
+    CU_OK(cu.cuMemAddressReserve(&r, 4 * PAGE, 0, 0, 0));
+    CUmemAllocationProp p = prop0();
+    CUmemGenericAllocationHandle h;
+    CU_OK(cu.cuMemCreate(&h, 2 * PAGE, &p, 0));
+    CU_OK(cu.cuMemMap(r, 2 * PAGE, 0, h, 0));
+    set_access(r, 2 * PAGE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    unsigned char *at = (unsigned char *)(uintptr_t)r;
+    for (size_t i = 0; i < 2 * PAGE; i += 4096)
+        at[i] = (unsigned char)(i >> 12);
+    CU_OK(cu.cuMemUnmap(r, 2 * PAGE));
+    assert_true(su_faults(at));
+    CU_OK(cu.cuMemMap(r + 2 * PAGE, 2 * PAGE, 0, h, 0));
+    set_access(r + 2 * PAGE, 2 * PAGE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    unsigned char *again = at + 2 * PAGE;
+    for (size_t i = 0; i < 2 * PAGE; i += 4096)
+        assert_int_equal(again[i], (unsigned char)(i >> 12));
+    /* A mapping of the handle's first page only shows that page. */
+    CU_OK(cu.cuMemMap(r, PAGE, 0, h, 0));
+    set_access(r, PAGE, CU_MEM_ACCESS_FLAGS_PROT_READ);
+    assert_int_equal(at[PAGE - 4096], (unsigned char)((PAGE - 4096) >> 12));
+    CU_OK(cu.cuMemUnmap(r, PAGE));
+    CU_OK(cu.cuMemUnmap(r + 2 * PAGE, 2 * PAGE));
+    CU_OK(cu.cuMemRelease(h));
+    CU_OK(cu.cuMemAddressFree(r, 4 * PAGE));
+    CUcontext c;
+    cu.cuCtxPopCurrent(&c);
+}
+
 static void test_copies_check_the_device_range(void **state)
 {
     (void)state;
@@ -141,6 +234,8 @@ int main(void)
     cu_test_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_unmapped_pages_are_lost, cu_ctx_setup, cu_ctx_teardown),
+        cmocka_unit_test_setup_teardown(test_two_mappings_of_one_handle_alias, cu_ctx_setup, cu_ctx_teardown),
+        cmocka_unit_test_setup_teardown(test_kept_handle_keeps_its_bytes, cu_ctx_setup, cu_ctx_teardown),
         cmocka_unit_test_setup_teardown(test_copies_check_the_device_range, cu_ctx_setup, cu_ctx_teardown),
         cmocka_unit_test_setup_teardown(test_pinned_memory_rules, cu_ctx_setup, cu_ctx_teardown),
     };

@@ -78,6 +78,11 @@ void si_arena_give(struct si_arena *a, struct si_extent *e)
 {
     /* Drop the pages a test may have touched, keep the range mapped. */
     madvise((void *)e->addr, e->size, MADV_DONTNEED);
+    si_arena_drop(a, e);
+}
+
+void si_arena_drop(struct si_arena *a, struct si_extent *e)
+{
     size_t i = (size_t)(e - a->live);
     memmove(&a->live[i], &a->live[i + 1], (a->count - i - 1) * sizeof a->live[0]);
     a->count--;

@@ -19,7 +19,8 @@
  *   dead), so a stale handle gives an error instead of a crash.
  * - Memory contents are not modelled: device addresses are backed by a large
  *   MAP_NORESERVE host mapping per device (writable, so tests may touch
- *   them), and virtual-memory mappings do not alias their physical handle.
+ *   them). Virtual-memory handles are pieces of one memory file, so two
+ *   mappings of a handle show the same bytes, as on CUDA (vmm.c).
  *
  * Exported names: the implementation of each entry point is defined under
  * the name the real libcuda.so.1 exports for the signature driver.h
@@ -133,6 +134,9 @@ uintptr_t si_arena_take(struct si_arena *a, size_t size, size_t align, enum si_e
 /* The live extent starting exactly at addr, or NULL. */
 struct si_extent *si_arena_find(struct si_arena *a, uintptr_t addr);
 void si_arena_give(struct si_arena *a, struct si_extent *e);
+/* Forget extent e without touching its addresses (an arena of numbers that
+ * are not addresses: vmm.c's offsets into its physical memory). */
+void si_arena_drop(struct si_arena *a, struct si_extent *e);
 
 /* vmm.c: whether [addr, addr + size) lies wholly in mappings whose access
  * was set (readable; writable when write is set). Called under si_lock. */

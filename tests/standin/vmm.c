@@ -37,30 +37,40 @@
  *   reservation is PROT_NONE; cuMemSetAccess makes its mappings readable
  *   (CU_MEM_ACCESS_FLAGS_PROT_READ) or readable and writable (PROT_READWRITE)
  *   for the program, the highest flag of its descriptors.
- * - What is unmapped is lost: cuMemUnmap frees the backing memory of a
- *   released handle ('Any backing memory allocations will be freed if there
- *   are no existing mappings and there are no unreleased memory handles'),
- *   so the stand-in scrubs an unmapped range (MADV_DONTNEED: zero pages on
- *   the next touch) and makes it PROT_NONE until it is mapped and given
- *   access again. A restore after an unmap must therefore copy the contents
- *   back itself.
+ * - A handle's memory is its own, wherever it is mapped. The CUDA C++
+ *   Programming Guide's virtual memory chapter ("Virtual Aliasing Support"):
+ *   the API can 'create multiple virtual memory mappings or "proxies" to the
+ *   same allocation using multiple calls to cuMemMap with different virtual
+ *   addresses'. So every handle is a piece of one memory file (memfd) and a
+ *   mapping maps that piece (MAP_SHARED): two mappings of one handle show
+ *   the same bytes, and a handle kept unreleased keeps its contents when
+ *   unmapped and mapped again. (The guide adds that writes through one proxy
+ *   are coherent with another only once the writing operation completes; on
+ *   host memory they always are, a stand-in that is kinder than CUDA there.)
+ * - What is unmapped is lost once its handle goes: cuMemUnmap frees the
+ *   backing memory of a released handle ('Any backing memory allocations
+ *   will be freed if there are no existing mappings and there are no
+ *   unreleased memory handles'), so the stand-in punches the handle's piece
+ *   out of the file (zeros on the next use of that piece) and an unmapped
+ *   range is reserved address space again, PROT_NONE until it is mapped and
+ *   given access. A restore after an unmap and release must therefore copy
+ *   the contents back itself.
  *
- * Simplifications: a mapping does not alias its handle's memory (contents
- * live at the mapping's addresses, so a handle kept unreleased and mapped
- * again elsewhere comes back empty: the stand-in loses more than CUDA would,
- * never less); access flags are per range for the whole process, not per
+ * Simplifications: access flags are per range for the whole process, not per
  * device; a reservation
  * still holding mappings cannot be freed (the documentation does not say;
  * the stand-in refuses with CUDA_ERROR_INVALID_VALUE); handles are not
  * shareable. */
 #include "standin.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 struct si_handle {
     size_t size;
+    size_t offset; /* where its memory is in si_phys_fd */
     int dev;
     bool released;
     int maps;
@@ -79,6 +89,34 @@ static struct si_arena si_va;
 static bool si_va_ready;
 static struct si_handle *si_handles;
 static struct si_mapping *si_mappings;
+
+/* Physical memory: one sparse memory file; a handle is a piece of it, placed
+ * first fit by an arena of offsets (its numbers start at SI_PHYS_BASE, since
+ * an arena's 0 means "full"). */
+#define SI_PHYS_BASE SI_GRANULARITY
+static int si_phys_fd = -1;
+static struct si_arena si_phys;
+
+/* Open the memory file on first use; false when the system refuses. Called
+ * under si_lock. Handles are charged to their devices first, so what is live
+ * never exceeds the devices' memory; the file is four times that, so first
+ * fit always finds room. */
+static bool si_phys_ready(void)
+{
+    if (si_phys_fd >= 0)
+        return true;
+    size_t span = si_config.memory * (size_t)si_config.devices * 4;
+    int fd = memfd_create("cuda-standin-vmm", MFD_CLOEXEC);
+    if (fd < 0)
+        return false;
+    if (ftruncate(fd, (off_t)span) != 0) {
+        close(fd);
+        return false;
+    }
+    si_phys = (struct si_arena){.base = (char *)SI_PHYS_BASE, .span = span};
+    si_phys_fd = fd;
+    return true;
+}
 
 static CUresult si_prop_check(const CUmemAllocationProp *prop)
 {
@@ -190,11 +228,18 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
     if (!h)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&si_lock);
+    uintptr_t piece = 0;
     if (!si_charge(prop->location.id, size)) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
         free(h);
+    } else if (!si_phys_ready() ||
+               !(piece = si_arena_take(&si_phys, size, SI_GRANULARITY, SI_EXTENT_ALLOC, NULL))) {
+        si_uncharge(prop->location.id, size);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        free(h);
     } else {
-        *h = (struct si_handle){.size = size, .dev = prop->location.id, .next = si_handles};
+        *h = (struct si_handle){
+            .size = size, .offset = piece - SI_PHYS_BASE, .dev = prop->location.id, .next = si_handles};
         si_handles = h;
         if (prop->allocFlags.gpuDirectRDMACapable)
             si_rdma_creates++;
@@ -218,6 +263,9 @@ static void si_handle_maybe_free(struct si_handle *h)
     if (!h->released || h->maps > 0)
         return;
     si_uncharge(h->dev, h->size);
+    /* The memory is gone: a later handle on this piece starts from zeros. */
+    fallocate(si_phys_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)h->offset, (off_t)h->size);
+    si_arena_drop(&si_phys, si_arena_find(&si_phys, SI_PHYS_BASE + h->offset));
     for (struct si_handle **p = &si_handles; *p; p = &(*p)->next) {
         if (*p == h) {
             *p = h->next;
@@ -257,7 +305,12 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
         si_overlaps_mapping((uintptr_t)ptr, size)) {
         rc = CUDA_ERROR_INVALID_VALUE;
         free(m);
+    } else if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, si_phys_fd, (off_t)h->offset) ==
+               MAP_FAILED) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY; /* the system's limit on mappings */
+        free(m);
     } else {
+        /* The handle's memory at ptr, usable once cuMemSetAccess allows it. */
         *m = (struct si_mapping){.addr = (uintptr_t)ptr, .size = size, .handle = h, .next = si_mappings};
         si_mappings = m;
         h->maps++;
@@ -297,8 +350,10 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
             struct si_mapping *m = *p;
             if (m->addr >= lo && m->addr + m->size <= hi) {
                 si_count_mappings(__func__, 1);
-                madvise((void *)m->addr, m->size, MADV_DONTNEED); /* the contents are gone */
-                mprotect((void *)m->addr, m->size, PROT_NONE);
+                /* Reserved address space again; the contents stay with the
+                 * handle until it is freed. */
+                mmap((void *)m->addr, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+                     0);
                 *p = m->next;
                 m->handle->maps--;
                 si_handle_maybe_free(m->handle);
