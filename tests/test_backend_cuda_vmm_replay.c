@@ -3,8 +3,11 @@
  * backend (virtual mode), expandable segments on and off: the same peak
  * reserved, to the byte, and the same backend calls on both (issue 12: the
  * placement code is shared). In the cuda child the driver calls are counted
- * and held to the costs docs/architecture.md states, and printed per trace.
- * Skipped, saying why, when the folder is absent. Reads the traces with
+ * and held to the costs docs/architecture.md states, and printed per trace;
+ * every block's first and last 8 bytes are stamped with its number when it
+ * is taken and read back when it is freed, so two live blocks that share
+ * memory (an overlap, or two mappings of one handle: the stand-in aliases
+ * them as CUDA does) fail the replay. Skipped, saying why, when the folder is absent. Reads the traces with
  * bench/trace.c (linked by its own Makefile rule). */
 #include "vmmutil.h"
 
@@ -19,6 +22,7 @@ enum { MAX_TRACES = 32 };
 
 typedef struct figures {
     int64_t peak_reserved, peak_allocated, backend_allocs, backend_frees, failed;
+    int64_t clobbered; /* cuda only: blocks whose stamps another block overwrote */
     uint64_t placement; /* every block's address, relative to the trace's first, hashed */
     /* cuda only: driver calls (cuMemCreate, cuMemMap, cuMemRelease,
      * cuMemSetAccess, cuMemUnmap, cuStreamSynchronize, cuMemAlloc, cuMemFree) */
@@ -132,6 +136,23 @@ static const char *traces_dir(void)
 
 /* Replays every trace on device 0, one after the other from an empty
  * cache, writing one figures_t per trace to fd. */
+/* Block k's stamps: its number in its first and last 8 bytes. */
+static void stamp(void *p, size_t size, uint64_t k)
+{
+    memcpy(p, &k, sizeof k);
+    if (size >= 2 * sizeof k)
+        memcpy((char *)p + size - sizeof k, &k, sizeof k);
+}
+
+static bool stamped(const void *p, size_t size, uint64_t k)
+{
+    uint64_t a, b = k;
+    memcpy(&a, p, sizeof a);
+    if (size >= 2 * sizeof k)
+        memcpy(&b, (const char *)p + size - sizeof b, sizeof b);
+    return a == k && b == k;
+}
+
 static void body_replay(int fd)
 {
     char **paths = NULL, err[512];
@@ -153,7 +174,8 @@ static void body_replay(int fd)
             _exit(1);
         }
         void **live = calloc(t.nalloc ? t.nalloc : 1, sizeof *live);
-        NEED(live != NULL);
+        size_t *sizes = calloc(t.nalloc ? t.nalloc : 1, sizeof *sizes);
+        NEED(live != NULL && sizes != NULL);
         tally_empty_cache(0);
         NEED(tally_reset_peak_stats(0) == 0 && tally_reset_accumulated_stats(0) == 0);
         figures_t f = {0};
@@ -171,10 +193,15 @@ static void body_replay(int fd)
             if (ev->op == 'a' && ev->size) {
                 live[ev->slot] = tally_malloc(ev->size, 0, stream);
                 f.failed += live[ev->slot] == NULL;
+                sizes[ev->slot] = ev->size;
+                if (cuda && live[ev->slot]) /* the stand-in's device memory is host memory */
+                    stamp(live[ev->slot], ev->size, ev->slot);
                 if (!first)
                     first = (uintptr_t)live[ev->slot];
                 f.placement = f.placement * 1000003u ^ (uint64_t)((uintptr_t)live[ev->slot] - first);
             } else if (ev->op == 'f') {
+                if (cuda && live[ev->slot])
+                    f.clobbered += !stamped(live[ev->slot], sizes[ev->slot], ev->slot);
                 tally_free(live[ev->slot]);
                 live[ev->slot] = NULL;
             }
@@ -214,9 +241,13 @@ static void body_replay(int fd)
             NEED(calls[C_UNMAP] + calls[C_FREE] == f.backend_frees);
             NEED(calls[C_SYNC] >= calls[C_UNMAP]);
         }
-        for (size_t k = 0; k < t.nalloc; k++)
+        for (size_t k = 0; k < t.nalloc; k++) {
+            if (cuda && live[k])
+                f.clobbered += !stamped(live[k], sizes[k], k);
             tally_free(live[k]);
+        }
         free(live);
+        free(sizes);
         NEED(write(fd, &f, sizeof f) == (ssize_t)sizeof f);
         trace_free(&t);
         free(paths[i]);
@@ -346,6 +377,11 @@ static void replay_both(const char *mode)
                     name, mode, (unsigned long long)h->map_pages, (unsigned long long)h->map,
                     (unsigned long long)h->unmap, (unsigned long long)h->unmap_runs, (unsigned long long)h->alloc,
                     (unsigned long long)h->free);
+            bad++;
+        }
+        if (dev[i].clobbered) {
+            fprintf(stderr, "test_backend_cuda_vmm_replay: %s%s: %lld live blocks found another block's bytes in theirs\n",
+                    name, mode, (long long)dev[i].clobbered);
             bad++;
         }
         pages += c[C_CREATE];
