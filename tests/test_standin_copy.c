@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -91,16 +92,27 @@ static size_t free_bytes(void)
     return free;
 }
 
+/* Bytes [off, off + n) of device memory at at, through a copy (what runs on
+ * the stand-in and on a GPU alike), into buf. */
+static void read_back(unsigned char *buf, CUdeviceptr at, size_t off, size_t n)
+{
+    memset(buf, 0xee, n);
+    CU_OK(cu.cuMemcpyDtoH(buf, at + off, n));
+}
+
 /* CUDA C++ Programming Guide, "Virtual Aliasing Support": one allocation may
- * be mapped at several virtual addresses, each a proxy of the same memory.
- * What is written through one mapping is read through the other, and the
- * memory stays charged to the device until the last mapping of a released
- * handle goes. */
+ * be mapped at several virtual addresses, each a proxy of the same memory;
+ * a write through one is seen through another once the writing operation
+ * has completed (a synchronous copy has). So what is copied in through one
+ * mapping is copied out through the other, and the memory stays charged to
+ * the device until the last mapping of a released handle goes. Through
+ * copies, so that `TALLY_REAL_CUDA=1` proves the rule on a GPU. */
 static void test_two_mappings_of_one_handle_alias(void **state)
 {
     (void)state;
-    CU_NEED_STANDIN(); /* the host reads and writes device addresses */
+    CU_NEED_DRIVER();
     CU_OK(cu.cuCtxPushCurrent(cu_ctx[0]));
+    bool standin = cu_is_standin();
     size_t before = free_bytes();
     CUdeviceptr r = 0;
     CU_OK(cu.cuMemAddressReserve(&r, 4 * PAGE, 0, 0, 0));
@@ -112,25 +124,37 @@ static void test_two_mappings_of_one_handle_alias(void **state)
     CU_OK(cu.cuMemMap(b, PAGE, 0, h, 0));
     set_access(a, PAGE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     set_access(b, PAGE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
-    unsigned char *pa = (unsigned char *)(uintptr_t)a, *pb = (unsigned char *)(uintptr_t)b;
-    memset(pa, 0x11, PAGE);
-    pa[12345] = 0x77;
-    assert_int_equal(pb[0], 0x11);
-    assert_int_equal(pb[PAGE - 1], 0x11);
-    assert_int_equal(pb[12345], 0x77);
-    pb[PAGE / 2] = 0x99; /* and back */
-    assert_int_equal(pa[PAGE / 2], 0x99);
-    assert_int_equal(before - free_bytes(), PAGE); /* one page of memory, mapped twice */
+    unsigned char *buf = malloc(PAGE);
+    assert_non_null(buf);
+    memset(buf, 0x11, PAGE);
+    buf[12345] = 0x77;
+    CU_OK(cu.cuMemcpyHtoD(a, buf, PAGE));
+    read_back(buf, b, 0, PAGE);
+    assert_int_equal(buf[0], 0x11);
+    assert_int_equal(buf[PAGE - 1], 0x11);
+    assert_int_equal(buf[12345], 0x77);
+    unsigned char v = 0x99; /* and back */
+    CU_OK(cu.cuMemcpyHtoD(b + PAGE / 2, &v, 1));
+    read_back(buf, a, PAGE / 2, 1);
+    assert_int_equal(buf[0], 0x99);
+    if (standin) /* the stand-in's charge is exact: one page of memory, mapped twice */
+        assert_int_equal(before - free_bytes(), PAGE);
     /* One mapping gone, the other still shows the bytes. */
     CU_OK(cu.cuMemUnmap(a, PAGE));
-    assert_true(su_faults(pa));
-    assert_int_equal(pb[12345], 0x77);
+    if (standin)
+        assert_true(su_faults((void *)(uintptr_t)a));
+    read_back(buf, b, 12345, 1);
+    assert_int_equal(buf[0], 0x77);
     /* Released while mapped: the memory lives until the last mapping goes. */
     CU_OK(cu.cuMemRelease(h));
-    assert_int_equal(pb[PAGE / 2], 0x99);
-    assert_int_equal(before - free_bytes(), PAGE);
+    read_back(buf, b, PAGE / 2, 1);
+    assert_int_equal(buf[0], 0x99);
+    if (standin)
+        assert_int_equal(before - free_bytes(), PAGE);
     CU_OK(cu.cuMemUnmap(b, PAGE));
-    assert_int_equal(free_bytes(), before);
+    if (standin)
+        assert_int_equal(free_bytes(), before);
+    free(buf);
     CU_OK(cu.cuMemAddressFree(r, 4 * PAGE));
     CUcontext c;
     cu.cuCtxPopCurrent(&c);
@@ -138,12 +162,12 @@ static void test_two_mappings_of_one_handle_alias(void **state)
 
 /* A handle kept unreleased keeps its memory, and so its bytes, while it is
  * mapped nowhere: mapped again (here at another address) it shows what was
- * written before the unmap. A released one does not
- * (test_unmapped_pages_are_lost). */
+ * copied in before the unmap, and a mapping of its first page alone shows
+ * that page. A released one does not (test_unmapped_pages_are_lost). */
 static void test_kept_handle_keeps_its_bytes(void **state)
 {
     (void)state;
-    CU_NEED_STANDIN(); /* the host reads and writes device addresses */
+    CU_NEED_DRIVER();
     CU_OK(cu.cuCtxPushCurrent(cu_ctx[0]));
     CUdeviceptr r = 0;
     CU_OK(cu.cuMemAddressReserve(&r, 4 * PAGE, 0, 0, 0));
@@ -152,23 +176,27 @@ static void test_kept_handle_keeps_its_bytes(void **state)
     CU_OK(cu.cuMemCreate(&h, 2 * PAGE, &p, 0));
     CU_OK(cu.cuMemMap(r, 2 * PAGE, 0, h, 0));
     set_access(r, 2 * PAGE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
-    unsigned char *at = (unsigned char *)(uintptr_t)r;
-    for (size_t i = 0; i < 2 * PAGE; i += 4096)
-        at[i] = (unsigned char)(i >> 12);
+    unsigned char *buf = malloc(2 * PAGE);
+    assert_non_null(buf);
+    for (size_t i = 0; i < 2 * PAGE; i++)
+        buf[i] = (unsigned char)(i >> 12);
+    CU_OK(cu.cuMemcpyHtoD(r, buf, 2 * PAGE));
     CU_OK(cu.cuMemUnmap(r, 2 * PAGE));
-    assert_true(su_faults(at));
+    if (cu_is_standin())
+        assert_true(su_faults((void *)(uintptr_t)r));
     CU_OK(cu.cuMemMap(r + 2 * PAGE, 2 * PAGE, 0, h, 0));
     set_access(r + 2 * PAGE, 2 * PAGE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
-    unsigned char *again = at + 2 * PAGE;
+    read_back(buf, r + 2 * PAGE, 0, 2 * PAGE);
     for (size_t i = 0; i < 2 * PAGE; i += 4096)
-        assert_int_equal(again[i], (unsigned char)(i >> 12));
-    /* A mapping of the handle's first page only shows that page. */
+        assert_int_equal(buf[i], (unsigned char)(i >> 12));
     CU_OK(cu.cuMemMap(r, PAGE, 0, h, 0));
     set_access(r, PAGE, CU_MEM_ACCESS_FLAGS_PROT_READ);
-    assert_int_equal(at[PAGE - 4096], (unsigned char)((PAGE - 4096) >> 12));
+    read_back(buf, r, PAGE - 4096, 1);
+    assert_int_equal(buf[0], (unsigned char)((PAGE - 4096) >> 12));
     CU_OK(cu.cuMemUnmap(r, PAGE));
     CU_OK(cu.cuMemUnmap(r + 2 * PAGE, 2 * PAGE));
     CU_OK(cu.cuMemRelease(h));
+    free(buf);
     CU_OK(cu.cuMemAddressFree(r, 4 * PAGE));
     CUcontext c;
     cu.cuCtxPopCurrent(&c);
