@@ -101,6 +101,19 @@ static void test_unknown_key_suggests_the_nearest(void **state)
     refused("stak_report:full", "config: unknown key 'stak_report' (did you mean 'stage_report'?)");
 }
 
+/* An item without a colon, or with a value but no key (":x", blanks before
+ * the colon), is refused naming the item, and a good item beside it is not
+ * applied. */
+static void test_item_without_a_key_refused(void **state)
+{
+    (void)state;
+    refused("leak_report", "config: item 'leak_report' is not key:value");
+    refused("stage_report:true,timeline", "config: item 'timeline' is not key:value");
+    refused(":true", "config: item ':true' has no key");
+    refused("  \t: full", "config: item ':full' has no key");
+    refused("stage_report:true, :1", "config: item ':1' has no key");
+}
+
 /* One typo of each kind gets the key meant: a letter changed, one left
  * out, one doubled, two neighbours swapped; a word near no key gets none. */
 static void test_each_kind_of_typo_gets_the_key_meant(void **state)
@@ -392,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_what_initialises), /* first: forks before this process initialises */
         cmocka_unit_test(test_home_device_beyond_the_devices_refused_at_run_time),
         cmocka_unit_test(test_unknown_key_suggests_the_nearest),
+        cmocka_unit_test(test_item_without_a_key_refused),
         cmocka_unit_test(test_each_kind_of_typo_gets_the_key_meant),
         cmocka_unit_test(test_edit_distance_counts_one_per_edit),
         cmocka_unit_test(test_unknown_enum_value_lists_the_valid_ones),

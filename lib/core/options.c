@@ -580,7 +580,7 @@ int tally__options_parse(tally_options_t *opt, const char *conf, bool runtime, u
         if (!*item)
             continue;
         char *colon = strchr(item, ':');
-        if (!colon || colon == item)
+        if (!colon)
             return tally__fail(TALLY_ECONF, "config: item '%s' is not key:value", item);
         /* Blanks around the key and around the value do not count, for
          * every key alike ("leak_report : full" is leak_report:full). */
