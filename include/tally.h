@@ -352,7 +352,8 @@ TALLY_API void *tally_torch_base_alloc(void *ptr, size_t *size);
  * (a pool of its own per device and stream, on the backend's virtual-memory
  * path), so the tag can sleep and wake. The same as listing it in the
  * private_tags key. Refused with the reason on the async backend (no pages
- * of its own) and for "untagged". Blocks the tag took before stay where
+ * of its own) and for "untagged"; at most 64 tags can be private
+ * (-TALLY_ESTATE for the 65th). Blocks the tag took before stay where
  * they are (and a sleep of the tag is then refused). 0 or -TALLY_E*. */
 TALLY_API int tally_tag_set_private(const char *tag);
 /* 1 when tag is private, 0 when not, -TALLY_EINVAL for a bad name. */

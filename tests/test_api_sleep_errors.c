@@ -4,8 +4,8 @@
  * in a graph pool, under a capture or exported by IPC, an allocation under
  * a sleeping tag); a wake out of memory or over the memory fraction rolls
  * back; in children with other configurations, offload on host_mode:virtual,
- * the async backend and private tag names that are empty or too long are
- * refused. The rest of sleep and wake is in test_api_sleep.c.
+ * the async backend, private tag names that are empty or too long and a
+ * 65th private tag are refused. The rest of sleep and wake is in test_api_sleep.c.
  *
  * Two simulated 1 GiB devices in backed mode (contents are real), with kv
  * and weights private through the configuration (tests/sleephostutil.h). */
@@ -374,6 +374,52 @@ static void test_private_tag_names_empty_or_overlong_refused(void **state)
     }
 }
 
+/* At most 64 tags can be private (one process-wide list, read without a
+ * lock on every allocation). In the configuration, the 65th name fails
+ * initialisation naming it; listing 64 is accepted. */
+static void test_private_tags_past_64_refused_in_the_configuration(void **state)
+{
+    (void)state;
+    for (int n = 64; n <= 65; n++) {
+        char conf[1200];
+        int at = snprintf(conf, sizeof conf, "backend:host,host_mode:virtual,private_tags:");
+        for (int i = 0; i < n; i++)
+            at += snprintf(conf + at, sizeof conf - (size_t)at, "%st%d", i ? "|" : "", i);
+        lu_child_t c;
+        lu_child_run(&c, "init-only", conf, NULL);
+        LU_CHILD_EXIT(&c, 0);
+        LU_HAS(c.out, n == 64 ? "init=0 \n" : "init=-3 private_tags: 't64': at most 64 tags can be private\n");
+        lu_child_free(&c);
+    }
+}
+
+/* Through tally_tag_set_private: new tags are accepted until the list is
+ * full (kv, weights and those earlier tests made private are in it), then
+ * the next is refused with -TALLY_ESTATE naming it, changes nothing and is
+ * not private; one already private is still accepted. Runs last: the list
+ * stays full. (The exact count, 64, is the configuration test's.) */
+static void test_private_tags_past_64_refused_by_the_call(void **state)
+{
+    (void)state;
+    char name[16];
+    int accepted = 0, rc = 0;
+    for (; accepted < 70; accepted++) {
+        snprintf(name, sizeof name, "p%d", accepted);
+        if ((rc = tally_tag_set_private(name)) != 0)
+            break;
+    }
+    LU_EQ(rc, -TALLY_ESTATE);
+    assert_in_range(accepted, 58, 62); /* 64 less the few already private */
+    char want[120];
+    snprintf(want, sizeof want, "tally_tag_set_private: '%s': at most 64 tags can be private", name);
+    LU_HAS(tally_last_error(), want);
+    LU_EQ(tally_tag_is_private(name), 0);
+    LU_EQ(tally_tag_set_private("one_more"), -TALLY_ESTATE);
+    LU_EQ(tally_tag_is_private("p0"), 1);
+    LU_OK(tally_tag_set_private("kv"));
+    LU_OK(tally_tag_set_private("p0"));
+}
+
 int main(int argc, char **argv)
 {
     static const lu_role_t roles[] = {{"virtual", child_virtual_offload},
@@ -399,6 +445,8 @@ int main(int argc, char **argv)
         T(test_virtual_mode_refuses_offload),
         T(test_async_backend_refuses_private_tags),
         T(test_private_tag_names_empty_or_overlong_refused),
+        T(test_private_tags_past_64_refused_in_the_configuration),
+        T(test_private_tags_past_64_refused_by_the_call), /* last: it fills the list */
     };
     unsetenv("RANK");
     unsetenv("LOCAL_RANK");
