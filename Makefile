@@ -133,6 +133,11 @@ $(BUILD)/tests/test_backend_cuda_vmm_replay: tests/test_backend_cuda_vmm_replay.
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -Ibench -o $@ $< bench/trace.c $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
+# test_bench_alias_model checks bench/alias_model.c (tally-steps --alias-model), priced with the cost table.
+$(BUILD)/tests/test_bench_alias_model: tests/test_bench_alias_model.c bench/alias_model.c bench/alias_model.h tests/standin/cost.c tests/standin/cost.h | $(SETUP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Wno-pedantic -Ibench -o $@ $< bench/alias_model.c tests/standin/cost.c -lcmocka $(LDLIBS)
+
 # test_cache_expand_steady replays the shared ddp trace with bench/trace.c's reader.
 $(BUILD)/tests/test_cache_expand_steady: tests/test_cache_expand_steady.c bench/trace.c bench/trace.h $(wildcard tests/*.h) $(BUILD)/lib/libtally.a | $(SETUP)
 	@mkdir -p $(dir $@)

@@ -1,6 +1,7 @@
 /* tally-steps: the driver calls of each step of a repeating trace.
  *
- *   tally-steps [--conf KEYS] [--period N] [--per-step] [--unannounced] TRACE.csv|DIR ...
+ *   tally-steps [--conf KEYS] [--period N] [--per-step] [--unannounced]
+ *               [--alias-model [--alias-policy P] [--alias-pages N]] TRACE.csv|DIR ...
  *   tally-steps --gen-repeat LIVE_MIB,BLOCK_MIB,ITERS FILE
  *
  * Replays each trace through tally (device 0; configuration as tally-replay:
@@ -24,12 +25,21 @@
  * second boundary (warm-up and the first step), the trace's tail after the
  * last whole step is counted in the totals only.
  *
+ * --alias-model also runs bench/alias_model.c's model of mapping idle
+ * handles at second addresses (CUDA's virtual aliasing) on tally's placement
+ * of the large-pool blocks, and prints its peak and its driver calls per
+ * step, and the handles a static assignment would need ("alias model"
+ * lines; docs/benchmarks.md, run N). --alias-policy: which idle handle a
+ * page takes (lowest, lru, mru, fewest, own: the default); --alias-pages:
+ * handles of N x 2 MiB (1).
+ *
  * --gen-repeat writes the shape of issue 21's attention benchmark: a live
  * set of LIVE_MIB (in 64 MiB pieces), then ITERS iterations that each
  * allocate a BLOCK_MIB block, a 16 MiB output kept until the next iteration,
  * and free the block; the first iteration also takes a workspace of
  * 3.5 x LIVE_MIB and frees it (a first-call workspace, as cuDNN's
  * benchmark mode does). */
+#include "alias_model.h"
 #include "trace.h"
 #include "../tests/standin/cost.h"
 
@@ -198,6 +208,22 @@ static void print_counts(const char *label, const counts_t *c, double per)
            memory_us(c, 0) / per / 1000, c->us[1] / per / 1000, memory_us(c, 1) / per / 1000);
 }
 
+static bool alias_on; /* --alias-model */
+static int alias_policy = ALIAS_OWN;
+static unsigned alias_pages = 1;
+static const char *const alias_policies[] = {"lowest", "lru", "mru", "fewest", "own"};
+
+static alias_counts_t alias_diff(const alias_counts_t *a, const alias_counts_t *b)
+{
+    return (alias_counts_t){.create = b->create - a->create, .map = b->map - a->map,
+                            .access = b->access - a->access, .unmap = b->unmap - a->unmap, .sync = b->sync - a->sync};
+}
+
+static uint64_t alias_calls(const alias_counts_t *c)
+{
+    return c->create + c->map + c->access + c->unmap + c->sync;
+}
+
 static int run(const char *path, size_t force_period, bool per_step)
 {
     char err[1400];
@@ -211,6 +237,14 @@ static int run(const char *path, size_t force_period, bool per_step)
     size_t *bound = NULL;
     size_t nb = boundaries(&t, period, &bound);
     void **ptrs = calloc(t.nalloc ? t.nalloc : 1, sizeof *ptrs);
+    alias_model_t *am = alias_on ? alias_model_new(alias_policy, alias_pages) : NULL;
+    size_t *large = alias_on ? calloc(t.nalloc ? t.nalloc : 1, sizeof *large) : NULL; /* each block's size, if large */
+    if (alias_on && (!am || !large)) {
+        fprintf(stderr, "tally-steps: out of memory for the alias model\n");
+        exit(1);
+    }
+    alias_counts_t a_mark = {0}, a_now, a_first = {0}, a_steady = {0};
+    uint64_t small_peak = 0;
     tally_empty_cache(0);
     tally_reset_peak_stats(0);
     tally_reset_accumulated_stats(0);
@@ -238,6 +272,17 @@ static int run(const char *path, size_t force_period, bool per_step)
                 if (memory_calls(&d) + (unsigned long long)d.backend >= memory_calls(&worst) + (unsigned long long)worst.backend)
                     worst = d;
             }
+            if (am) {
+                alias_model_counts(am, &a_now);
+                alias_counts_t ad = alias_diff(&a_mark, &a_now);
+                if (b == 0) {
+                    a_first = ad;
+                } else {
+                    a_steady.create += ad.create, a_steady.map += ad.map, a_steady.access += ad.access;
+                    a_steady.unmap += ad.unmap, a_steady.sync += ad.sync;
+                }
+                a_mark = a_now;
+            }
             if (per_step) {
                 char label[32];
                 snprintf(label, sizeof label, "step %zu", b + 1);
@@ -254,11 +299,31 @@ static int run(const char *path, size_t force_period, bool per_step)
             if (ev->size) {
                 ptrs[ev->slot] = tally_malloc(ev->size, 0, stream_of(&t, ev->stream));
                 failed += ptrs[ev->slot] == NULL;
+                tally_block_info_t bi;
+                /* Large-pool blocks: over 1 MiB (PyTorch's kSmallSize). */
+                if (am && ptrs[ev->slot] && !tally_block_info(ptrs[ev->slot], &bi) && bi.size > MiB) {
+                    large[ev->slot] = bi.size;
+                    if (alias_model_take(am, (uintptr_t)ptrs[ev->slot], bi.size)) {
+                        fprintf(stderr, "tally-steps: out of memory for the alias model\n");
+                        exit(1);
+                    }
+                }
             }
         } else {
             live -= ev->size;
+            if (am && large[ev->slot])
+                alias_model_give(am, (uintptr_t)ptrs[ev->slot], large[ev->slot]);
+            if (am)
+                large[ev->slot] = 0;
             tally_free(ptrs[ev->slot]);
             ptrs[ev->slot] = NULL;
+        }
+        if (am) {
+            tally_stats_t small;
+            tally_get_stats(0, &small);
+            alias_model_note_small(am, (uint64_t)small.reserved_bytes[TALLY_POOL_SMALL].current);
+            if ((uint64_t)small.reserved_bytes[TALLY_POOL_SMALL].current > small_peak)
+                small_peak = (uint64_t)small.reserved_bytes[TALLY_POOL_SMALL].current;
         }
     }
     read_counts(&now);
@@ -285,10 +350,25 @@ static int run(const char *path, size_t force_period, bool per_step)
            (double)(memory_calls(&steady) + sync_calls(&steady)) / ns, (double)steady.backend / ns,
            memory_us(&steady, 0) / ns / 1000, memory_us(&steady, 1) / ns / 1000, memory_calls(&whole) + sync_calls(&whole),
            memory_us(&whole, 0) / 1000, memory_us(&whole, 1) / 1000);
+    if (am) {
+        alias_model_counts(am, &a_now);
+        long sh = alias_model_static(am);
+        double st = (double)((uint64_t)(sh > 0 ? sh : 0) * alias_model_page(am) + small_peak);
+        printf("  alias model | %s | %.1f | %.1f | %.4f | %llu | %.1f | %.3f | %llu | %.3f | %.3f | %ld | %.1f | %.4f |\n",
+               t.name,
+               (double)peak_live / MiB, (double)a_now.peak_reserved / MiB,
+               peak_live ? (double)a_now.peak_reserved / (double)peak_live : 0,
+               (unsigned long long)alias_calls(&a_first), (double)alias_calls(&a_steady) / ns,
+               alias_model_us(&a_steady, SI_COST_A100) / ns / 1000, (unsigned long long)alias_calls(&a_now),
+               alias_model_us(&a_now, SI_COST_A100) / 1000, alias_model_us(&a_now, SI_COST_BLACKWELL) / 1000, sh,
+               st / MiB, peak_live ? st / (double)peak_live : 0);
+    }
     for (size_t k = 0; k < t.nalloc; k++)
         tally_free(ptrs[k]);
     tally_empty_cache(0);
     free(ptrs);
+    free(large);
+    alias_model_free(am);
     free(bound);
     trace_free(&t);
     return bad || failed;
@@ -345,11 +425,27 @@ int main(int argc, char **argv)
             per_step = true;
         else if (!strcmp(argv[first], "--unannounced"))
             announced = false;
+        else if (!strcmp(argv[first], "--alias-model"))
+            alias_on = true;
+        else if (!strcmp(argv[first], "--alias-pages") && first + 1 < argc && atoi(argv[first + 1]) > 0)
+            alias_pages = (unsigned)atoi(argv[++first]);
+        else if (!strcmp(argv[first], "--alias-policy") && first + 1 < argc) {
+            const char *name = argv[++first];
+            alias_policy = -1;
+            for (int k = 0; k < 5; k++)
+                if (!strcmp(name, alias_policies[k]))
+                    alias_policy = k;
+            if (alias_policy < 0) {
+                fprintf(stderr, "tally-steps: --alias-policy '%s': not lowest, lru, mru, fewest or own\n", name);
+                return 2;
+            }
+        }
         else
             break;
     }
     if (first >= argc) {
-        fprintf(stderr, "usage: tally-steps [--conf KEYS] [--period N] [--per-step] [--unannounced] TRACE.csv|DIR ...\n"
+        fprintf(stderr, "usage: tally-steps [--conf KEYS] [--period N] [--per-step] [--unannounced]\n"
+                        "                   [--alias-model [--alias-policy P] [--alias-pages N]] TRACE.csv|DIR ...\n"
                         "       tally-steps --gen-repeat LIVE_MIB,BLOCK_MIB,ITERS FILE\n");
         return 2;
     }
@@ -394,5 +490,9 @@ int main(int argc, char **argv)
            "per steady step (create, map, release, set access, unmap, synchronise, alloc, free, address reserve and "
            "free) | backend calls per steady step | their A100 ms | Blackwell ms | memory driver calls over the trace "
            "| their A100 ms | Blackwell ms)\n");
+    if (alias_on)
+        printf("  (alias model columns: trace | peak live MiB | its peak reserved MiB | reserved / live | memory driver "
+               "calls in step 1 | per steady step | their A100 ms | over the trace | their A100 ms | Blackwell ms | handles "
+               "of the static assignment | they and the small pool's peak, MiB | reserved / live)\n");
     return failures ? 1 : 0;
 }
