@@ -3,8 +3,9 @@
  * segments are virtual-memory reservations mapped whole; sleep copies live
  * blocks to pinned host memory (cuMemHostAlloc, cuMemcpyDtoH), unmaps and
  * keeps the addresses; wake maps them back and copies back (cuMemcpyHtoD).
- * The stand-in scrubs what is unmapped (tests/standin/vmm.c), so a restore
- * that copied nothing would read zeros. Each body runs in a forked child
+ * The stand-in frees a released handle's memory with its last mapping, and
+ * tally releases what it unmaps (tests/standin/vmm.c), so a restore that
+ * copied nothing would read zeros. Each body runs in a forked child
  * (the backend is chosen once per process). */
 #include "vmmutil.h"
 #include "sleeputil.h"
