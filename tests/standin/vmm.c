@@ -39,9 +39,9 @@
  *   for the program, the highest flag of its descriptors.
  * - A handle's memory is its own, wherever it is mapped. The CUDA C++
  *   Programming Guide's virtual memory chapter ("Virtual Aliasing Support"):
- *   the API can 'create multiple virtual memory mappings or "proxies" to the
- *   same allocation using multiple calls to cuMemMap with different virtual
- *   addresses'. So every handle is a piece of one memory file (memfd) and a
+ *   several cuMemMap calls of one allocation at different virtual addresses
+ *   make several proxies of the same memory. So every handle is a piece of
+ *   one memory file (memfd) and a
  *   mapping maps that piece (MAP_SHARED): two mappings of one handle show
  *   the same bytes, and a handle kept unreleased keeps its contents when
  *   unmapped and mapped again. (The guide adds that writes through one proxy
@@ -57,7 +57,9 @@
  *   the contents back itself.
  *
  * Simplifications: access flags are per range for the whole process, not per
- * device; a reservation
+ * device; a child forked while handles are mapped shares their memory with
+ * its parent (CUDA's device memory is no host memory at all, and the child
+ * cannot use CUDA: init.c); a reservation
  * still holding mappings cannot be freed (the documentation does not say;
  * the stand-in refuses with CUDA_ERROR_INVALID_VALUE); handles are not
  * shareable. */
