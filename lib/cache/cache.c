@@ -79,10 +79,9 @@ size_t tally__round_size(size_t size)
     if (div > 1 && size > (size_t)MIN_BLOCK * div) {
         if ((size & (size - 1)) == 0)
             return size;
+        /* size > 512 * div, so floor2 > 256 * div and step > 256: never 0. */
         size_t floor2 = (size_t)1 << floor_log2(size);
         size_t step = floor2 >> floor_log2(div);
-        if (step == 0)
-            return floor2 << 1;
         size_t r = size & ~(step - 1);
         return r == size ? size : r + step;
     }
