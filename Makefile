@@ -407,10 +407,11 @@ mutate:
 #                children that leave through _exit count too), then
 #                tests/mutate/unexecuted.py: the blind candidates on lines no
 #                test runs, by file and function, written to
-#                build-cov/unexecuted.tsv. make test's result is not the
-#                point here: check_install's static link fails (an
-#                instrumented libtally.a needs libgcov), and what every
-#                suite ran counts.
+#                build-cov/unexecuted.tsv. LDLIBS carries --coverage, so
+#                the tally-static.pc that check_install links with names
+#                libgcov, which an instrumented libtally.a needs. make
+#                test's result is not the point here: what every suite ran
+#                counts.
 COV_BUILD := build-cov
 .PHONY: coverage
 coverage:
@@ -418,5 +419,5 @@ coverage:
 	@find $(COV_BUILD) -name '*.gcda' -delete
 	$(CC) -O0 -fPIC -c tests/mutate/gcov_exit.c -o $(COV_BUILD)/gcov_exit.o
 	-$(MAKE) BUILD=$(COV_BUILD) OPT=-O0 SAN=--coverage \
-		LDLIBS="$(LDLIBS) $(CURDIR)/$(COV_BUILD)/gcov_exit.o -Wl,--wrap=_exit" test
+		LDLIBS="$(LDLIBS) --coverage $(CURDIR)/$(COV_BUILD)/gcov_exit.o -Wl,--wrap=_exit" test
 	python3 tests/mutate/unexecuted.py $(COV_BUILD)
