@@ -4,8 +4,9 @@
  * free neighbours, and through the command itself (the built ../bin/tally) the
  * pages a tally row maps, as priced in its driver time, and a recorded
  * state's 512-byte remainder kept free; the model seeded from a recorded
- * state (exact figures, and the host's memory failing at each allocation in
- * turn). Expected figures are worked out by hand in the comments. */
+ * state (exact figures, the host's memory failing at each allocation in
+ * turn, and a grow from a mapped remainder refused when its pages pass the
+ * device's capacity). Expected figures are worked out by hand in the comments. */
 #include "../bench/trace.c"
 
 #include <stdlib.h>
@@ -108,9 +109,9 @@ static void test_pytorch_expandable_model_merges_freed_neighbours(void **state)
  * event of the same number, its first nlive events); the window is the
  * events after them. On an 80 GiB device with 20 MiB pages. Returns
  * ptx_replay's status; err gets its message. */
-static int seeded_replay(const ptx_range_t *ranges, size_t nranges, const ptx_live_t *live, size_t nlive,
-                         const hand_ev_t *ev, size_t nev, ptx_result_t *r, int64_t *reserved, char *err,
-                         size_t errlen)
+static int seeded_replay_on(uint64_t capacity, const ptx_range_t *ranges, size_t nranges, const ptx_live_t *live,
+                            size_t nlive, const hand_ev_t *ev, size_t nev, ptx_result_t *r, int64_t *reserved,
+                            char *err, size_t errlen)
 {
     trace_builder_t b;
     trace_t t;
@@ -119,11 +120,18 @@ static int seeded_replay(const ptx_range_t *ranges, size_t nranges, const ptx_li
         if (trace_add(&b, ev[i].op, ev[i].id, ev[i].size, 0, err, errlen))
             fail_msg("event %zu: %s", i, err);
     trace_end(&b);
-    ptx_opts_t o = {.capacity = 80ull << 30};
+    ptx_opts_t o = {.capacity = capacity};
     ptx_start_t st = {ranges, nranges, live, nlive, nlive};
     int rc = ptx_replay(&t, &o, &st, r, reserved, err, errlen);
     trace_free(&t);
     return rc;
+}
+
+static int seeded_replay(const ptx_range_t *ranges, size_t nranges, const ptx_live_t *live, size_t nlive,
+                         const hand_ev_t *ev, size_t nev, ptx_result_t *r, int64_t *reserved, char *err,
+                         size_t errlen)
+{
+    return seeded_replay_on(80ull << 30, ranges, nranges, live, nlive, ev, nev, r, reserved, err, errlen);
 }
 
 /* A recorded range at the start of its segment, all free: 20 MiB at 1 GiB.
@@ -230,6 +238,41 @@ static void test_out_of_host_memory_while_seeding_is_an_error(void **state)
         }
     }
     model_fail_at = -1;
+}
+
+/* A block that grows the segment from a free remainder of mapped memory is
+ * refused when the pages it would map pass the device's capacity: the
+ * pages counted are those of the part past the remainder, rounded up to
+ * whole 20 MiB pages. A recorded range of 20 MiB at 1 GiB holds a live block
+ * of 20 MiB - 511 B (not a size PyTorch makes, so that the free remainder
+ * is 511 B), on a device of 40 MiB. A request of 20 MiB + 512 B starts in
+ * the remainder and needs 20 MiB + 1 B past it: two pages, 40 MiB, which
+ * with the 20 MiB mapped passes 40 MiB, so it is refused (the release of
+ * cached memory first frees nothing: the block is live) and nothing more is
+ * mapped. Counted as one page (the rounding one byte short), it would fit
+ * the check and then map two, 60 MiB on a 40 MiB device. With a device of
+ * 60 MiB it is taken: 60 MiB mapped. */
+static void test_grow_counts_every_page_past_a_mapped_remainder(void **state)
+{
+    (void)state;
+    static const ptx_range_t range[] = {{1ull << 30, 20u << 20, 0, false}};
+    static const ptx_live_t live[] = {{1ull << 30, (20u << 20) - 511, 0}};
+    static const hand_ev_t ev[] = {{'a', 1, (20u << 20) - 511}, {'a', 2, (20u << 20) + 512}};
+    ptx_result_t r;
+    int64_t reserved[2];
+    char err[256];
+    model_fail_at = -1;
+    if (seeded_replay_on(40u << 20, range, 1, live, 1, ev, 2, &r, reserved, err, sizeof err))
+        fail_msg("ptx_replay: %s", err);
+    if (r.oom_event != 1 || r.peak_reserved != 20 << 20)
+        fail_msg("40 MiB device: refused at event %ld with %lld MiB mapped at the peak; expected event 1, 20 MiB",
+                 r.oom_event, (long long)(r.peak_reserved >> 20));
+    assert_int_equal(r.pages_mapped, 0);
+    if (seeded_replay_on(60u << 20, range, 1, live, 1, ev, 2, &r, reserved, err, sizeof err))
+        fail_msg("ptx_replay: %s", err);
+    assert_int_equal(r.oom_event, -1);
+    assert_int_equal(r.peak_reserved, 60 << 20);
+    assert_int_equal(r.pages_mapped, 2);
 }
 
 /* ---- the command ------------------------------------------------------------------ */
@@ -357,6 +400,7 @@ int main(void)
         cmocka_unit_test(test_recorded_range_at_the_segment_start_grows_in_one_run),
         cmocka_unit_test(test_recorded_range_past_the_device_is_refused),
         cmocka_unit_test(test_out_of_host_memory_while_seeding_is_an_error),
+        cmocka_unit_test(test_grow_counts_every_page_past_a_mapped_remainder),
         cmocka_unit_test(test_tally_row_prices_the_pages_it_maps),
         cmocka_unit_test(test_recorded_state_keeps_a_512_byte_remainder_free),
         cmocka_unit_test(test_split_candidates_are_quantiles_of_the_large_allocations),
