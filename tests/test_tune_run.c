@@ -4,7 +4,8 @@
  * in), on traces built in memory:
  * the grid's max_split_size_mb candidates, the worker processes (waiting
  * out a profiler's interrupting signals, the series handed back for a
- * wanted row, the shared table that cannot be mapped), and the model
+ * wanted row, the shared table that cannot be mapped, the progress line on
+ * a terminal), and the model
  * counting pages as PyTorch does. Nothing here runs the command; expected
  * figures are worked out by hand in the comments. */
 #include "../bench/trace.c"
@@ -23,6 +24,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "skip.h"
+
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,6 +244,61 @@ static void expect_split_candidates(int n20, bool just_above, const char *want)
     trace_free(&t);
 }
 
+/* On a terminal (stderr a tty, not quiet) tune_run redraws a progress line
+ * as each replay ends, then prints its summary; both name the workers in
+ * the right number: "1 worker", "2 workers". stderr is pointed at a
+ * pseudo-terminal for the run and read back from its master side. */
+static void progress_on_a_terminal(const trace_t *t, tune_row_t *rows, size_t n, int jobs, char *out, size_t cap)
+{
+    int master = posix_openpt(O_RDWR | O_NOCTTY);
+    if (master < 0 || grantpt(master) || unlockpt(master))
+        SKIP("no pseudo-terminal to point stderr at: %s", strerror(errno));
+    int slave = open(ptsname(master), O_RDWR | O_NOCTTY);
+    assert_true(slave >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    assert_true(saved >= 0);
+    assert_int_equal(dup2(slave, 2), 2);
+    char err[256];
+    int rc = tune_run(t, 80ull << 30, rows, n, jobs, false, NULL, 0, NULL, err, sizeof err);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(slave);
+    if (rc != 0)
+        fail_msg("tune_run on a terminal: %s", err);
+    /* Everything written is in the master's buffer (a few hundred bytes). */
+    assert_int_equal(fcntl(master, F_SETFL, O_NONBLOCK), 0);
+    size_t len = 0;
+    ssize_t got;
+    while (len + 1 < cap && (got = read(master, out + len, cap - 1 - len)) > 0)
+        len += (size_t)got;
+    out[len] = 0;
+    close(master);
+}
+
+static void test_progress_on_a_terminal_names_the_workers(void **state)
+{
+    (void)state;
+    trace_t t;
+    churn_trace(&t, "tty", 40); /* 40 allocations, 31 frees */
+    tune_row_t rows[64];
+    size_t n = tune_grid(&t, 80ull << 30, rows, 64);
+    assert_true(n >= 2);
+    n = 2;
+    char out[4096];
+    progress_on_a_terminal(&t, rows, n, 1, out, sizeof out);
+    if (!strstr(out, "\rtally tune: 1/2 settings replayed (1 worker, ") ||
+        !strstr(out, "\rtally tune: 2/2 settings replayed (1 worker, ") ||
+        !strstr(out, "tally tune: 2 settings replayed, 71 events each, 1 worker, "))
+        fail_msg("one worker, on the terminal:\n%s", out);
+    progress_on_a_terminal(&t, rows, n, 2, out, sizeof out);
+    if (!strstr(out, "\rtally tune: 2/2 settings replayed (2 workers, ") ||
+        !strstr(out, "tally tune: 2 settings replayed, 71 events each, 2 workers, "))
+        fail_msg("two workers, on the terminal:\n%s", out);
+    trace_free(&t);
+}
+
 static void test_split_candidates_are_quantiles_above_20_mib(void **state)
 {
     (void)state;
@@ -255,6 +314,7 @@ int main(void)
         cmocka_unit_test(test_pytorch_expandable_model_counts_pages),
         cmocka_unit_test(test_replays_wait_out_interrupting_signals),
         cmocka_unit_test(test_split_candidates_are_quantiles_above_20_mib),
+        cmocka_unit_test(test_progress_on_a_terminal_names_the_workers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
