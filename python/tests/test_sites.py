@@ -1,7 +1,8 @@
 """Python frames per allocation (python_stack): a script that allocates
 through ctypes.CDLL from named functions and never frees names its own
 lines in the leak report and the JSON report; a foreign-device block names
-the line that put it there; suppressions and tally.ignore."""
+the line that put it there; suppressions and tally.ignore; a capture leaves
+the frames' reference counts as they were."""
 
 import json
 import os
@@ -110,6 +111,43 @@ class PythonFramesTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+REFCOUNT_SCRIPT = """
+import ctypes, os, sys
+lib = ctypes.CDLL(os.environ["TALLY_LIB"])
+lib.tally_malloc.restype = ctypes.c_void_p
+lib.tally_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+lib.tally_free.argtypes = [ctypes.c_void_p]
+
+def inner():
+    me = sys._getframe()
+    caller = me.f_back
+    before = (sys.getrefcount(me), sys.getrefcount(caller))
+    for _ in range(50):
+        lib.tally_free(lib.tally_malloc(4096, 0, None))
+    after = (sys.getrefcount(me), sys.getrefcount(caller))
+    print("before", before, "after", after)
+
+def outer():
+    inner()
+
+outer()
+"""
+
+
+class FrameReferencesTest(unittest.TestCase):
+    def test_capturing_a_stack_leaves_frame_references_as_they_were(self):
+        """python_stack walks the frames with a borrowed reference to the
+        innermost and new ones to the callers (PyFrame_GetBack): fifty
+        captures from inner() leave the reference counts of its frame and of
+        its caller's as they were. Releasing the borrowed one would free a
+        running frame; keeping the new ones would leak every caller."""
+        r = run_python(["-c", REFCOUNT_SCRIPT], conf=BASE + ",python_stack:8", TALLY_LIB=_lib.library_path())
+        self.assertEqual(r.returncode, 0, r.stderr)
+        m = re.fullmatch(r"before \((-?\d+), (-?\d+)\) after \((-?\d+), (-?\d+)\)\n", r.stdout)
+        self.assertIsNotNone(m, r.stdout)
+        self.assertEqual((m.group(1), m.group(2)), (m.group(3), m.group(4)), r.stdout)
 
 
 LEAKS_SCRIPT = """
