@@ -1,7 +1,7 @@
 /* Tests for tally tune's replays (the other test_tune_*.c have the readers,
  * the table and the recommendations): the model of PyTorch's expandable
  * segments (tools/pt_expand.c, compiled in) merging a freed block with its
- * free neighbours, and through the command itself (the built ../bin/tally) the
+ * free neighbours and empty_cache's unmapped pages with the unmapped rest, and through the command itself (the built ../bin/tally) the
  * pages a tally row maps, as priced in its driver time, and a recorded
  * state's 512-byte remainder kept free; the model seeded from a recorded
  * state (exact figures, the host's memory failing at each allocation in
@@ -102,6 +102,34 @@ static void test_pytorch_expandable_model_merges_freed_neighbours(void **state)
         assert_int_equal(r.segments, 1);
         assert_int_equal(r.oom_event, -1);
     }
+}
+
+/* empty_cache unmaps the whole pages inside a free mapped block; when that
+ * block ends on a page boundary nothing is split off its end, so the
+ * unmapped pages merge with the unmapped rest of the range and a later
+ * block maps across them in one run. Worked by hand: A = 40 MiB maps pages
+ * 0-1 (one run); freed, then empty_cache unmaps both (one run: 40 MiB back
+ * to 0); B = 60 MiB maps pages 0-2 in one run. 2 map runs, 5 pages mapped,
+ * 2 unmapped in 1 run; reserved 40, 40, 0, 60 MiB. An empty block split
+ * off at the boundary would stand between pages 0-1 and the rest, and B
+ * would map them in two runs (3). */
+static void test_release_at_a_page_boundary_leaves_one_unmapped_run(void **state)
+{
+    (void)state;
+    static const hand_ev_t ev[] = {{'a', 1, 40u << 20}, {'f', 1, 0}, {'e', 0, 0}, {'a', 2, 60u << 20}};
+    int64_t reserved[4];
+    ptx_result_t r = model_replay(ev, 4, reserved);
+    if (r.map_calls != 2 || r.pages_mapped != 5)
+        fail_msg("%lld pages mapped in %lld runs, expected 5 pages in 2 runs", (long long)r.pages_mapped,
+                 (long long)r.map_calls);
+    assert_int_equal(r.pages_unmapped, 2);
+    assert_int_equal(r.unmap_calls, 1);
+    static const int64_t want[4] = {40 << 20, 40 << 20, 0, 60 << 20};
+    for (int i = 0; i < 4; i++)
+        if (reserved[i] != want[i])
+            fail_msg("after event %d: %lld MiB reserved, expected %lld", i, (long long)(reserved[i] >> 20),
+                     (long long)(want[i] >> 20));
+    assert_int_equal(r.peak_reserved, 60 << 20);
 }
 
 /* The model started from a recorded state: ranges of the large pool of
@@ -397,6 +425,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pytorch_expandable_model_merges_freed_neighbours),
+        cmocka_unit_test(test_release_at_a_page_boundary_leaves_one_unmapped_run),
         cmocka_unit_test(test_recorded_range_at_the_segment_start_grows_in_one_run),
         cmocka_unit_test(test_recorded_range_past_the_device_is_refused),
         cmocka_unit_test(test_out_of_host_memory_while_seeding_is_an_error),
