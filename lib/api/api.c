@@ -179,7 +179,7 @@ static void do_init_locked(void)
             snprintf(tally__g.init_error, sizeof tally__g.init_error, "out of host memory at initialisation");
             return;
         }
-        atomic_init(&d->lock.state, 0);
+        tally__devlock_init(&d->lock);
         d->id = i;
         d->small.kind = TALLY_POOL_SMALL;
         d->large.kind = TALLY_POOL_LARGE;
@@ -264,6 +264,7 @@ static void publish_runtime(const tally_options_t *n)
     STORE(expandable_move_budget);
     STORE(sleep_alloc);
     STORE(sleep_pinned_cache);
+    STORE(lock_bias);
 #undef STORE
     /* Through copies: clang's generic __atomic_store takes a non-const source. */
     double gc_threshold = n->gc_threshold, memory_fraction = n->memory_fraction;
@@ -297,11 +298,11 @@ int tally_configure(const char *conf)
         if (seen & tally__option_bit("memory_fraction")) {
             for (int i = 0; i < tally__g.ndev; i++) {
                 tally_device_t *d = tally__g.dev[i];
-                tally__mutex_lock(&d->lock);
+                tally__dev_lock(&d->lock);
                 /* As a key, 0 is "no cap" (its default); the per-device
                  * call keeps PyTorch's meaning of 0. */
                 apply_fraction_locked(d, next.memory_fraction > 0 ? next.memory_fraction : 1.0);
-                tally__mutex_unlock(&d->lock);
+                tally__dev_unlock(&d->lock);
             }
         }
         next.home_device = resolve_home(next.home_setting, tally__g.ndev);
@@ -367,9 +368,9 @@ size_t tally_empty_cache(int device)
         if (device != -1 && device != i)
             continue;
         tally_device_t *d = tally__g.dev[i];
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         released += tally__cache_release_all_locked(d);
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
     }
     return released;
 }
@@ -381,9 +382,9 @@ int tally_set_memory_fraction(double fraction, int device)
     tally_device_t *d = tally__device(device, "tally_set_memory_fraction");
     if (!d)
         return -TALLY_EINVAL;
-    tally__mutex_lock(&d->lock);
+    tally__dev_lock(&d->lock);
     int rc = apply_fraction_locked(d, fraction);
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     return rc;
 }
 
@@ -400,9 +401,9 @@ int tally_pool_peer_access(int device, int peer)
     if (!be->pool_peer_access)
         return 0; /* memory follows the program's own peer access */
     char why[256] = "";
-    tally__mutex_lock(&d->lock);
+    tally__dev_lock(&d->lock);
     int rc = be->pool_peer_access(device, peer, why, sizeof why);
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     return rc ? tally__fail(TALLY_EBACKEND, "tally_pool_peer_access: device %d, peer %d: %s", device, peer, why) : 0;
 }
 
@@ -413,9 +414,9 @@ int tally_get_memory_fraction(int device, double *fraction)
     tally_device_t *d = tally__device(device, "tally_get_memory_fraction");
     if (!d)
         return -TALLY_EINVAL;
-    tally__mutex_lock(&d->lock);
+    tally__dev_lock(&d->lock);
     *fraction = d->allowed_max == UINT64_MAX ? 1.0 : d->fraction;
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     return 0;
 }
 
@@ -426,9 +427,9 @@ int tally_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes)
     tally_device_t *d = tally__device(device, "tally_mem_get_info");
     if (!d)
         return -TALLY_EINVAL;
-    tally__mutex_lock(&d->lock);
+    tally__dev_lock(&d->lock);
     int rc = tally__g.backend->mem_info(device, free_bytes, total_bytes);
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     return rc ? tally__fail(TALLY_EBACKEND, "tally_mem_get_info: backend failed on device %d", device) : 0;
 }
 
@@ -440,9 +441,9 @@ int tally_check(void)
     char why[400];
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_device_t *d = tally__g.dev[i];
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         rc = tally__cache_check_locked(d, why, sizeof why);
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
         if (rc)
             return tally__fail(TALLY_ESTATE, "tally_check: device %d: %s", i, why);
     }
@@ -456,9 +457,9 @@ int tally_get_stats(int device, tally_stats_t *out)
     tally_device_t *d = tally__device(device, "tally_get_stats");
     if (!d)
         return -TALLY_EINVAL;
-    tally__mutex_lock(&d->lock);
+    tally__dev_lock(&d->lock);
     tally__cache_fill_derived_locked(d, out);
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     return 0;
 }
 
@@ -467,11 +468,11 @@ int tally_reset_peak_stats(int device)
     tally_device_t *d = tally__device(device, "tally_reset_peak_stats");
     if (!d)
         return -TALLY_EINVAL;
-    tally__mutex_lock(&d->lock);
+    tally__dev_lock(&d->lock);
     tally__stats_reset_peak(&d->stats);
     if (tally__g.backend->pool_reset_peak)
         tally__g.backend->pool_reset_peak(d->id);
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     return 0;
 }
 
@@ -480,10 +481,10 @@ int tally_reset_accumulated_stats(int device)
     tally_device_t *d = tally__device(device, "tally_reset_accumulated_stats");
     if (!d)
         return -TALLY_EINVAL;
-    tally__mutex_lock(&d->lock);
+    tally__dev_lock(&d->lock);
     tally__stats_reset_accumulated(&d->stats);
     d->accum_reset = true;
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     return 0;
 }
 

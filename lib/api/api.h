@@ -81,7 +81,7 @@ static inline __attribute__((always_inline)) void *tally__malloc_inline(size_t s
     uint32_t priv = 0;
     if (TALLY_UNLIKELY(tally__private_any()) && tally__private_for_alloc(device, &priv))
         return NULL;
-    tally__mutex_lock(&d->lock);
+    tally__dev_lock(&d->lock);
     tally_block_t *b;
     if (TALLY_UNLIKELY(priv)) {
         tally_gpool_t *gp = tally__ppool_get_locked(d, priv, true);
@@ -90,7 +90,7 @@ static inline __attribute__((always_inline)) void *tally__malloc_inline(size_t s
         b = tally__cache_malloc_locked(d, size, stream, site);
     }
     void *p = b ? (void *)b->addr : NULL;
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     return p;
 }
 

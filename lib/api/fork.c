@@ -2,7 +2,8 @@
  * were inside tally starts with every lock free and a consistent state.
  *
  * prepare takes every lock of the library in the documented lock order
- * (lib/core/internal.h: stage, config, each device in turn, names, site, Python
+ * (lib/core/internal.h: stage, config, each device in turn (through the
+ * futex lock, revoking any other thread's bias), names, site, Python
  * frames, host backend, sink, heap; the private tags' lock after the devices). No other thread ever holds two device locks, so
  * holding all of them here cannot deadlock; once prepare returns, no other
  * thread is half-way through changing tally's state. The parent then
@@ -35,7 +36,7 @@ static void prepare(void)
      * from here until the handlers release it. */
     locked_devices = tally__g.ndev;
     for (int i = 0; i < locked_devices; i++)
-        tally__mutex_lock(&tally__g.dev[i]->lock);
+        tally__devlock_slow(&tally__g.dev[i]->lock);
     tally__mutex_lock(tally__private_lock());
     tally__mutex_lock(tally__names_lock());
     tally__mutex_lock(tally__site_lock());
@@ -55,7 +56,7 @@ static void parent(void)
     tally__mutex_unlock(tally__names_lock());
     tally__mutex_unlock(tally__private_lock());
     for (int i = locked_devices - 1; i >= 0; i--)
-        tally__mutex_unlock(&tally__g.dev[i]->lock);
+        tally__dev_unlock(&tally__g.dev[i]->lock);
     tally__mutex_unlock(tally__config_lock());
     tally__mutex_unlock(tally__stage_lock());
 }
@@ -70,8 +71,9 @@ static void child(void)
 {
     for (int i = 0; i < locked_devices; i++) {
         tally__g.dev[i]->inherited_seq = tally__g.dev[i]->seq;
-        reset(&tally__g.dev[i]->lock);
+        tally__devlock_reset(&tally__g.dev[i]->lock);
     }
+    tally__bias_after_fork();
     reset(tally__heap_lock());
     reset(tally__sink_lock());
     reset(tally__host_lock());

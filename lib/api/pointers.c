@@ -21,14 +21,14 @@ static tally_block_t *find_live(uintptr_t a, bool take, tally_device_t **out)
     int i = last_device < n ? last_device : 0;
     for (int k = 0; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
         tally_device_t *d = tally__g.dev[i];
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         tally_block_t *b = take ? tally__ptrmap_take(&d->map, a) : tally__ptrmap_get(&d->map, a);
         if (b) {
             last_device = i;
             *out = d;
             return b;
         }
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
     }
     return NULL;
 }
@@ -61,11 +61,11 @@ static int bad_pointer(const char *fn, uintptr_t a)
 {
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_device_t *d = tally__g.dev[i];
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         tally_segment_t *s = tally__cache_segment_of_locked(d, a);
         const tally_freed_t *f = s ? freed_at_locked(d, a) : NULL;
         tally_freed_t copy = f ? *f : (tally_freed_t){0};
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
         if (f)
             return report_double_free(fn, a, i, copy);
         if (s)
@@ -77,10 +77,10 @@ static int bad_pointer(const char *fn, uintptr_t a)
     /* No segment holds it: a block whose segment was since released? */
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_device_t *d = tally__g.dev[i];
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         const tally_freed_t *f = freed_at_locked(d, a);
         tally_freed_t copy = f ? *f : (tally_freed_t){0};
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
         if (f)
             return report_double_free(fn, a, i, copy);
     }
@@ -98,7 +98,7 @@ void tally_free(void *ptr)
         return;
     }
     tally__cache_free_locked(d, b);
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
 }
 
 int tally_ignore(void *ptr)
@@ -111,7 +111,7 @@ int tally_ignore(void *ptr)
     if (!b)
         return ptr ? bad_pointer("tally_ignore", (uintptr_t)ptr) : tally__fail(TALLY_EINVAL, "tally_ignore: ptr is NULL");
     b->ignored = 1;
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     return 0;
 }
 
@@ -128,7 +128,7 @@ int tally_free_checked(void *ptr, size_t size, int device)
         return bad_pointer("tally_free", (uintptr_t)ptr);
     size_t req = b->requested;
     tally__cache_free_locked(d, b);
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     if (device != d->id)
         return tally__fail(TALLY_EINVAL, "tally_free: %p belongs to device %d, not %d as the caller says (freed anyway)",
                            ptr, d->id, device);
@@ -150,7 +150,7 @@ int tally_record_stream(void *ptr, void *stream)
     if (!b)
         return bad_pointer("tally_record_stream", (uintptr_t)ptr);
     rc = tally__cache_record_stream_locked(d, b, stream);
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     return rc;
 }
 
@@ -172,6 +172,6 @@ int tally_block_info(const void *ptr, tally_block_info_t *info)
     info->tag = b->tag;
     info->stage = b->stage;
     info->seq = b->seq;
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     return 0;
 }

@@ -107,10 +107,10 @@ int tally__private_for_alloc(int device, uint32_t *id_out)
     if (id == TALLY_TAG_NONE || !listed(id))
         return 0;
     tally_device_t *d = tally__g.dev[device];
-    tally__mutex_lock(&d->lock);
+    tally__dev_lock(&d->lock);
     tally_gpool_t *gp = tally__ppool_get_locked(d, id, false);
     bool asleep = gp && tally__ppool_asleep(gp);
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     if (asleep) {
         if (TALLY_OPT(sleep_alloc) != TALLY_SLEEP_ALLOC_WAKE)
             return tally__fail(TALLY_ESTATE,
@@ -284,10 +284,10 @@ static void wait_unlocked(tally_device_t *d, uint32_t id)
 {
     const tally_backend_t *be = tally__g.backend;
     tally_use_t streams[64];
-    tally__mutex_lock(&d->lock);
+    tally__dev_lock(&d->lock);
     tally_gpool_t *gp = tally__ppool_get_locked(d, id, false);
     int n = gp && !tally__ppool_asleep(gp) ? tally__ppool_streams_locked(d, gp, streams, 64) : 0;
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     for (int i = 0; i < n && be->stream_sync; i++)
         be->stream_sync(streams[i].device, streams[i].stream);
 }
@@ -309,9 +309,9 @@ int tally_sleep(const char *const *tags, int ntags, int flags)
     for (int i = 0; i < ntags; i++)
         for (int k = 0; k < tally__g.ndev; k++) {
             tally_device_t *d = tally__g.dev[k];
-            tally__mutex_lock(&d->lock);
+            tally__dev_lock(&d->lock);
             rc = check_blocks_locked(d, ids[i], tally__ppool_get_locked(d, ids[i], false), why, sizeof why);
-            tally__mutex_unlock(&d->lock);
+            tally__dev_unlock(&d->lock);
             if (rc)
                 return tally__fail(rc, "tally_sleep: tag '%s' cannot sleep: %s", tags[i], why);
         }
@@ -322,7 +322,7 @@ int tally_sleep(const char *const *tags, int ntags, int flags)
             tally_device_t *d = tally__g.dev[k];
             if (!sync_device)
                 wait_unlocked(d, ids[i]);
-            tally__mutex_lock(&d->lock);
+            tally__dev_lock(&d->lock);
             /* The tag sleeps on every device, those where it holds nothing
              * yet too: an allocation there is refused (or wakes it) alike. */
             tally_gpool_t *gp = tally__ppool_get_locked(d, ids[i], true);
@@ -341,7 +341,7 @@ int tally_sleep(const char *const *tags, int ntags, int flags)
                     timeline(d, TALLY_EV_SLEEP, gp, ids[i]);
                 }
             }
-            tally__mutex_unlock(&d->lock);
+            tally__dev_unlock(&d->lock);
             if (rc)
                 return tally__fail(rc, "tally_sleep: tag '%s' on device %d: %s (nothing of it was unmapped)",
                                    tags[i], k, why);
@@ -361,7 +361,7 @@ static int wake_id(const char *name, uint32_t id)
     int woke = 0, awake = 0;
     for (int k = 0; k < tally__g.ndev; k++) {
         tally_device_t *d = tally__g.dev[k];
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         tally_gpool_t *gp = tally__ppool_get_locked(d, id, false);
         int rc = 0;
         uint64_t missing = 0;
@@ -375,7 +375,7 @@ static int wake_id(const char *name, uint32_t id)
                 timeline(d, TALLY_EV_WAKE, gp, id);
             }
         }
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
         if (rc == TALLY_ENOMEM) {
             char m[32];
             tally__fmt_bytes(missing, m, sizeof m);
@@ -431,12 +431,12 @@ int tally_tag_sleep_info(const char *tag, int device, tally_sleep_info_t *out)
         if (device >= 0 && k != device)
             continue;
         tally_device_t *d = tally__g.dev[k];
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         tally_gpool_t *gp = tally__ppool_get_locked(d, id, false);
         tally_ppool_info_t in = {0};
         if (gp)
             tally__ppool_info_locked(d, gp, &in);
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
         out->asleep |= in.asleep;
         out->offloaded |= in.offloaded;
         out->reserved += in.reserved;

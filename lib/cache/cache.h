@@ -135,7 +135,7 @@ typedef struct tally_freed {
 } tally_freed_t;
 
 typedef struct tally_device {
-    tally_mutex_t lock;
+    tally_devlock_t lock;
     int id;
     tally_pool_t small, large;
     tally_stats_t stats;

@@ -181,10 +181,10 @@ int tally__graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo, int (*fi
     if (!d)
         return rc;
     rc = 0;
-    tally__mutex_lock(&d->lock);
+    tally__dev_lock(&d->lock);
     tally_gpool_t *gp = find(d, id_hi, id_lo, NULL);
     if (gp && gp->allocating) {
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
         return tally__fail(TALLY_ESTATE, "tally_graph_pool_begin: pool (%llu, %llu) on device %d is already "
                            "allocating (begin twice without end)",
                            (unsigned long long)id_hi, (unsigned long long)id_lo, device);
@@ -192,7 +192,7 @@ int tally__graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo, int (*fi
     if (!gp) {
         gp = tally__meta_calloc(sizeof *gp);
         if (!gp) {
-            tally__mutex_unlock(&d->lock);
+            tally__dev_unlock(&d->lock);
             return tally__fail(TALLY_ENOMEM, "tally_graph_pool_begin: out of host memory");
         }
         gp->hi = id_hi;
@@ -209,7 +209,7 @@ int tally__graph_pool_begin(int device, uint64_t id_hi, uint64_t id_lo, int (*fi
     d->nallocating++;
     atomic_store(&tally__g.announces, true);
     atomic_fetch_add(&tally__g.announced, 1);
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     return 0;
 }
 
@@ -220,7 +220,7 @@ int tally__graph_pool_end(int device, uint64_t id_hi, uint64_t id_lo)
     if (!d)
         return rc;
     rc = 0;
-    tally__mutex_lock(&d->lock);
+    tally__dev_lock(&d->lock);
     tally_gpool_t *gp = find(d, id_hi, id_lo, NULL);
     if (!gp || !gp->allocating) {
         rc = tally__fail(TALLY_ESTATE, "tally_graph_pool_end: pool (%llu, %llu) on device %d is not allocating",
@@ -233,7 +233,7 @@ int tally__graph_pool_end(int device, uint64_t id_hi, uint64_t id_lo)
         atomic_fetch_sub(&tally__g.announced, 1);
         tally__events_capture_on_locked(d, NULL, false); /* deferred frees go now, if no capture is left */
     }
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     return rc;
 }
 
@@ -244,7 +244,7 @@ int tally__graph_pool_release(int device, uint64_t id_hi, uint64_t id_lo)
     if (!d)
         return rc;
     rc = 0;
-    tally__mutex_lock(&d->lock);
+    tally__dev_lock(&d->lock);
     tally_gpool_t *gp = find(d, id_hi, id_lo, NULL);
     if (!gp || gp->use_count == 0) {
         rc = tally__fail(TALLY_EINVAL, "tally_graph_pool_release: no pool (%llu, %llu) on device %d",
@@ -262,6 +262,6 @@ int tally__graph_pool_release(int device, uint64_t id_hi, uint64_t id_lo)
                 tally__gpool_release_freeable_locked(d);
         }
     }
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     return rc;
 }

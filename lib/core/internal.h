@@ -33,6 +33,16 @@ typedef struct tally_mutex {
 } tally_mutex_t;
 #define TALLY_MUTEX_INIT {0}
 void tally__mutex_wait(tally_mutex_t *m);
+/* A hint to the CPU that this is a spin-wait loop: x86's pause, aarch64's
+ * yield; elsewhere nothing (the loops are short and still correct). */
+static inline void tally__cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
 void tally__mutex_wake(tally_mutex_t *m);
 static inline void tally__mutex_lock(tally_mutex_t *m)
 {
@@ -47,6 +57,70 @@ static inline void tally__mutex_unlock(tally_mutex_t *m)
     if (TALLY_UNLIKELY(atomic_exchange_explicit(&m->state, 0, memory_order_release) == 2))
         tally__mutex_wake(m);
 }
+
+/* ---- the device lock: the futex lock above, biased to one thread (bias.c) --
+ * A device lock is usually taken over and over by one thread (the thread of
+ * a training loop, then PyTorch's autograd thread for a while). After a run
+ * of uncontended takes by one thread, the lock is biased to it: that thread
+ * then takes and drops it with plain stores, no locked instruction, setting
+ * a flag of its own (busy). Any other thread takes the futex lock, then
+ * revokes the bias: a process-wide memory barrier (membarrier(2)) so that
+ * the owner's busy store and its check of the futex word cannot both miss
+ * the other side's, then waits for the owner to leave. Only device locks are
+ * biased: busy is one flag per thread, which is sound because no thread holds
+ * two device locks (fork's prepare takes them all through the slow path). */
+typedef struct tally_bias {
+    _Atomic int busy;                   /* inside a device lock taken through the bias */
+    struct tally_bias *next;            /* free list of records of exited threads */
+} tally_bias_t;
+extern _Thread_local tally_bias_t *tally__bias_self __attribute__((tls_model("initial-exec")));
+typedef struct tally_devlock {
+    tally_mutex_t m;
+    int fast;                           /* held through the bias (read and written by the holder only) */
+    _Atomic(tally_bias_t *) owner;      /* the thread the lock is biased to; NULL if none */
+    uintptr_t last;                     /* the thread of the last slow take, and its run of them: */
+    uint32_t streak, need;              /* a run of need earns the bias */
+    uint64_t served;                    /* takes through the current bias */
+} tally_devlock_t;
+void tally__devlock_init(tally_devlock_t *l);
+void tally__devlock_slow(tally_devlock_t *l);
+/* The child of fork: the lock free and unbiased (fork.c). */
+void tally__devlock_reset(tally_devlock_t *l);
+void tally__bias_after_fork(void);
+/* Biases granted and revoked since the start (tests). */
+void tally__bias_counts(uint64_t *grants, uint64_t *revokes);
+/* Tests: the run of slow takes that earns a bias (0: the default) and the
+ * takes a bias must serve not to make the next harder to earn (0: none),
+ * for locks made or reset from now on. */
+void tally__bias_policy(uint32_t first, uint64_t payback);
+static inline void tally__dev_lock(tally_devlock_t *l)
+{
+    tally_bias_t *me = tally__bias_self;
+    if (TALLY_LIKELY(me != NULL) && atomic_load_explicit(&l->owner, memory_order_relaxed) == me) {
+        atomic_store_explicit(&me->busy, 1, memory_order_relaxed);
+        /* The compiler may not move the check above the store; the CPU may,
+         * and the revoker's membarrier is what orders the two (bias.c). */
+        atomic_signal_fence(memory_order_seq_cst);
+        if (TALLY_LIKELY(atomic_load_explicit(&l->m.state, memory_order_acquire) == 0) &&
+            TALLY_LIKELY(atomic_load_explicit(&l->owner, memory_order_relaxed) == me)) {
+            l->fast = 1;
+            l->served++;
+            return;
+        }
+        atomic_store_explicit(&me->busy, 0, memory_order_release);
+    }
+    tally__devlock_slow(l);
+}
+static inline void tally__dev_unlock(tally_devlock_t *l)
+{
+    if (TALLY_LIKELY(l->fast)) {
+        l->fast = 0;
+        atomic_store_explicit(&tally__bias_self->busy, 0, memory_order_release);
+        return;
+    }
+    tally__mutex_unlock(&l->m);
+}
+
 /* The library's other locks, for the fork handlers (fork.c), which take
  * them all in this order: stage, config, every device, names, site, host,
  * sink, heap. */
@@ -134,6 +208,7 @@ typedef struct tally_options {
     uint32_t roundup_divisions[TALLY_ROUNDUP_INTERVALS];
     double memory_fraction;             /* 0: none; applies to every device */
     int ledger;                         /* record tags / stages per block */
+    int lock_bias;                      /* device locks may be biased to one thread (bias.c) */
     int backtrace_depth;
     int python_stack;                   /* Python frames per allocation site */
     int unwinder;                       /* TALLY_UNWIND_* (unwind.c) */
@@ -148,7 +223,7 @@ typedef struct tally_options {
     int trace;                          /* record every alloc and free (alloc_trace.c) */
     int expandable_segments;            /* large pool in one growing range per stream */
     int large_segment_size_mb;          /* large pool segment for requests under 10 MiB */
-    bool expandable_small_shared;       /* small-pool segments lent by expandable segments (segment.c) */
+    int expandable_small_shared;        /* small-pool segments lent by expandable segments (segment.c) */
     int expandable_grow_chunk_mb;       /* a small block growing its range maps up to this boundary */
     int expandable_handle_mb;           /* blocks at least this large map their new pages as one handle (0: off) */
     int expandable_move_budget;         /* us of driver time a step may spend moving pages (0: none, -1: no limit) */

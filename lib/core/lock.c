@@ -7,17 +7,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* A hint to the CPU that this is a spin-wait loop: x86's pause, aarch64's
- * yield; elsewhere nothing (the loop is short and still correct). */
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield" ::: "memory");
-#endif
-}
-
 void tally__mutex_wait(tally_mutex_t *m)
 {
     for (int spin = 0; spin < 100; spin++) {
@@ -26,7 +15,7 @@ void tally__mutex_wait(tally_mutex_t *m)
             atomic_compare_exchange_weak_explicit(&m->state, &expected, 1, memory_order_acquire,
                                                   memory_order_relaxed))
             return;
-        cpu_relax();
+        tally__cpu_relax();
     }
     /* Mark the lock contended, then sleep until it is released. */
     while (atomic_exchange_explicit(&m->state, 2, memory_order_acquire) != 0)

@@ -97,6 +97,9 @@ static const option_row_t rows[] = {
      "cap each device's reserved memory at this fraction of its capacity (0 < f <= 1)"},
     {"ledger", T_BOOL, OFF(ledger), 0, 0, NULL, false,
      "record tag, stage and device of every block"},
+    {"lock_bias", T_BOOL, OFF(lock_bias), 0, 0, NULL, true,
+     "a device lock taken over and over by one thread is biased to it: taken with no atomic instruction "
+     "until another thread takes it (needs membarrier(2); off where that is refused; false: no new bias)"},
     {"backtrace_depth", T_INT, OFF(backtrace_depth), 0, 64, NULL, true,
      "frames of native backtrace recorded per allocation (0: off)"},
     {"unwinder", T_ENUM, OFF(unwinder), 0, 0, unwinder_names, true,
@@ -151,6 +154,7 @@ void tally__options_default(tally_options_t *o)
     o->expandable_move_budget = 0; /* no page moves: no driver call in a steady step (issue 21) */
     /* roundup_divisions stay 0 (the memset): PyTorch's default rounding. */
     o->ledger = 1;
+    o->lock_bias = 1;
     o->stage_report = 1;
     o->sleep_pinned_cache = 1;
     o->leak_report = TALLY_LEAK_SUMMARY;

@@ -52,7 +52,7 @@ int tally__stage_begin(const char *name, uint64_t mark)
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_device_t *d = tally__g.dev[i];
         tally_ledger_dev_t *ld = d->ledger;
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         /* The enclosing stage's running peaks are parked here and restored
          * (maxed with this stage's) when this one ends. */
         f->saved_alloc[i] = ld->win_peak_alloc;
@@ -60,7 +60,7 @@ int tally__stage_begin(const char *name, uint64_t mark)
         ld->win_peak_alloc = tally__stat_all_current(d->stats.allocated_bytes);
         ld->win_peak_reserved = tally__stat_all_current(d->stats.reserved_bytes);
         tally__timeline_locked(d, TALLY_EV_STAGE_BEGIN, 0, 0, NULL);
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
     }
     depth++;
     tally__mutex_unlock(&stage_lock);
@@ -132,7 +132,7 @@ int tally__stage_end(const char *name, void (*report)(const tally_stage_rec_t *r
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_device_t *d = tally__g.dev[i];
         tally_ledger_dev_t *ld = d->ledger;
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         rec.peak_allocated += ld->win_peak_alloc;
         rec.peak_reserved += ld->win_peak_reserved;
         if (f->saved_alloc[i] > ld->win_peak_alloc)
@@ -145,7 +145,7 @@ int tally__stage_end(const char *name, void (*report)(const tally_stage_rec_t *r
                 group_add(&g, b->tag, i, b->site, b->size);
         }
         tally__timeline_locked(d, TALLY_EV_STAGE_END, 0, 0, NULL);
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
     }
     /* Persistent tags are expected to outlive the stage. */
     uint32_t kept = 0;
@@ -169,10 +169,10 @@ int tally__stage_end(const char *name, void (*report)(const tally_stage_rec_t *r
     if (TALLY_OPT(release_at_stage_end)) {
         for (int i = 0; i < tally__g.ndev; i++) {
             tally_device_t *d = tally__g.dev[i];
-            tally__mutex_lock(&d->lock);
+            tally__dev_lock(&d->lock);
             rec.released += tally__cache_release_all_locked(d);
             rec.reserved_after += (uint64_t)tally__stat_all_current(d->stats.reserved_bytes);
-            tally__mutex_unlock(&d->lock);
+            tally__dev_unlock(&d->lock);
         }
     }
     rec.wall_us = tally__now_us() - rec.begin_us;

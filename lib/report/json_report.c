@@ -34,7 +34,7 @@ static void write_ledger(tally_out_t *o)
     tally__out_puts(o, "\"ledger\":[");
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_device_t *d = tally__g.dev[i];
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         tally_ledger_dev_t *ld = d->ledger;
         for (uint32_t r = 0; r < ld->count; r++) {
             const tally_ledger_entry_t *e = &ld->entries[r];
@@ -51,7 +51,7 @@ static void write_ledger(tally_out_t *o)
                               (long long)e->bytes.allocated, (long long)e->bytes.freed, (long long)e->blocks.current,
                               (long long)e->blocks.peak, (long long)e->blocks.allocated);
         }
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
     }
     tally__out_puts(o, "],\n");
 }
@@ -242,10 +242,10 @@ int tally__report_json(tally_out_t *o)
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_stats_t s;
         tally_device_t *d = tally__g.dev[i];
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         tally__cache_fill_derived_locked(d, &s);
         uint64_t dropped = tally__timeline_dropped_locked(d);
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
         tally__out_printf(o,
                           "%s\n {\"device\":%d,\"largest_free_block\":%lld,\"utilisation\":%.6f,"
                           "\"timeline_dropped\":%llu,\"stats\":",
@@ -267,17 +267,17 @@ int tally__report_json(tally_out_t *o)
     bool first = true;
     tally__out_puts(o, "\"segments\":[");
     for (int i = 0; i < tally__g.ndev; i++) {
-        tally__mutex_lock(&tally__g.dev[i]->lock);
+        tally__dev_lock(&tally__g.dev[i]->lock);
         write_segments(o, tally__g.dev[i], &first, &sites);
-        tally__mutex_unlock(&tally__g.dev[i]->lock);
+        tally__dev_unlock(&tally__g.dev[i]->lock);
     }
     tally__out_puts(o, "],\n\"timeline\":[");
     first = true;
     /* Whatever was recorded, even if timeline has since been turned off. */
     for (int i = 0; i < tally__g.ndev; i++) {
-        tally__mutex_lock(&tally__g.dev[i]->lock);
+        tally__dev_lock(&tally__g.dev[i]->lock);
         write_timeline(o, tally__g.dev[i], &first, &sites);
-        tally__mutex_unlock(&tally__g.dev[i]->lock);
+        tally__dev_unlock(&tally__g.dev[i]->lock);
     }
     /* Every site named above (symbolised here, with no lock held). */
     tally__out_puts(o, "],\n\"sites\":[");
@@ -290,9 +290,9 @@ int tally__report_json(tally_out_t *o)
     tally__out_puts(o, "],\n\"alloc_trace\":[");
     first = true;
     for (int i = 0; i < tally__g.ndev; i++) {
-        tally__mutex_lock(&tally__g.dev[i]->lock);
+        tally__dev_lock(&tally__g.dev[i]->lock);
         tally__trace_write_locked(tally__g.dev[i], o, &first);
-        tally__mutex_unlock(&tally__g.dev[i]->lock);
+        tally__dev_unlock(&tally__g.dev[i]->lock);
     }
     tally__out_puts(o, "]}\n");
     tally__out_flush(o);

@@ -57,11 +57,11 @@ leak_set_t tally__collect_leaks(void)
     leak_set_t s = {0};
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_device_t *d = tally__g.dev[i];
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         for (size_t k = 0; k <= d->map.mask; k++)
             if (d->map.keys[k] && d->map.vals[k]->seq > d->inherited_seq)
                 leak_add(&s, d->map.vals[k], i);
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
     }
     if (s.n)
         qsort(s.items, s.n, sizeof *s.items, leak_cmp);

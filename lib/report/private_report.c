@@ -20,12 +20,12 @@ static void each(tally_out_t *o, int device, row_fn fn, bool *first)
         tally_ppool_info_t rows[64];
         uint32_t tags[64];
         int n = 0;
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         for (tally_gpool_t *gp = d->ppools; gp && n < 64; gp = gp->next, n++) {
             tags[n] = gp->private_id;
             tally__ppool_info_locked(d, gp, &rows[n]);
         }
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
         for (int k = 0; k < n; k++)
             fn(o, i, tags[k], &rows[k], first);
     }

@@ -138,13 +138,13 @@ void tally__report_ledger(tally_out_t *o)
                       "blocks", "");
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_device_t *d = tally__g.dev[i];
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         tally_ledger_dev_t *ld = d->ledger;
         tally_ledger_entry_t *rows = ld->count ? tally__meta_alloc(ld->count * sizeof *rows) : NULL;
         uint32_t n = rows ? ld->count : 0;
         if (rows)
             memcpy(rows, ld->entries, n * sizeof *rows);
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
         if (n)
             qsort(rows, n, sizeof *rows, row_cmp);
         for (uint32_t k = 0; k < n; k++) {

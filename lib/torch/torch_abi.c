@@ -100,25 +100,25 @@ static tally_block_t *take_block(uintptr_t a, int hint, tally_device_t **out)
     int n = tally__g.ndev;
     if (hint >= 0 && hint < n) {
         tally_device_t *d = tally__g.dev[hint];
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         tally_block_t *b = tally__ptrmap_take(&d->map, a);
         if (TALLY_LIKELY(b != NULL)) {
             *out = d;
             return b;
         }
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
     }
     for (int i = 0; i < n; i++) {
         if (i == hint)
             continue;
         tally_device_t *d = tally__g.dev[i];
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         tally_block_t *b = tally__ptrmap_take(&d->map, a);
         if (b) {
             *out = d;
             return b;
         }
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
     }
     return NULL;
 }
@@ -138,7 +138,7 @@ void tally_torch_free(void *ptr, size_t size, int device, void *stream)
     size_t requested = b->requested;
     int owner = d->id;
     tally__cache_free_locked(d, b);
-    tally__mutex_unlock(&d->lock);
+    tally__dev_unlock(&d->lock);
     if (TALLY_UNLIKELY(size != requested) && !atomic_exchange(&warned_size, 1))
         tally__diag("tally_torch_free: PyTorch passed %zu bytes for %p, which was allocated with %zu; freed by "
                     "tally's record (further size mismatches are not reported)",
@@ -188,13 +188,13 @@ void *tally_torch_base_alloc(void *ptr, size_t *size)
         return NULL;
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_device_t *d = tally__g.dev[i];
-        tally__mutex_lock(&d->lock);
+        tally__dev_lock(&d->lock);
         tally_segment_t *s = tally__cache_segment_of_locked(d, (uintptr_t)ptr);
         if (s)
             s->exported = 1; /* another process may map it: a private tag's sleep is refused */
         uintptr_t base = s ? s->base : 0;
         size_t bytes = s ? s->size : 0;
-        tally__mutex_unlock(&d->lock);
+        tally__dev_unlock(&d->lock);
         if (s) {
             *size = bytes;
             return (void *)base;
