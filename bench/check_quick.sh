@@ -39,6 +39,7 @@ section "## Expandable segments: memory" "pt-expand-model"
 section "### expandable_grow_chunk_mb" "tally-replay expandable_grow_chunk_mb"
 section "### expandable_handle_mb" "tally-replay expandable_handle_mb"
 section "## Hot path through PyTorch" "torchpath-mimalloc"
+section "## Threads taking turns on one device" "turns"
 section "## tally tune" "tune.sh (gen_trace, tally tune, hotpath trace:true)"
 # Every jemalloc / mimalloc column holds a figure (the binaries really ran).
 if awk -F'|' '/^\| <= 256 KiB \| pair \| 1 \|/ { if ($5 ~ /[0-9]/ && $6 ~ /[0-9]/ && $7 ~ /[0-9]/) ok = 1 } END { exit !ok }' "$report"; then

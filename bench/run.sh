@@ -28,7 +28,7 @@ TRACES=$(cd "$TRACES" && pwd)
 BIN=$BUILD/bench
 for f in "$BIN/hotpath-glibc" "$BIN/hotpath-jemalloc" "$BIN/hotpath-mimalloc" "$BUILD/bin/tally-replay" \
   "$BUILD/bin/tally-driver-cost" "$BUILD/standin/libcuda.so.1" \
-  "$BIN/torchpath-mimalloc" "$BIN/pt-expand-model" "$BIN/unwind" "$BIN/tally-steps"; do
+  "$BIN/torchpath-mimalloc" "$BIN/pt-expand-model" "$BIN/unwind" "$BIN/tally-steps" "$BIN/turns"; do
   if [ ! -x "$f" ]; then
     echo "run.sh: $f is missing; run: make -C bench BUILD=$BUILD" >&2
     exit 1
@@ -46,10 +46,10 @@ start=$(date +%s)
 step() { echo "run.sh: $*" >&2; }
 # Quick mode: the same programs and tables on a small budget.
 HOT_QUICK=() RUNS="1 2 3" REPLAY_REPS=() GROW="2 4 8 12 16 20 32 40" HANDLE="0 4 10 20 32 48 64 96 128"
-TORCH_QUICK=() UNWIND_QUICK=() PY_QUICK=()
+TORCH_QUICK=() UNWIND_QUICK=() PY_QUICK=() TURNS_QUICK=()
 if [ $quick = 1 ]; then
   HOT_QUICK=(--reps 1 --rounds 1 --rep-ms 1) RUNS=1 REPLAY_REPS=(--reps 1) GROW="20" HANDLE="64"
-  TORCH_QUICK=(--reps 1 --batches 20) UNWIND_QUICK=(--quick) PY_QUICK=(--quick)
+  TORCH_QUICK=(--reps 1 --batches 20) UNWIND_QUICK=(--quick) PY_QUICK=(--quick) TURNS_QUICK=(--reps 1 --pairs 256)
   export TALLY_BENCH_QUICK=1 TALLY_BENCH_CALLGRIND=0
 fi
 
@@ -101,6 +101,8 @@ LD_LIBRARY_PATH="$BUILD/standin" CUDA_STANDIN_DEVICES=1 CUDA_STANDIN_MEMORY=80G 
 step "hot path through PyTorch's entry points (batch of 64) against mimalloc"
 "$BIN/torchpath-mimalloc" "${TORCH_QUICK[@]}" >"$OUT/torchpath.txt"
 "$BIN/torchpath-mimalloc" "${TORCH_QUICK[@]}" --conf ledger:false | sed 's/^T pattern \([^ ]*\)/T pattern \1 (ledger off)/' >>"$OUT/torchpath.txt"
+step "threads taking turns on one device: the device lock's bias on and off (bench/turns.c)"
+"$BIN/turns" "${TURNS_QUICK[@]}" >"$OUT/turns.txt"
 step "tally tune: speed, and the cost of trace:true (bench/tune.sh)"
 bash "$HERE/tune.sh" "$BUILD" "$OUT" >"$OUT/tune.md"
 # 4. Instruction counts (noise-free), when valgrind is installed.
@@ -334,6 +336,16 @@ echo "the goal, ratio <= 2, is stated on this one), small4k (1 B to 4 KiB)."
 echo
 echo '```'
 cat "$OUT/torchpath.txt"
+echo '```'
+echo
+echo "## Threads taking turns on one device (bench/turns.c): the device lock's bias"
+echo
+echo "Two threads take turns on device 0 (host backend), P allocate+free pairs a turn (batches of 16, 512 B to 64 KiB);"
+echo "wall ns per pair, median of 5 runs each in a fresh process, lock_bias:true then false; biases granted and revoked"
+echo "with it on. P = 1: the bias is never earned; P = 2^20: one thread at a time (docs/architecture.md, the device lock)."
+echo
+echo '```'
+cat "$OUT/turns.txt"
 echo '```'
 echo
 cat "$OUT/tune.md"
