@@ -206,7 +206,11 @@ static void test_lock_bias_false_never_biases(void **state)
     assert_null(atomic_load(&l->owner));
     assert_int_equal(tally_configure("lock_bias:true"), 0);
     pairs(3, 100);
+#ifdef NO_BIAS
+    assert_int_equal(grants() - g0, 0);
+#else
     assert_int_equal(grants() - g0, 1);
+#endif
 }
 
 static void test_a_bad_value_is_refused_and_changes_nothing(void **state)
@@ -349,6 +353,9 @@ static void run_stress(bool turns)
     pthread_t t[NWORK];
     work_t w[NWORK];
     long ops = tu_scaled(turns ? 20000 : 60000, 2000);
+#ifdef NO_BIAS
+    ops /= 10; /* the futex lock alone, under ThreadSanitizer: slow, and not what this file tests */
+#endif
     for (int i = 0; i < NWORK; i++) {
         w[i] = (work_t){i, ops, turns};
         assert_int_equal(pthread_create(&t[i], NULL, stress, &w[i]), 0);
