@@ -13,8 +13,11 @@
  * Each P runs with lock_bias:true then lock_bias:false, each in a fresh
  * process (so one's policy state cannot help the other), --reps times
  * (default 5); the median wall ns per pair is printed, with the ratio and
- * the biases granted and revoked (bias on). Output, one line per P:
- *   T turns <P> bias <ns> nobias <ns> ratio <r> grants <g> revokes <r> */
+ * the biases granted and revoked (bias on). First, what one revocation's
+ * membarrier costs here, with one other thread running (the median of 5
+ * batches of 1,000 calls). Output:
+ *   T membarrier <us per call>
+ *   T turns <P> bias <ns> nobias <ns> ratio <r> grants <g> revokes <r>   (one line per P) */
 #include <tally.h>
 
 #include <pthread.h>
@@ -24,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -142,6 +147,37 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+static _Atomic int spin_stop;
+
+static void *spinner(void *arg)
+{
+    (void)arg;
+    while (!atomic_load_explicit(&spin_stop, memory_order_relaxed))
+        ;
+    return NULL;
+}
+
+/* Microseconds per MEMBARRIER_CMD_PRIVATE_EXPEDITED with one other thread
+ * running; a negative value when the kernel refuses it. */
+static double membarrier_us(void)
+{
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) != 0)
+        return -1;
+    pthread_t t;
+    pthread_create(&t, NULL, spinner, NULL);
+    double us[5];
+    for (int k = 0; k < 5; k++) {
+        double t0 = wall_ns();
+        for (int i = 0; i < 1000; i++)
+            syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+        us[k] = (wall_ns() - t0) / 1000 / 1000;
+    }
+    atomic_store(&spin_stop, 1);
+    pthread_join(t, NULL);
+    qsort(us, 5, sizeof us[0], cmp_double);
+    return us[2];
+}
+
 int main(int argc, char **argv)
 {
     long max_p = 1L << 20;
@@ -163,6 +199,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "turns: --pairs >= 1, --reps 1..99, --threads 1..%d\n", MAXT);
         return 2;
     }
+    printf("T membarrier %.2f\n", membarrier_us());
+    fflush(stdout);
     for (long p = 1; p <= max_p; p *= 16) {
         /* At least 2^20 pairs a run, and at least four turns each. */
         total_pairs = p * 4 * nthreads > (1L << 20) ? p * 4 * nthreads : 1L << 20;
