@@ -81,14 +81,14 @@ static void test_one_thread_earns_the_bias_and_keeps_it(void **state)
     uint64_t g0 = grants();
     pairs(0, 64); /* 2 takes a pair: the run of 64 is earned within */
     tally_devlock_t *l = lock_of(0);
-    assert_non_null(tally__bias_self);
-    assert_ptr_equal(atomic_load(&l->owner), tally__bias_self);
+    assert_non_null(tally__bias_mine());
+    assert_ptr_equal(atomic_load(&l->owner), tally__bias_mine());
     assert_int_equal(grants(), g0 + 1);
     uint64_t served = l->served;
     pairs(0, 1000);
     /* Every take of the thousand pairs went through the bias. */
     assert_int_equal(l->served - served, 2000);
-    assert_int_equal(atomic_load(&tally__bias_self->busy), 0);
+    assert_int_equal(atomic_load(&tally__bias_mine()->busy), 0);
     assert_int_equal(l->fast, 0);
     assert_int_equal(grants(), g0 + 1);
     assert_int_equal(tally_check(), 0);
@@ -108,7 +108,7 @@ static void test_another_thread_revokes_then_earns_it(void **state)
 #endif
     tally_devlock_t *l = lock_of(0);
     pairs(0, 100);
-    assert_ptr_equal(atomic_load(&l->owner), tally__bias_self);
+    assert_ptr_equal(atomic_load(&l->owner), tally__bias_mine());
     uint64_t r0 = revokes(), g0 = grants();
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, other_pairs, (void *)(intptr_t)100), 0);
@@ -125,7 +125,7 @@ static void test_another_thread_revokes_then_earns_it(void **state)
     assert_int_equal(grants(), g0 + 1);
     tally_bias_t *theirs = atomic_load(&l->owner);
     assert_non_null(theirs);
-    assert_ptr_not_equal(theirs, tally__bias_self);
+    assert_ptr_not_equal(theirs, tally__bias_mine());
     /* This thread takes it back from the (exited) thread's record. */
     pairs(0, 10);
     assert_int_equal(revokes(), r0 + 2);
@@ -144,7 +144,7 @@ static void test_a_bias_that_paid_makes_the_next_easier(void **state)
     tally__bias_policy(0, 100); /* a bias pays after 100 takes */
     l->need = 512;
     pairs(0, 256);
-    assert_ptr_equal(atomic_load(&l->owner), tally__bias_self);
+    assert_ptr_equal(atomic_load(&l->owner), tally__bias_mine());
     pairs(0, 100);
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, other_pairs, (void *)(intptr_t)1), 0);
@@ -158,7 +158,7 @@ static tally_bias_t *exited_record;
 static void *earn_on(void *arg)
 {
     pairs((int)(intptr_t)arg, 100);
-    exited_record = tally__bias_self;
+    exited_record = tally__bias_mine();
     return NULL;
 }
 
@@ -176,6 +176,8 @@ static void test_a_dead_threads_record_goes_to_the_next_thread(void **state)
     assert_int_equal(pthread_join(t, NULL), 0);
     tally_bias_t *first = exited_record;
     assert_non_null(first);
+    /* At its thread's exit the record belongs to no thread. */
+    assert_int_equal(atomic_load(&first->thread), 0);
     assert_ptr_equal(atomic_load(&lock_of(3)->owner), first);
     /* A second thread earns a bias on another device: it is given the dead
      * thread's record, and with it the bias of device 3. */
@@ -236,14 +238,14 @@ static void test_forked_child_takes_and_earns_the_lock(void **state)
     SKIP("no bias under ThreadSanitizer");
 #endif
     pairs(0, 200);
-    assert_ptr_equal(atomic_load(&lock_of(0)->owner), tally__bias_self);
+    assert_ptr_equal(atomic_load(&lock_of(0)->owner), tally__bias_mine());
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         /* The child's lock is free and unbiased; the child earns it anew. */
         int bad = atomic_load(&lock_of(0)->owner) != NULL;
         pairs(0, 200);
-        bad |= (atomic_load(&lock_of(0)->owner) != tally__bias_self) << 1;
+        bad |= (atomic_load(&lock_of(0)->owner) != tally__bias_mine()) << 1;
         bad |= (tally_check() != 0) << 2;
         _exit(bad);
     }
@@ -252,7 +254,7 @@ static void test_forked_child_takes_and_earns_the_lock(void **state)
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 0);
     /* The parent's bias survived the fork. */
-    assert_ptr_equal(atomic_load(&lock_of(0)->owner), tally__bias_self);
+    assert_ptr_equal(atomic_load(&lock_of(0)->owner), tally__bias_mine());
     pairs(0, 10);
     assert_int_equal(tally_check(), 0);
 }

@@ -16,11 +16,18 @@
  * manual page: the rare side pays for the common one.
  *
  * Records. busy lives in a record per thread (tally_bias_t), never freed: a
- * revoker may read the record of a thread that has just exited. A thread's
- * record goes to a free list when it exits (a thread-specific-data
- * destructor) and the next thread to earn a bias takes it over, with any
- * bias the dead thread still held: still one live thread per record, so
- * still one thread that may take those locks through the bias.
+ * revoker may read the record of a thread that has just exited. The lock
+ * points at its owner's record, and the record names its thread by its
+ * thread pointer (tally__thread_id): a thread finds that a lock is biased
+ * to it with two loads and a register read, and no thread-local variable
+ * (one in initial-exec model would make libtally.so need static TLS, which
+ * a dlopen into a process that has used it up is refused). A thread's
+ * record is found on the slow path by thread-specific data; at thread exit
+ * its destructor clears the record's thread (before the thread pointer can
+ * be reused) and puts it on a free list, and the next thread to earn a bias
+ * takes it over, with any bias the dead thread still held: still one live
+ * thread per record, so still one thread that may take those locks through
+ * the bias.
  *
  * When to bias. A bias is earned by `need` takes in a row by one thread
  * through the slow path with no bias in place (64 at first). Revoking one
@@ -55,8 +62,6 @@ enum { BIAS_NEED_FIRST = 64, BIAS_NEED_MAX = 1 << 20, BIAS_PAYBACK = 8192 };
 /* The policy in force: the constants above, unless a test set its own. */
 static uint32_t need_first = BIAS_NEED_FIRST;
 static uint64_t payback = BIAS_PAYBACK;
-
-_Thread_local tally_bias_t *tally__bias_self __attribute__((tls_model("initial-exec")));
 
 /* 0 not tried, 1 registered, -1 refused (then never biased). */
 static _Atomic int registered;
@@ -93,10 +98,13 @@ static bool bias_usable(void)
 #endif
 }
 
-/* A thread with a record exits: the record waits for the next thread. */
+/* A thread with a record exits: the record, belonging to no thread, waits
+ * for the next. The locks still biased to it stay so until another thread
+ * revokes them or the record's next thread takes them. */
 static void on_exit_thread(void *p)
 {
     tally_bias_t *r = p;
+    atomic_store_explicit(&r->thread, 0, memory_order_relaxed);
     tally__mutex_lock(tally__heap_lock());
     r->next = spare;
     spare = r;
@@ -108,17 +116,23 @@ static void make_key(void)
     key_made = pthread_key_create(&exit_key, on_exit_thread) == 0;
 }
 
+tally_bias_t *tally__bias_mine(void)
+{
+    return key_made ? pthread_getspecific(exit_key) : NULL;
+}
+
 /* The calling thread's record, made or taken over on its first bias; NULL
  * when none can be had (then the thread stays on the slow path). */
 static tally_bias_t *self_record(void)
 {
-    if (tally__bias_self)
-        return tally__bias_self;
     pthread_once(&key_once, make_key);
     if (!key_made)
         return NULL;
+    tally_bias_t *r = pthread_getspecific(exit_key);
+    if (r)
+        return r;
     tally__mutex_lock(tally__heap_lock());
-    tally_bias_t *r = spare;
+    r = spare;
     if (r)
         spare = r->next;
     tally__mutex_unlock(tally__heap_lock());
@@ -133,7 +147,7 @@ static tally_bias_t *self_record(void)
         return NULL;
     }
     r->next = NULL;
-    tally__bias_self = r;
+    atomic_store_explicit(&r->thread, tally__thread_id(), memory_order_relaxed);
     return r;
 }
 
@@ -178,21 +192,19 @@ void tally__devlock_slow(tally_devlock_t *l)
 {
     tally__mutex_lock(&l->m);
     tally_bias_t *o = atomic_load_explicit(&l->owner, memory_order_relaxed);
-    tally_bias_t *me = tally__bias_self;
+    uintptr_t self = tally__thread_id();
     if (o) {
-        if (o != me)
+        if (atomic_load_explicit(&o->thread, memory_order_relaxed) != self)
             take_from(l, o);
         return;
     }
-    /* The address of a thread-local variable names the thread. */
-    uintptr_t self = (uintptr_t)&tally__bias_self;
     if (l->last != self) {
         l->last = self;
         l->streak = 0;
     }
     if (++l->streak < l->need || !bias_usable())
         return;
-    me = self_record();
+    tally_bias_t *me = self_record();
     if (!me)
         return;
     l->streak = 0;
@@ -213,7 +225,9 @@ void tally__devlock_reset(tally_devlock_t *l)
 void tally__bias_after_fork(void)
 {
     /* The child's one thread keeps its record; the other threads' records
-     * are lost with them (a few bytes each). membarrier's registration is
+     * are lost with them (a few bytes each; no lock points at them any more,
+     * and none is handed out again, so a child thread that gets a dead
+     * thread's thread pointer finds no bias). membarrier's registration is
      * made again before the child's first bias. */
     spare = NULL;
     atomic_store_explicit(&registered, 0, memory_order_relaxed);

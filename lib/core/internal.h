@@ -71,17 +71,32 @@ static inline void tally__mutex_unlock(tally_mutex_t *m)
  * two device locks (fork's prepare takes them all through the slow path). */
 typedef struct tally_bias {
     _Atomic int busy;                   /* inside a device lock taken through the bias */
+    _Atomic uintptr_t thread;           /* tally__thread_id() of the thread it belongs to; 0 when free */
     struct tally_bias *next;            /* free list of records of exited threads */
 } tally_bias_t;
-extern _Thread_local tally_bias_t *tally__bias_self __attribute__((tls_model("initial-exec")));
 typedef struct tally_devlock {
     tally_mutex_t m;
     int fast;                           /* held through the bias (read and written by the holder only) */
-    _Atomic(tally_bias_t *) owner;      /* the thread the lock is biased to; NULL if none */
+    _Atomic(tally_bias_t *) owner;      /* the record of the thread the lock is biased to; NULL if none */
     uintptr_t last;                     /* the thread of the last slow take, and its run of them: */
     uint32_t streak, need;              /* a run of need earns the bias */
     uint64_t served;                    /* takes through the current bias */
 } tally_devlock_t;
+/* The calling thread, as a number no other live thread has: its thread
+ * pointer (one register read; no thread-local variable, so libtally.so
+ * needs no static TLS to be dlopen'ed), else pthread_self. */
+static inline uintptr_t tally__thread_id(void)
+{
+    uintptr_t tp;
+#if defined(__x86_64__)
+    __asm__("mov %%fs:0, %0" : "=r"(tp));
+#elif defined(__aarch64__)
+    __asm__("mrs %0, tpidr_el0" : "=r"(tp));
+#else
+    tp = (uintptr_t)pthread_self();
+#endif
+    return tp;
+}
 void tally__devlock_init(tally_devlock_t *l);
 void tally__devlock_slow(tally_devlock_t *l);
 /* The child of fork: the lock free and unbiased (fork.c). */
@@ -93,29 +108,34 @@ void tally__bias_counts(uint64_t *grants, uint64_t *revokes);
  * takes a bias must serve not to make the next harder to earn (0: none),
  * for locks made or reset from now on. */
 void tally__bias_policy(uint32_t first, uint64_t payback);
+/* The calling thread's record, NULL before its first bias (tests). */
+tally_bias_t *tally__bias_mine(void);
 static inline void tally__dev_lock(tally_devlock_t *l)
 {
-    tally_bias_t *me = tally__bias_self;
-    if (TALLY_LIKELY(me != NULL) && atomic_load_explicit(&l->owner, memory_order_relaxed) == me) {
-        atomic_store_explicit(&me->busy, 1, memory_order_relaxed);
+    tally_bias_t *o = atomic_load_explicit(&l->owner, memory_order_relaxed);
+    /* A record whose thread is this one is this thread's own: a record
+     * changes thread only when its thread exits (bias.c). */
+    if (o && TALLY_LIKELY(atomic_load_explicit(&o->thread, memory_order_relaxed) == tally__thread_id())) {
+        atomic_store_explicit(&o->busy, 1, memory_order_relaxed);
         /* The compiler may not move the check above the store; the CPU may,
          * and the revoker's membarrier is what orders the two (bias.c). */
         atomic_signal_fence(memory_order_seq_cst);
         if (TALLY_LIKELY(atomic_load_explicit(&l->m.state, memory_order_acquire) == 0) &&
-            TALLY_LIKELY(atomic_load_explicit(&l->owner, memory_order_relaxed) == me)) {
+            TALLY_LIKELY(atomic_load_explicit(&l->owner, memory_order_relaxed) == o)) {
             l->fast = 1;
             l->served++;
             return;
         }
-        atomic_store_explicit(&me->busy, 0, memory_order_release);
+        atomic_store_explicit(&o->busy, 0, memory_order_release);
     }
     tally__devlock_slow(l);
 }
 static inline void tally__dev_unlock(tally_devlock_t *l)
 {
     if (TALLY_LIKELY(l->fast)) {
+        /* The owner cannot change while its thread holds the lock. */
         l->fast = 0;
-        atomic_store_explicit(&tally__bias_self->busy, 0, memory_order_release);
+        atomic_store_explicit(&atomic_load_explicit(&l->owner, memory_order_relaxed)->busy, 0, memory_order_release);
         return;
     }
     tally__mutex_unlock(&l->m);
