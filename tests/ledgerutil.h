@@ -554,8 +554,8 @@ static inline int lu_setup_clean(void **state)
         size_t k = 0, cnt = 0;
         uintptr_t *left = malloc((m->count + 1) * sizeof *left);
         for (k = 0; k <= m->mask && left; k++)
-            if (m->keys[k])
-                left[cnt++] = m->keys[k];
+            if (m->slots[k].key)
+                left[cnt++] = m->slots[k].key;
         for (k = 0; k < cnt; k++)
             tally_free((void *)left[k]);
         free(left);
@@ -582,18 +582,18 @@ static inline size_t lu_fill_to_last_slot(void **p, size_t max, size_t *size)
 {
     tally_ptrmap_t *m = &tally__g.dev[0]->map;
     size_t n = 0;
-    for (size_t t = 1; t <= 256 && !(m->keys && m->keys[m->mask]); t++) {
+    for (size_t t = 1; t <= 256 && !(m->slots && m->slots[m->mask].key); t++) {
         lu_free_all(p, n);
         n = 0;
         *size = 4096 + 512 * t;
-        while (n < max && (m->count + 2) * 2 <= m->mask + 1 && !(m->keys && m->keys[m->mask]))
+        while (n < max && (m->count + 2) * 2 <= m->mask + 1 && !(m->slots && m->slots[m->mask].key))
             p[n++] = lu_malloc(*size, 0);
     }
-    if (!(m->keys && m->keys[m->mask]))
+    if (!(m->slots && m->slots[m->mask].key))
         fail_msg("no block of 256 tries landed in the pointer map's last slot");
     size_t held = 0; /* the block there is one of these */
     for (size_t i = 0; i < n; i++)
-        held += (uintptr_t)p[i] == m->keys[m->mask];
+        held += (uintptr_t)p[i] == m->slots[m->mask].key;
     if (held != 1)
         fail_msg("the pointer map's last slot holds a block not taken here");
     return n;

@@ -137,13 +137,13 @@ static void test_check_names_a_block_missing_from_the_pointer_map(void **state)
     tally_block_t *a = blk(small_p), *w = blk(whole_p);
     size_t slot = SIZE_MAX;
     for (size_t i = 0; i <= d->map.mask; i++)
-        if (d->map.keys[i] == a->addr)
+        if (d->map.slots[i].key == a->addr)
             slot = i;
     assert_true(slot != SIZE_MAX);
-    d->map.vals[slot] = w; /* the address maps to another block */
+    d->map.slots[slot].val = w; /* the address maps to another block */
     EXPECT_FAIL("allocated block");
     HAS(tally_last_error(), "is missing from the pointer map");
-    d->map.vals[slot] = a;
+    d->map.slots[slot].val = a;
     CHECK_OK();
 }
 

@@ -83,16 +83,21 @@ typedef struct tally_binset {
 typedef struct tally_pool {
     tally_block_t *root;
     tally_binset_t **sets;
-    uint32_t nsets, cap_sets, last_set;
+    uint32_t nsets, cap_sets;
+    struct tally_binset *last_set; /* the set found last, or NULL */
     size_t count;
     uint64_t get_free_calls;
     uint8_t kind;
 } tally_pool_t;
 
-/* Open-addressing map from block address to block (handed-out blocks). */
+/* Open-addressing map from block address to block (handed-out blocks). A
+ * key and its block share a slot, so a look-up reads one cache line. */
+typedef struct tally_ptrslot {
+    uintptr_t key; /* 0: empty */
+    tally_block_t *val;
+} tally_ptrslot_t;
 typedef struct tally_ptrmap {
-    uintptr_t *keys;
-    tally_block_t **vals;
+    tally_ptrslot_t *slots;
     size_t mask; /* capacity - 1 */
     size_t count;
 } tally_ptrmap_t;
@@ -291,6 +296,47 @@ int tally__ptrmap_put(tally_ptrmap_t *m, uintptr_t key, tally_block_t *b);
 tally_block_t *tally__ptrmap_get(const tally_ptrmap_t *m, uintptr_t key);
 tally_block_t *tally__ptrmap_take(tally_ptrmap_t *m, uintptr_t key);
 void tally__ptrmap_free(tally_ptrmap_t *m);
+/* The home slot of key. Addresses are at least 512-byte aligned, so the
+ * hash drops the low bits before mixing. */
+static inline size_t tally__ptrmap_slot(uintptr_t key, size_t mask)
+{
+    uint64_t x = (uint64_t)(key >> 9) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(x >> 20) & mask;
+}
+/* The two halves of PyTorch's pair, inline there: a put into a map with
+ * room for one more entry (the caller checked, so it cannot fail), and a
+ * take from an allocated map (key not 0), whose backward shift, when the
+ * probe run goes on after the entry, is out of line. */
+static inline void tally__ptrmap_put_room(tally_ptrmap_t *m, uintptr_t key, tally_block_t *b)
+{
+    size_t i = tally__ptrmap_slot(key, m->mask);
+    while (m->slots[i].key) {
+        if (m->slots[i].key == key) {
+            m->slots[i].val = b;
+            return;
+        }
+        i = (i + 1) & m->mask;
+    }
+    m->slots[i].key = key;
+    m->slots[i].val = b;
+    m->count++;
+}
+void tally__ptrmap_shift_back(tally_ptrmap_t *m, size_t hole);
+static inline tally_block_t *tally__ptrmap_take_inline(tally_ptrmap_t *m, uintptr_t key)
+{
+    size_t i = tally__ptrmap_slot(key, m->mask);
+    while (m->slots[i].key && m->slots[i].key != key)
+        i = (i + 1) & m->mask;
+    if (!m->slots[i].key)
+        return NULL;
+    tally_block_t *b = m->slots[i].val;
+    m->count--;
+    if (TALLY_LIKELY(!m->slots[(i + 1) & m->mask].key))
+        m->slots[i].key = 0; /* the run ends here: nothing to shift */
+    else
+        tally__ptrmap_shift_back(m, i);
+    return b;
+}
 
 /* small.c: an allocation, through the small pool's fast path when it
  * applies (issue 21, item 7), else cache.c's general path; a free, the same

@@ -44,7 +44,7 @@ static int check_ledger(tally_device_t *d, char *why, size_t whylen)
     int64_t *blocks = bytes + ld->count + 1;
     int rc = 0;
     for (size_t i = 0; i <= d->map.mask; i++) {
-        tally_block_t *b = d->map.keys[i] ? d->map.vals[i] : NULL;
+        tally_block_t *b = d->map.slots[i].key ? d->map.slots[i].val : NULL;
         if (!b || b->lentry == UINT32_MAX)
             continue;
         if (b->lentry >= ld->count || ld->entries[b->lentry].tag != b->tag || ld->entries[b->lentry].stage != b->stage) {

@@ -26,11 +26,13 @@
 
 static inline tally_binset_t *binset_find(tally_pool_t *p, void *stream)
 {
-    if (p->nsets && p->sets[p->last_set]->stream == stream)
-        return p->sets[p->last_set];
+    /* The set found last is kept by address, not index: one load fewer
+     * before the bins of an allocation can be read. */
+    if (TALLY_LIKELY(p->last_set != NULL) && p->last_set->stream == stream)
+        return p->last_set;
     for (uint32_t i = 0; i < p->nsets; i++) {
         if (p->sets[i]->stream == stream) {
-            p->last_set = i;
+            p->last_set = p->sets[i];
             return p->sets[i];
         }
     }
@@ -57,8 +59,8 @@ static tally_binset_t *binset_make(tally_pool_t *p, void *stream)
     if (!set)
         return NULL;
     set->stream = stream;
-    p->sets[p->nsets] = set;
-    p->last_set = p->nsets++;
+    p->sets[p->nsets++] = set;
+    p->last_set = set;
     return set;
 }
 
@@ -79,7 +81,9 @@ static inline uint32_t bin_of(size_t size)
 static inline void bin_insert(tally_binset_t *set, tally_block_t *b)
 {
     uint32_t i = bin_of(b->size);
-    if (!set->roots[i]) {
+    /* The bitmap says whether the bin is empty: its word is in cache, the
+     * bin's root (one of 4096) often is not. */
+    if (!(set->bits[i >> 6] & (1ull << (i & 63)))) {
         /* An empty bin (the common case): no descent, no call. */
         b->left = b->right = NULL;
         set->roots[i] = b;
@@ -90,13 +94,16 @@ static inline void bin_insert(tally_binset_t *set, tally_block_t *b)
     set->summary |= 1ull << (i >> 6);
 }
 
+/* Clear bin i's bit (and its word's summary bit) if the bin is empty, without
+ * a branch: whether it is depends on the free order, which no predictor
+ * learns. */
 static inline void bin_clear_if_empty(tally_binset_t *set, uint32_t i)
 {
-    if (!set->roots[i]) {
-        set->bits[i >> 6] &= ~(1ull << (i & 63));
-        if (!set->bits[i >> 6])
-            set->summary &= ~(1ull << (i >> 6));
-    }
+    uint64_t empty = set->roots[i] == NULL;
+    uint32_t w = i >> 6;
+    uint64_t bits = set->bits[w] & ~(empty << (i & 63));
+    set->bits[w] = bits;
+    set->summary &= ~((uint64_t)(bits == 0) << w);
 }
 
 static inline void bin_erase(tally_binset_t *set, tally_block_t *b)
@@ -331,13 +338,15 @@ static inline __attribute__((always_inline)) tally_block_t *small_alloc(tally_de
             d->lent_kept = NULL;
         }
     }
-    tally__ptrmap_put(&d->map, b->addr, b); /* room was checked: it cannot fail */
+    tally__ptrmap_put_room(&d->map, b->addr, b); /* room was checked */
     return tally__cache_hand_out(d, b, TALLY_POOL_SMALL, orig, site, false);
 }
 
 /* ---- the fast free -------------------------------------------------------- */
 
-/* Merge free neighbour n into b (n is the lower one when low is set). */
+/* Merge free neighbour n into b (n is the lower one when low is set). The
+ * neighbour links are chosen, not branched on (a merge happens in whatever
+ * order the job frees). */
 static inline void absorb(tally_device_t *d, tally_binset_t *set, tally_block_t *b, tally_block_t *n, bool low)
 {
     bin_erase(set, n);
@@ -345,14 +354,14 @@ static inline void absorb(tally_device_t *d, tally_binset_t *set, tally_block_t 
     if (low) {
         b->addr = n->addr;
         b->prev = n->prev;
-        if (b->prev)
-            b->prev->next = b;
-        else
-            b->seg->head = b;
+        tally_block_t **head = &b->seg->head;
+        tally_block_t **up = b->prev ? &b->prev->next : head;
+        *up = b;
     } else {
+        tally_block_t *sink;
         b->next = n->next;
-        if (b->next)
-            b->next->prev = b;
+        tally_block_t **down = b->next ? &b->next->prev : &sink;
+        *down = b;
     }
     if (TALLY_UNLIKELY(n->uses != NULL))
         tally__meta_free(n->uses);
@@ -384,15 +393,13 @@ static inline __attribute__((always_inline)) void small_free(tally_device_t *d, 
     b->gc_base = pool->get_free_calls;
     bin_insert(set, b);
     pool->count++;
-    bool whole = !b->prev && !b->next;
-    if (!whole) {
-        dblocks += 1;
-        dbytes += (int64_t)b->size;
-    }
-    if (dblocks)
-        tally__stat_pool(d->stats.inactive_split, TALLY_POOL_SMALL, dblocks);
-    if (dbytes)
-        tally__stat_pool(d->stats.inactive_split_bytes, TALLY_POOL_SMALL, dbytes);
+    /* The split statistics' changes, summed without branches. */
+    bool whole = (b->prev == NULL) & (b->next == NULL);
+    int64_t split = !whole;
+    dblocks += split;
+    dbytes += (int64_t)b->size & -split;
+    tally__stat_pool_signed(d->stats.inactive_split, TALLY_POOL_SMALL, dblocks);
+    tally__stat_pool_signed(d->stats.inactive_split_bytes, TALLY_POOL_SMALL, dbytes);
     tally__stat_dec(&d->stats.active[TALLY_POOL_SMALL], 1);
     tally__stat_dec(&d->stats.active_bytes[TALLY_POOL_SMALL], (int64_t)original);
     tally__stat_dec(&d->stats.requested_bytes[TALLY_POOL_SMALL], (int64_t)b->requested);

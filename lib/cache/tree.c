@@ -25,6 +25,13 @@ static inline int block_cmp(const tally_block_t *a, const tally_block_t *b)
     return key_cmp((uintptr_t)a->stream, a->size, a->addr, (uintptr_t)b->stream, b->size, b->addr);
 }
 
+/* Whether a sorts before b: by address alone inside one of the small pool's
+ * bins (one stream, one size), else by the whole key. */
+static inline __attribute__((always_inline)) bool before(const tally_block_t *a, const tally_block_t *b, bool by_addr)
+{
+    return by_addr ? a->addr < b->addr : block_cmp(a, b) < 0;
+}
+
 static inline uint32_t prio_of(uintptr_t addr)
 {
     uint64_t x = (uint64_t)addr * 0x9E3779B97F4A7C15ull;
@@ -33,10 +40,11 @@ static inline uint32_t prio_of(uintptr_t addr)
 }
 
 /* Split t into nodes less than b (*l) and the rest (*r). */
-static void split(tally_block_t *t, const tally_block_t *b, tally_block_t **l, tally_block_t **r)
+static inline __attribute__((always_inline)) void split(tally_block_t *t, const tally_block_t *b, tally_block_t **l,
+                                                        tally_block_t **r, bool by_addr)
 {
     while (t) {
-        if (block_cmp(t, b) < 0) {
+        if (before(t, b, by_addr)) {
             *l = t;
             l = &t->right;
             t = t->right;
@@ -68,7 +76,7 @@ static tally_block_t *merge(tally_block_t *a, tally_block_t *b)
     return root;
 }
 
-static void root_insert(tally_block_t **slot, tally_block_t *b)
+static inline __attribute__((always_inline)) void root_insert(tally_block_t **slot, tally_block_t *b, bool by_addr)
 {
     if (!*slot) {
         /* An empty bin: the common case for exact-size bins. */
@@ -79,19 +87,19 @@ static void root_insert(tally_block_t **slot, tally_block_t *b)
     /* Descend while the existing nodes have higher priority. */
     uint32_t prio = prio_of(b->addr);
     while (*slot && prio_of((*slot)->addr) > prio)
-        slot = block_cmp(b, *slot) < 0 ? &(*slot)->left : &(*slot)->right;
-    split(*slot, b, &b->left, &b->right);
+        slot = before(b, *slot, by_addr) ? &(*slot)->left : &(*slot)->right;
+    split(*slot, b, &b->left, &b->right, by_addr);
     *slot = b;
 }
 
-static bool root_erase(tally_block_t **slot, tally_block_t *b)
+static inline __attribute__((always_inline)) bool root_erase(tally_block_t **slot, tally_block_t *b, bool by_addr)
 {
     if (*slot == b && !b->left && !b->right) {
         *slot = NULL;
         return true;
     }
     while (*slot && *slot != b)
-        slot = block_cmp(b, *slot) < 0 ? &(*slot)->left : &(*slot)->right;
+        slot = before(b, *slot, by_addr) ? &(*slot)->left : &(*slot)->right;
     if (!*slot)
         return false;
     *slot = merge(b->left, b->right);
@@ -102,12 +110,12 @@ static bool root_erase(tally_block_t **slot, tally_block_t *b)
 /* The treap operations the small pool's bins use (small.c). */
 void tally__treap_insert(tally_block_t **slot, tally_block_t *b)
 {
-    root_insert(slot, b);
+    root_insert(slot, b, true);
 }
 
 void tally__treap_erase(tally_block_t **slot, tally_block_t *b)
 {
-    root_erase(slot, b);
+    root_erase(slot, b, true);
 }
 
 void tally__pool_insert(tally_pool_t *p, tally_block_t *b)
@@ -117,7 +125,7 @@ void tally__pool_insert(tally_pool_t *p, tally_block_t *b)
         /* tally__pool_prepare gave the segment its stream's bin set. */
         tally__bins_insert(b->seg->bins, b);
     } else {
-        root_insert(&p->root, b);
+        root_insert(&p->root, b, false);
     }
     p->count++;
 }
@@ -126,7 +134,7 @@ void tally__pool_erase(tally_pool_t *p, tally_block_t *b)
 {
     if (p->kind == TALLY_POOL_SMALL) {
         tally__bins_erase(b->seg->bins, b);
-    } else if (!root_erase(&p->root, b)) {
+    } else if (!root_erase(&p->root, b, false)) {
         return;
     }
     p->count--;

@@ -345,6 +345,20 @@ static inline void tally__stat_pool(tally_stat_t *arr, int pool, int64_t amount)
     else
         tally__stat_pool_dec(arr, pool, -amount);
 }
+/* The same, branch-free but for the peaks (amount may be 0). */
+static inline void tally__stat_pool_signed(tally_stat_t *arr, int pool, int64_t amount)
+{
+    tally_stat_t *s = &arr[pool];
+    int64_t up = amount > 0 ? amount : 0;
+    s->current += amount;
+    s->allocated += up;
+    s->freed += up - amount;
+    if (s->current > s->peak)
+        s->peak = s->current;
+    int64_t all = tally__stat_all_current(arr);
+    if (all > arr[TALLY_POOL_ALL].peak)
+        arr[TALLY_POOL_ALL].peak = all;
+}
 /* Write the all entries' current, allocated and freed (the sums of the
  * pools') into s, before s is read or reset. */
 void tally__stats_sync_all(tally_stats_t *s);

@@ -140,7 +140,7 @@ int tally__stage_end(const char *name, void (*report)(const tally_stage_rec_t *r
         if (f->saved_reserved[i] > ld->win_peak_reserved)
             ld->win_peak_reserved = f->saved_reserved[i];
         for (size_t k = 0; k <= d->map.mask; k++) {
-            tally_block_t *b = d->map.keys[k] ? d->map.vals[k] : NULL;
+            tally_block_t *b = d->map.slots[k].key ? d->map.slots[k].val : NULL;
             if (b && b->epoch >= f->epoch)
                 group_add(&g, b->tag, i, b->site, b->size);
         }

@@ -59,8 +59,8 @@ leak_set_t tally__collect_leaks(void)
         tally_device_t *d = tally__g.dev[i];
         tally__dev_lock(&d->lock);
         for (size_t k = 0; k <= d->map.mask; k++)
-            if (d->map.keys[k] && d->map.vals[k]->seq > d->inherited_seq)
-                leak_add(&s, d->map.vals[k], i);
+            if (d->map.slots[k].key && d->map.slots[k].val->seq > d->inherited_seq)
+                leak_add(&s, d->map.slots[k].val, i);
         tally__dev_unlock(&d->lock);
     }
     if (s.n)

@@ -101,7 +101,7 @@ static tally_block_t *take_block(uintptr_t a, int hint, tally_device_t **out)
     if (hint >= 0 && hint < n) {
         tally_device_t *d = tally__g.dev[hint];
         tally__dev_lock(&d->lock);
-        tally_block_t *b = tally__ptrmap_take(&d->map, a);
+        tally_block_t *b = TALLY_LIKELY(d->map.slots != NULL && a != 0) ? tally__ptrmap_take_inline(&d->map, a) : NULL;
         if (TALLY_LIKELY(b != NULL)) {
             *out = d;
             return b;
