@@ -122,10 +122,21 @@ void tally__cache_block_delete_locked(tally_device_t *d, tally_block_t *b)
 
 /* ---- free ---------------------------------------------------------------- */
 
+void tally__cache_peaks_take_locked(tally_device_t *d)
+{
+    tally__stat_pool_peak(d->stats.allocation, TALLY_POOL_SMALL);
+    tally__stat_pool_peak(d->stats.allocated_bytes, TALLY_POOL_SMALL);
+    tally__stat_pool_peak(d->stats.active, TALLY_POOL_SMALL);
+    tally__stat_pool_peak(d->stats.active_bytes, TALLY_POOL_SMALL);
+    tally__stat_pool_peak(d->stats.requested_bytes, TALLY_POOL_SMALL);
+    d->peaks_pending = 0;
+}
+
 /* Put a block whose user is done (and whose events completed) into its pool,
  * merging with free neighbours (the lower one first). */
 void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b)
 {
+    tally__cache_peaks_locked(d); /* before the active statistics fall */
     if (b->pool == TALLY_POOL_SMALL) {
         tally__small_free_block_locked(d, b);
         return;
@@ -200,6 +211,7 @@ void tally__cache_passthrough_free_locked(tally_device_t *d, tally_block_t *b)
     if (fs)
         b->stream = fs; /* the free is queued on the free stream */
     b->nuses = 0;
+    tally__cache_peaks_locked(d);
     tally__stat_pool_dec(d->stats.active, b->pool, 1);
     tally__stat_pool_dec(d->stats.active_bytes, b->pool, (int64_t)b->size);
     tally__stat_pool_dec(d->stats.requested_bytes, b->pool, (int64_t)b->requested);

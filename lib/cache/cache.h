@@ -144,6 +144,9 @@ typedef struct tally_device {
     int id;
     tally_pool_t small, large;
     tally_stats_t stats;
+    /* The small fast path's allocation statistics have risen since their
+     * peaks were last taken (tally__cache_peaks_locked). */
+    uint8_t peaks_pending;
     tally_segment_t *segments;
     size_t nsegments;
     tally_ptrmap_t map;
@@ -228,20 +231,46 @@ typedef struct tally_cache_hooks {
 extern tally_cache_hooks_t tally__cache_hooks;
 void tally__cache_set_hooks(const tally_cache_hooks_t *h);
 
+/* Peaks taken when they are needed. The small fast path raises five
+ * statistics of an allocation (allocation, allocated_bytes, active,
+ * active_bytes, requested_bytes) without comparing them with their peaks,
+ * and marks the device. Between two marks those statistics only rise (every
+ * decrease, and every read of a peak, takes the peaks first), so the highest
+ * value each reached is the one it holds now: taking the peaks then gives
+ * the same peaks as comparing at every step, with one comparison per run
+ * of allocations instead of one per allocation. (A peak reset needs none:
+ * it makes every peak the value now, which is what taking them would.) */
+void tally__cache_peaks_take_locked(tally_device_t *d);
+static inline void tally__cache_peaks_locked(tally_device_t *d)
+{
+    if (d->peaks_pending)
+        tally__cache_peaks_take_locked(d);
+}
+
 /* The statistics and records of a block handed out (in the pointer map),
  * and the hook: the last step of both allocation paths (cache.c, small.c),
- * inline in each. */
+ * inline in each. The small fast path's statistics leave their peaks
+ * pending (above). */
 static inline __attribute__((always_inline)) tally_block_t *tally__cache_hand_out(tally_device_t *d, tally_block_t *b, int kind,
                                                                                  size_t orig, void *site, bool in_capture)
 {
     b->state = BLOCK_ALLOCATED;
     b->requested = orig;
     b->seq = ++d->seq;
-    tally__stat_pool_inc(d->stats.allocation, kind, 1);
-    tally__stat_pool_inc(d->stats.allocated_bytes, kind, (int64_t)b->size);
-    tally__stat_pool_inc(d->stats.active, kind, 1);
-    tally__stat_pool_inc(d->stats.active_bytes, kind, (int64_t)b->size);
-    tally__stat_pool_inc(d->stats.requested_bytes, kind, (int64_t)orig);
+    if (kind == TALLY_POOL_SMALL) {
+        tally__stat_rise(&d->stats.allocation[TALLY_POOL_SMALL], 1);
+        tally__stat_rise(&d->stats.allocated_bytes[TALLY_POOL_SMALL], (int64_t)b->size);
+        tally__stat_rise(&d->stats.active[TALLY_POOL_SMALL], 1);
+        tally__stat_rise(&d->stats.active_bytes[TALLY_POOL_SMALL], (int64_t)b->size);
+        tally__stat_rise(&d->stats.requested_bytes[TALLY_POOL_SMALL], (int64_t)orig);
+        d->peaks_pending = 1;
+    } else {
+        tally__stat_pool_inc(d->stats.allocation, kind, 1);
+        tally__stat_pool_inc(d->stats.allocated_bytes, kind, (int64_t)b->size);
+        tally__stat_pool_inc(d->stats.active, kind, 1);
+        tally__stat_pool_inc(d->stats.active_bytes, kind, (int64_t)b->size);
+        tally__stat_pool_inc(d->stats.requested_bytes, kind, (int64_t)orig);
+    }
     /* A small-pool block (at most 2 MiB) is never oversize: max_split_size
      * is at least 20 MiB (options.c), so the fast path skips the test. */
     if (kind == TALLY_POOL_LARGE && b->size >= tally__opt.max_split_size)
@@ -571,6 +600,7 @@ static inline __attribute__((always_inline)) bool tally__cache_alloc_begin_locke
  * names a double free's first free). */
 static inline __attribute__((always_inline)) void tally__cache_free_begin_locked(tally_device_t *d, tally_block_t *b)
 {
+    tally__cache_peaks_locked(d);
     tally__stat_pool_dec(d->stats.allocation, b->pool, 1);
     tally__stat_pool_dec(d->stats.allocated_bytes, b->pool, (int64_t)b->size);
     if (b->pool == TALLY_POOL_LARGE && b->size >= tally__opt.max_split_size) /* as in hand_out */

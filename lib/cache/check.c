@@ -229,6 +229,7 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
         rc[0].requested_bytes += rc[p].requested_bytes;
     }
     bool acc = !d->accum_reset;
+    tally__cache_peaks_locked(d);
     tally__stats_sync_all(&d->stats);
     const tally_stats_t *st = &d->stats;
     /* The pools first: a pool's error is named with its pool, not only
@@ -261,6 +262,7 @@ static void largest(tally_block_t *b, void *arg)
 
 void tally__cache_fill_derived_locked(tally_device_t *d, tally_stats_t *out)
 {
+    tally__cache_peaks_locked(d);
     tally__stats_sync_all(&d->stats);
     *out = d->stats;
     out->largest_free_block = 0;

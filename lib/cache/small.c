@@ -409,7 +409,7 @@ static inline __attribute__((always_inline)) void small_free(tally_device_t *d, 
 
 void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b)
 {
-    small_free(d, b);
+    small_free(d, b); /* its callers took the pending peaks */
 }
 
 /* ---- the entry points ----------------------------------------------------- */

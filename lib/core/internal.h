@@ -312,6 +312,12 @@ static inline void tally__stat_inc(tally_stat_t *s, int64_t n)
     if (s->current > s->peak)
         s->peak = s->current;
 }
+/* A rise whose peak is taken later (tally__cache_peaks_locked). */
+static inline void tally__stat_rise(tally_stat_t *s, int64_t n)
+{
+    s->current += n;
+    s->allocated += n;
+}
 static inline void tally__stat_dec(tally_stat_t *s, int64_t n)
 {
     s->current -= n;
@@ -325,6 +331,16 @@ static inline void tally__stat_dec(tally_stat_t *s, int64_t n)
 static inline int64_t tally__stat_all_current(const tally_stat_t *arr)
 {
     return arr[TALLY_POOL_SMALL].current + arr[TALLY_POOL_LARGE].current;
+}
+/* The peaks of a pool's entry of the pool-indexed array arr and of its all
+ * entry, taken now. */
+static inline void tally__stat_pool_peak(tally_stat_t *arr, int pool)
+{
+    if (arr[pool].current > arr[pool].peak)
+        arr[pool].peak = arr[pool].current;
+    int64_t all = tally__stat_all_current(arr);
+    if (all > arr[TALLY_POOL_ALL].peak)
+        arr[TALLY_POOL_ALL].peak = all;
 }
 static inline void tally__stat_pool_inc(tally_stat_t *arr, int pool, int64_t n)
 {
