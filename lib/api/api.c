@@ -105,6 +105,14 @@ static int check_home(int home, int ndev)
                              ndev, ndev == 1 ? "" : "s", ndev > 1 ? "0 to " : "", ndev - 1);
 }
 
+_Atomic int tally__alloc_extra;
+
+void tally__alloc_extra_update(void)
+{
+    bool site = tally__opt.ledger && (TALLY_OPT(backtrace_depth) > 0 || TALLY_OPT(python_stack) > 0);
+    atomic_store_explicit(&tally__alloc_extra, site || tally__private_any(), memory_order_relaxed);
+}
+
 /* Whether options o let small requests take the cache's fast path
  * (tally__g.small_fast, lib/cache/small.c). */
 static void set_small_fast(const tally_options_t *o)
@@ -194,6 +202,7 @@ static void do_init_locked(void)
     tally__opt.home_device = resolve_home(tally__opt.home_setting, n);
     tally__exit_register();
     set_small_fast(&tally__opt);
+    tally__alloc_extra_update();
     atomic_store(&initialised, 1);
 }
 
@@ -274,6 +283,7 @@ static void publish_runtime(const tally_options_t *n)
     memcpy(tally__opt.report_path, n->report_path, sizeof tally__opt.report_path);
     memcpy(tally__opt.leak_suppressions, n->leak_suppressions, sizeof tally__opt.leak_suppressions);
     set_small_fast(n);
+    tally__alloc_extra_update();
 }
 
 int tally_configure(const char *conf)

@@ -36,6 +36,12 @@ static inline __attribute__((always_inline)) void *tally__malloc_inline(size_t s
  * what a stage report says slept and woke. */
 int tally__private_init_locked(const tally_backend_t *be, char *err, size_t errlen);
 extern _Atomic int tally__nprivate;
+/* api.c: non-zero when an allocation has more to do than the cache's part:
+ * an allocation site to capture (backtrace_depth or python_stack, with the
+ * ledger on) or private tags to look up. One load on the allocation path
+ * instead of four; recomputed whenever one of them changes. */
+extern _Atomic int tally__alloc_extra;
+void tally__alloc_extra_update(void);
 static inline int tally__private_any(void)
 {
     return atomic_load_explicit(&tally__nprivate, memory_order_relaxed);
@@ -73,14 +79,16 @@ static inline __attribute__((always_inline)) void *tally__malloc_inline(size_t s
                                                                             : tally__device_lookup(device, "tally_malloc");
     if (!d)
         return NULL;
-    /* The allocation site is unwound before the lock: it is slow. */
     void *site = NULL;
-    int depth = TALLY_OPT(backtrace_depth), pydepth = TALLY_OPT(python_stack);
-    if (TALLY_UNLIKELY(depth > 0 || pydepth > 0) && tally__opt.ledger)
-        site = tally__site_capture(depth, pydepth);
     uint32_t priv = 0;
-    if (TALLY_UNLIKELY(tally__private_any()) && tally__private_for_alloc(device, &priv))
-        return NULL;
+    if (TALLY_UNLIKELY(atomic_load_explicit(&tally__alloc_extra, memory_order_relaxed))) {
+        /* The allocation site is unwound before the lock: it is slow. */
+        int depth = TALLY_OPT(backtrace_depth), pydepth = TALLY_OPT(python_stack);
+        if ((depth > 0 || pydepth > 0) && tally__opt.ledger)
+            site = tally__site_capture(depth, pydepth);
+        if (tally__private_any() && tally__private_for_alloc(device, &priv))
+            return NULL;
+    }
     tally__dev_lock(&d->lock);
     tally_block_t *b;
     if (TALLY_UNLIKELY(priv)) {

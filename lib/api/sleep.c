@@ -40,6 +40,7 @@ static int add_private(uint32_t id, const char *fn, const char *name)
         } else {
             private_ids[n] = id;
             atomic_store_explicit(&nprivate, n + 1, memory_order_release);
+            tally__alloc_extra_update();
         }
     }
     tally__mutex_unlock(&private_lock);

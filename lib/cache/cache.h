@@ -43,7 +43,9 @@ struct tally_block {
     uint16_t event_count;        /* outstanding stream events */
     uint16_t nuses, cap_uses;    /* streams recorded by record_stream */
     tally_use_t *uses;
-    uint64_t gc_base; /* pool's get-free call count when it became free */
+    uint64_t gc_base; /* pool's get-free call count when it became free (read by
+                       * the large pool's garbage collection only: the small
+                       * pool's fast paths leave it) */
     /* Ledger facts (ledger.c). */
     uint32_t tag, stage;
     uint32_t lentry; /* index of its ledger row */

@@ -230,12 +230,12 @@ long tally__bins_verify(const tally_pool_t *p)
 
 /* A spare block record made ready for a free piece (d->spare_blocks is not
  * empty): every field but those the caller sets (addr, size, stream, seg,
- * pool, prev and next) as a new free block has them. */
+ * pool, prev and next) as a new free block has them, except the pool links
+ * (left, right), which going into a pool sets. */
 static inline tally_block_t *record_take(tally_device_t *d)
 {
     tally_block_t *r = d->spare_blocks;
     d->spare_blocks = r->next;
-    r->left = r->right = NULL;
     r->state = BLOCK_FREE;
     r->paged = 0;
     r->deferred = 0;
@@ -268,7 +268,11 @@ static bool records_ready(tally_device_t *d)
 
 tally_block_t *tally__cache_block_new(tally_device_t *d)
 {
-    return records_ready(d) ? record_take(d) : NULL;
+    if (!records_ready(d))
+        return NULL;
+    tally_block_t *r = record_take(d);
+    r->left = r->right = NULL;
+    return r;
 }
 
 /* b, out of its pool, keeps its first size bytes; a new free record (d's
@@ -293,7 +297,11 @@ static inline tally_block_t *cut_front(tally_device_t *d, tally_block_t *b, size
 
 tally_block_t *tally__cache_cut_front(tally_device_t *d, tally_block_t *b, size_t size)
 {
-    return records_ready(d) ? cut_front(d, b, size) : NULL;
+    if (!records_ready(d))
+        return NULL;
+    tally_block_t *rest = cut_front(d, b, size);
+    rest->left = rest->right = NULL;
+    return rest;
 }
 
 /* An allocation of size bytes (rounded; orig asked) from the device's own
@@ -319,8 +327,7 @@ static inline __attribute__((always_inline)) tally_block_t *small_alloc(tally_de
     if (b->size - size >= MIN_BLOCK) {
         /* The rest stays free, in its own bin: the pool's count is unchanged. */
         tally_block_t *rest = cut_front(d, b, size);
-        rest->gc_base = pool->get_free_calls;
-        bin_insert(set, rest);
+        bin_insert(set, rest); /* sets its pool links */
         if (already_split) {
             tally__stat_dec(split_bytes, (int64_t)size);
         } else {
@@ -390,7 +397,6 @@ static inline __attribute__((always_inline)) void small_free(tally_device_t *d, 
         pool->count--;
     }
     b->state = BLOCK_FREE;
-    b->gc_base = pool->get_free_calls;
     bin_insert(set, b);
     pool->count++;
     /* The split statistics' changes, summed without branches. */
