@@ -41,6 +41,22 @@ section "### expandable_handle_mb" "tally-replay expandable_handle_mb"
 section "## Hot path through PyTorch" "torchpath-mimalloc"
 section "## Threads taking turns on one device" "turns"
 section "## tally tune" "tune.sh (gen_trace, tally tune, hotpath trace:true)"
+# pair-ab on two copies of one build: both lines, the first at 1 against itself.
+ab_dir=$(mktemp -d)
+cp "$BUILD/lib/libtally.so" "$ab_dir/a.so" && cp "$BUILD/lib/libtally.so" "$ab_dir/b.so"
+if "$BUILD/bench/pair-ab" --reps 5 --batches 20 "$ab_dir/a.so" "$ab_dir/b.so" >"$ab_dir/out" 2>&1 &&
+  [ "$(grep -c '^AB .* mimalloc [0-9.]* first [0-9.]* q1 [0-9.]* q3 [0-9.]*$' "$ab_dir/out")" = 2 ] &&
+  grep -q "^AB $ab_dir/a.so mimalloc [0-9.]* first 1.0000 " "$ab_dir/out"; then
+  echo "bench-quick: ok pair-ab"
+else
+  cat "$ab_dir/out" >&2
+  echo "bench-quick: FAIL pair-ab: two AB lines, the first at 1.0000, expected" >&2; failed=1
+fi
+if "$BUILD/bench/pair-ab" "$ab_dir/a.so" "$ab_dir/a.so" >"$ab_dir/out" 2>&1 || ! grep -q "already opened" "$ab_dir/out"; then
+  cat "$ab_dir/out" >&2
+  echo "bench-quick: FAIL pair-ab: one library named twice must be refused" >&2; failed=1
+fi
+rm -rf "$ab_dir"
 # Every jemalloc / mimalloc column holds a figure (the binaries really ran).
 if awk -F'|' '/^\| <= 256 KiB \| pair \| 1 \|/ { if ($5 ~ /[0-9]/ && $6 ~ /[0-9]/ && $7 ~ /[0-9]/) ok = 1 } END { exit !ok }' "$report"; then
   echo "bench-quick: ok glibc, jemalloc and mimalloc figures"

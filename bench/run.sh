@@ -28,7 +28,7 @@ TRACES=$(cd "$TRACES" && pwd)
 BIN=$BUILD/bench
 for f in "$BIN/hotpath-glibc" "$BIN/hotpath-jemalloc" "$BIN/hotpath-mimalloc" "$BUILD/bin/tally-replay" \
   "$BUILD/bin/tally-driver-cost" "$BUILD/standin/libcuda.so.1" \
-  "$BIN/torchpath-mimalloc" "$BIN/pt-expand-model" "$BIN/unwind" "$BIN/tally-steps" "$BIN/turns"; do
+  "$BIN/torchpath-mimalloc" "$BIN/pt-expand-model" "$BIN/unwind" "$BIN/tally-steps" "$BIN/turns" "$BIN/pair-ab"; do
   if [ ! -x "$f" ]; then
     echo "run.sh: $f is missing; run: make -C bench BUILD=$BUILD" >&2
     exit 1
