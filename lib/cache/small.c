@@ -404,8 +404,8 @@ static inline __attribute__((always_inline)) void small_free(tally_device_t *d, 
     int64_t split = !whole;
     dblocks += split;
     dbytes += (int64_t)b->size & -split;
-    tally__stat_pool_signed(d->stats.inactive_split, TALLY_POOL_SMALL, dblocks);
-    tally__stat_pool_signed(d->stats.inactive_split_bytes, TALLY_POOL_SMALL, dbytes);
+    tally__stat_pool(d->stats.inactive_split, TALLY_POOL_SMALL, dblocks);
+    tally__stat_pool(d->stats.inactive_split_bytes, TALLY_POOL_SMALL, dbytes);
     tally__stat_dec(&d->stats.active[TALLY_POOL_SMALL], 1);
     tally__stat_dec(&d->stats.active_bytes[TALLY_POOL_SMALL], (int64_t)original);
     tally__stat_dec(&d->stats.requested_bytes[TALLY_POOL_SMALL], (int64_t)b->requested);

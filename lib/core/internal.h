@@ -344,36 +344,24 @@ static inline void tally__stat_pool_peak(tally_stat_t *arr, int pool)
 }
 static inline void tally__stat_pool_inc(tally_stat_t *arr, int pool, int64_t n)
 {
-    tally__stat_inc(&arr[pool], n);
-    int64_t all = tally__stat_all_current(arr);
-    if (all > arr[TALLY_POOL_ALL].peak)
-        arr[TALLY_POOL_ALL].peak = all;
+    tally__stat_rise(&arr[pool], n);
+    tally__stat_pool_peak(arr, pool);
 }
 static inline void tally__stat_pool_dec(tally_stat_t *arr, int pool, int64_t n)
 {
     tally__stat_dec(&arr[pool], n);
 }
-/* A signed change of a pool's entry. */
+/* A signed change of a pool's entry (amount may be 0), branch-free but for
+ * the peaks: the sign follows the job's free order, which no predictor
+ * learns. */
 static inline void tally__stat_pool(tally_stat_t *arr, int pool, int64_t amount)
-{
-    if (amount > 0)
-        tally__stat_pool_inc(arr, pool, amount);
-    else
-        tally__stat_pool_dec(arr, pool, -amount);
-}
-/* The same, branch-free but for the peaks (amount may be 0). */
-static inline void tally__stat_pool_signed(tally_stat_t *arr, int pool, int64_t amount)
 {
     tally_stat_t *s = &arr[pool];
     int64_t up = amount > 0 ? amount : 0;
     s->current += amount;
     s->allocated += up;
     s->freed += up - amount;
-    if (s->current > s->peak)
-        s->peak = s->current;
-    int64_t all = tally__stat_all_current(arr);
-    if (all > arr[TALLY_POOL_ALL].peak)
-        arr[TALLY_POOL_ALL].peak = all;
+    tally__stat_pool_peak(arr, pool);
 }
 /* Write the all entries' current, allocated and freed (the sums of the
  * pools') into s, before s is read or reset. */
