@@ -24,10 +24,16 @@ bool tally__is_initialised(void);
  * number. */
 tally_device_t *tally__device(int device, const char *fn);
 
-/* The body of tally_malloc, inline there and in tally_torch_alloc (PyTorch's
- * entry point, lib/torch/torch_abi.c), so that PyTorch's allocations make one
- * call fewer (issue 21, item 7). Its errors name tally_malloc in both. */
-static inline __attribute__((always_inline)) void *tally__malloc_inline(size_t size, int device, void *stream);
+/* tally_malloc's body, in two halves, shared with tally_torch_alloc
+ * (PyTorch's entry point, lib/torch/torch_abi.c), whose errors name
+ * tally_malloc too. The fast half, inline in both: a plain allocation
+ * (initialised, a device in range, no site to capture and no private tag)
+ * whose device lock is this thread's by bias; true when it handled the
+ * call, with *p the address or NULL when the cache failed (the error set).
+ * Everything else is the slow half's (api.c), a tail call: the fast half
+ * then keeps one register across its one call (issue 21, item 7). */
+static inline __attribute__((always_inline)) bool tally__malloc_fast(size_t size, int device, void *stream, void **p);
+void *tally__malloc_slow(size_t size, int device, void *stream);
 
 /* sleep.c: private tags. At initialisation, the private_tags key (refused
  * with the reason on a backend without pages of its own); the number of
@@ -65,41 +71,21 @@ int tally__exit_report(void);
 void tally__fork_register(void);
 void tally__after_fork_child(void);
 
-static inline __attribute__((always_inline)) void *tally__malloc_inline(size_t size, int device, void *stream)
+static inline __attribute__((always_inline)) bool tally__malloc_fast(size_t size, int device, void *stream, void **p)
 {
-    if (size == 0)
-        return NULL;
-    if (TALLY_UNLIKELY((ssize_t)size < 0)) {
-        tally__fail(TALLY_EINVAL, "tally_malloc: size %zu is negative as a signed size (%zd)", size, (ssize_t)size);
-        return NULL;
-    }
-    if (tally__ensure_init())
-        return NULL;
-    tally_device_t *d = TALLY_LIKELY(device >= 0 && device < tally__g.ndev) ? tally__g.dev[device]
-                                                                            : tally__device_lookup(device, "tally_malloc");
-    if (!d)
-        return NULL;
-    void *site = NULL;
-    uint32_t priv = 0;
-    if (TALLY_UNLIKELY(atomic_load_explicit(&tally__alloc_extra, memory_order_relaxed))) {
-        /* The allocation site is unwound before the lock: it is slow. */
-        int depth = TALLY_OPT(backtrace_depth), pydepth = TALLY_OPT(python_stack);
-        if ((depth > 0 || pydepth > 0) && tally__opt.ledger)
-            site = tally__site_capture(depth, pydepth);
-        if (tally__private_any() && tally__private_for_alloc(device, &priv))
-            return NULL;
-    }
-    tally__dev_lock(&d->lock);
-    tally_block_t *b;
-    if (TALLY_UNLIKELY(priv)) {
-        tally_gpool_t *gp = tally__ppool_get_locked(d, priv, true);
-        b = gp ? tally__cache_malloc_in_locked(d, size, stream, site, gp) : NULL;
-    } else {
-        b = tally__cache_malloc_locked(d, size, stream, site);
-    }
-    void *p = b ? (void *)b->addr : NULL;
+    /* size - 1 < SIZE_MAX / 2: neither 0 nor negative as a signed size. */
+    if (TALLY_UNLIKELY(size - 1 >= SIZE_MAX / 2) ||
+        TALLY_UNLIKELY(atomic_load_explicit(&tally__initialised, memory_order_acquire) != 1) ||
+        TALLY_UNLIKELY((unsigned)device >= (unsigned)tally__g.ndev) ||
+        TALLY_UNLIKELY(atomic_load_explicit(&tally__alloc_extra, memory_order_relaxed)))
+        return false;
+    tally_device_t *d = tally__g.dev[device];
+    if (TALLY_UNLIKELY(!tally__dev_lock_biased(&d->lock)))
+        return false;
+    tally_block_t *b = tally__cache_malloc_locked(d, size, stream, NULL);
+    *p = b ? (void *)b->addr : NULL;
     tally__dev_unlock(&d->lock);
-    return p;
+    return true;
 }
 
 #endif

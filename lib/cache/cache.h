@@ -353,19 +353,32 @@ static inline void tally__ptrmap_put_room(tally_ptrmap_t *m, uintptr_t key, tall
     m->count++;
 }
 void tally__ptrmap_shift_back(tally_ptrmap_t *m, size_t hole);
-static inline tally_block_t *tally__ptrmap_take_inline(tally_ptrmap_t *m, uintptr_t key)
+/* A take in two steps, for a caller that checks the block before taking
+ * it: the slot of key (an allocated map, key not 0), or NULL; then the
+ * removal of that slot's entry. */
+static inline tally_ptrslot_t *tally__ptrmap_find_inline(tally_ptrmap_t *m, uintptr_t key)
 {
     size_t i = tally__ptrmap_slot(key, m->mask);
     while (m->slots[i].key && m->slots[i].key != key)
         i = (i + 1) & m->mask;
-    if (!m->slots[i].key)
-        return NULL;
-    tally_block_t *b = m->slots[i].val;
+    return m->slots[i].key ? &m->slots[i] : NULL;
+}
+static inline void tally__ptrmap_remove_inline(tally_ptrmap_t *m, tally_ptrslot_t *slot)
+{
+    size_t i = (size_t)(slot - m->slots);
     m->count--;
     if (TALLY_LIKELY(!m->slots[(i + 1) & m->mask].key))
-        m->slots[i].key = 0; /* the run ends here: nothing to shift */
+        slot->key = 0; /* the run ends here: nothing to shift */
     else
         tally__ptrmap_shift_back(m, i);
+}
+static inline tally_block_t *tally__ptrmap_take_inline(tally_ptrmap_t *m, uintptr_t key)
+{
+    tally_ptrslot_t *slot = tally__ptrmap_find_inline(m, key);
+    if (!slot)
+        return NULL;
+    tally_block_t *b = slot->val;
+    tally__ptrmap_remove_inline(m, slot);
     return b;
 }
 

@@ -110,7 +110,11 @@ void tally__bias_counts(uint64_t *grants, uint64_t *revokes);
 void tally__bias_policy(uint32_t first, uint64_t payback);
 /* The calling thread's record, NULL before its first bias (tests). */
 tally_bias_t *tally__bias_mine(void);
-static inline void tally__dev_lock(tally_devlock_t *l)
+/* The biased fast path alone: true with the lock held (released by
+ * tally__dev_unlock), false with nothing held, for a caller whose slow path
+ * is elsewhere (the allocation entry points: their fast path then keeps
+ * fewer registers across its one call). */
+static inline bool tally__dev_lock_biased(tally_devlock_t *l)
 {
     tally_bias_t *o = atomic_load_explicit(&l->owner, memory_order_relaxed);
     /* A record whose thread is this one is this thread's own: a record
@@ -124,11 +128,16 @@ static inline void tally__dev_lock(tally_devlock_t *l)
             TALLY_LIKELY(atomic_load_explicit(&l->owner, memory_order_relaxed) == o)) {
             l->fast = 1;
             l->served++;
-            return;
+            return true;
         }
         atomic_store_explicit(&o->busy, 0, memory_order_release);
     }
-    tally__devlock_slow(l);
+    return false;
+}
+static inline void tally__dev_lock(tally_devlock_t *l)
+{
+    if (!tally__dev_lock_biased(l))
+        tally__devlock_slow(l);
 }
 static inline void tally__dev_unlock(tally_devlock_t *l)
 {

@@ -83,14 +83,26 @@ static void alloc_failed(size_t size, int device)
         tally__torch_raise(oom, msg);
 }
 
-void *tally_torch_alloc(size_t size, int device, void *stream)
+/* The allocations tally_malloc's fast half does not take (api.h). */
+__attribute__((noinline)) static void *torch_alloc_slow(size_t size, int device, void *stream)
 {
     if (size == 0)
         return NULL;
-    void *p = tally__malloc_inline(size, device, stream);
-    if (TALLY_UNLIKELY(!p))
+    void *p = tally__malloc_slow(size, device, stream);
+    if (!p)
         alloc_failed(size, device);
     return p;
+}
+
+void *tally_torch_alloc(size_t size, int device, void *stream)
+{
+    void *p;
+    if (TALLY_LIKELY(tally__malloc_fast(size, device, stream, &p))) {
+        if (TALLY_UNLIKELY(!p))
+            alloc_failed(size, device);
+        return p;
+    }
+    return torch_alloc_slow(size, device, stream);
 }
 
 /* Take ptr's live block out of the pointer map, trying the device PyTorch
@@ -123,18 +135,11 @@ static tally_block_t *take_block(uintptr_t a, int hint, tally_device_t **out)
     return NULL;
 }
 
-void tally_torch_free(void *ptr, size_t size, int device, void *stream)
+/* Free a block taken out of d's map, then say once if PyTorch's size or
+ * device disagree with tally's record (after the unlock: the sink may be
+ * slow). */
+static void free_taken(tally_device_t *d, tally_block_t *b, void *ptr, size_t size, int device)
 {
-    (void)stream;
-    if (!ptr || tally__ensure_init())
-        return;
-    tally_device_t *d;
-    tally_block_t *b = take_block((uintptr_t)ptr, device, &d);
-    if (!b) {
-        /* Unknown pointer or double free: tally_free names which, and owner. */
-        tally_free(ptr);
-        return;
-    }
     size_t requested = b->requested;
     int owner = d->id;
     tally__cache_free_locked(d, b);
@@ -147,6 +152,57 @@ void tally_torch_free(void *ptr, size_t size, int device, void *stream)
         tally__diag("tally_torch_free: PyTorch passed device %d for %p, which belongs to device %d; freed by "
                     "tally's record (further device mismatches are not reported)",
                     device, ptr, owner);
+}
+
+/* Every free the fast path below does not take. */
+__attribute__((noinline)) static void torch_free_slow(void *ptr, size_t size, int device)
+{
+    if (!ptr || tally__ensure_init())
+        return;
+    tally_device_t *d;
+    tally_block_t *b = take_block((uintptr_t)ptr, device, &d);
+    if (!b) {
+        /* Unknown pointer or double free: tally_free names which, and owner. */
+        tally_free(ptr);
+        return;
+    }
+    free_taken(d, b, ptr, size, device);
+}
+
+/* The fast path's miss, d's lock held: the slow path from the start. */
+__attribute__((noinline)) static void torch_free_miss(tally_device_t *d, void *ptr, size_t size, int device)
+{
+    tally__dev_unlock(&d->lock);
+    torch_free_slow(ptr, size, device);
+}
+
+/* The fast path: initialised, the device PyTorch names holds the block
+ * with the size PyTorch names, and its lock is this thread's by bias. The
+ * block is checked before it is taken, so that past the check only d and
+ * the block are live: the fast path keeps one register across its calls,
+ * and anything else is a tail call. */
+void tally_torch_free(void *ptr, size_t size, int device, void *stream)
+{
+    (void)stream;
+    uintptr_t a = (uintptr_t)ptr;
+    if (TALLY_LIKELY(atomic_load_explicit(&tally__initialised, memory_order_acquire) == 1) &&
+        TALLY_LIKELY((unsigned)device < (unsigned)tally__g.ndev)) {
+        tally_device_t *d = tally__g.dev[device];
+        if (TALLY_LIKELY(tally__dev_lock_biased(&d->lock))) {
+            tally_ptrslot_t *slot =
+                TALLY_LIKELY(d->map.slots != NULL && a != 0) ? tally__ptrmap_find_inline(&d->map, a) : NULL;
+            if (TALLY_UNLIKELY(!slot) || TALLY_UNLIKELY(slot->val->requested != size)) {
+                torch_free_miss(d, ptr, size, device);
+                return;
+            }
+            tally_block_t *b = slot->val;
+            tally__ptrmap_remove_inline(&d->map, slot);
+            tally__cache_free_locked(d, b);
+            tally__dev_unlock(&d->lock);
+            return;
+        }
+    }
+    torch_free_slow(ptr, size, device);
 }
 
 void tally_torch_init(int device_count)
