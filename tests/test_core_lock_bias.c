@@ -197,6 +197,85 @@ static void test_a_dead_threads_record_goes_to_the_next_thread(void **state)
     assert_int_equal(tally_check(), 0);
 }
 
+/* The ledger reads an allocation's tag from the bias record of the thread
+ * that holds the device lock (lib/ledger/ledger.c), which tag push and pop
+ * keep equal to the thread's tag stack. Each thread below writes the tag
+ * names of its blocks here; the test thread checks them. */
+static const char *tag_seen[6];
+static tally_bias_t *tag_record;
+
+static const char *tag_name_of(void *p)
+{
+    tally_block_info_t in;
+    if (!p || tally_block_info(p, &in) != 0)
+        return "(no block)";
+    return in.tag ? tally_tag_name(in.tag) : "(untagged)";
+}
+
+static void *tags_then_bias(void *arg)
+{
+    (void)arg;
+    /* A tag pushed before the thread has a record: the record starts
+     * without one and the first allocation reads the stack. */
+    tally_tag_push("early");
+    pairs(3, 100); /* earns device 3's bias */
+    tag_record = tally__bias_mine();
+    void *p[4];
+    p[0] = tally_malloc(4096, 3, NULL);
+    tally_tag_push("late"); /* pushed under the bias */
+    p[1] = tally_malloc(4096, 3, NULL);
+    tally_tag_pop();
+    p[2] = tally_malloc(4096, 3, NULL);
+    tally_tag_pop();
+    p[3] = tally_malloc(4096, 3, NULL);
+    for (int i = 0; i < 4; i++) {
+        tag_seen[i] = tag_name_of(p[i]);
+        tally_free(p[i]);
+    }
+    tally_tag_push("left pushed"); /* the thread exits with it */
+    pairs(3, 1);
+    return NULL;
+}
+
+static void *untagged_takes_over(void *arg)
+{
+    (void)arg;
+    /* Device 2, not 0 or 1: tally_free looks from the thread's last device
+     * on, and would revoke device 3's bias on the way from those. */
+    pairs(2, 100); /* earns device 2's bias with the dead thread's record */
+    tag_record = tally__bias_mine();
+    void *p = tally_malloc(4096, 3, NULL); /* device 3: still biased to that record */
+    tag_seen[4] = tag_name_of(p);
+    tally_free(p);
+    return NULL;
+}
+
+static void test_a_biased_thread_tags_its_blocks(void **state)
+{
+    (void)state;
+#ifdef NO_BIAS
+    SKIP("no bias under ThreadSanitizer");
+#endif
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, tags_then_bias, NULL), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    tally_bias_t *first = tag_record;
+    assert_non_null(first);
+    assert_ptr_equal(atomic_load(&lock_of(3)->owner), first);
+    assert_string_equal(tag_seen[0], "early");
+    assert_string_equal(tag_seen[1], "late");
+    assert_string_equal(tag_seen[2], "early");
+    assert_string_equal(tag_seen[3], "(untagged)");
+    /* The next thread takes the dead thread's record over, and with it
+     * device 3's bias, but not the tag the dead thread left pushed. */
+    assert_int_equal(pthread_create(&t, NULL, untagged_takes_over, NULL), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_ptr_equal(tag_record, first);
+    assert_ptr_equal(atomic_load(&lock_of(3)->owner), first);
+    assert_string_equal(tag_seen[4], "(untagged)");
+    assert_int_equal(tally_check(), 0);
+}
+
 static void test_lock_bias_false_never_biases(void **state)
 {
     (void)state;
@@ -405,6 +484,7 @@ int main(void)
         cmocka_unit_test_setup(test_another_thread_revokes_then_earns_it, reset_policy),
         cmocka_unit_test_setup(test_a_bias_that_paid_makes_the_next_easier, reset_policy),
         cmocka_unit_test_setup(test_a_dead_threads_record_goes_to_the_next_thread, reset_policy),
+        cmocka_unit_test_setup(test_a_biased_thread_tags_its_blocks, reset_policy),
         cmocka_unit_test_setup(test_lock_bias_false_never_biases, reset_policy),
         cmocka_unit_test_setup(test_a_bad_value_is_refused_and_changes_nothing, reset_policy),
         cmocka_unit_test_setup(test_forked_child_takes_and_earns_the_lock, reset_policy),

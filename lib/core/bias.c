@@ -138,6 +138,7 @@ static tally_bias_t *self_record(void)
     tally__mutex_unlock(tally__heap_lock());
     if (!r) {
         /* A cache line of its own: busy is written on every fast take. */
+        _Static_assert(sizeof(tally_bias_t) <= 64, "a bias record fits its cache line");
         r = tally__meta_calloc(64);
         if (!r)
             return NULL;
@@ -147,6 +148,7 @@ static tally_bias_t *self_record(void)
         return NULL;
     }
     r->next = NULL;
+    r->tag = TALLY_BIAS_TAG_UNSET; /* not this thread's tag yet (the ledger writes it) */
     atomic_store_explicit(&r->thread, tally__thread_id(), memory_order_relaxed);
     return r;
 }

@@ -73,7 +73,13 @@ typedef struct tally_bias {
     _Atomic int busy;                   /* inside a device lock taken through the bias */
     _Atomic uintptr_t thread;           /* tally__thread_id() of the thread it belongs to; 0 when free */
     struct tally_bias *next;            /* free list of records of exited threads */
+    /* Its thread's innermost tag, mirrored there by the ledger (tag push and
+     * pop) so that an allocation under a biased lock reads it without
+     * thread-local storage (a call in a shared library); TALLY_BIAS_TAG_UNSET
+     * until the ledger first writes it. Read and written by its thread only. */
+    uint32_t tag;
 } tally_bias_t;
+#define TALLY_BIAS_TAG_UNSET UINT32_MAX
 typedef struct tally_devlock {
     tally_mutex_t m;
     int fast;                           /* held through the bias (read and written by the holder only) */
@@ -108,8 +114,15 @@ void tally__bias_counts(uint64_t *grants, uint64_t *revokes);
  * takes a bias must serve not to make the next harder to earn (0: none),
  * for locks made or reset from now on. */
 void tally__bias_policy(uint32_t first, uint64_t payback);
-/* The calling thread's record, NULL before its first bias (tests). */
+/* The calling thread's record, NULL before its first bias (the ledger's
+ * tag mirror, tests). */
 tally_bias_t *tally__bias_mine(void);
+/* The record through which the calling thread holds l (which it must
+ * hold): its own, or NULL when it took l through the futex. */
+static inline tally_bias_t *tally__dev_lock_record(const tally_devlock_t *l)
+{
+    return l->fast ? atomic_load_explicit(&l->owner, memory_order_relaxed) : NULL;
+}
 /* The biased fast path alone: true with the lock held (released by
  * tally__dev_unlock), false with nothing held, for a caller whose slow path
  * is elsewhere (the allocation entry points: their fast path then keeps

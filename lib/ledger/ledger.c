@@ -19,6 +19,20 @@ static _Thread_local tag_state_t tags;
 /* Innermost stage (stage.c writes it; allocations read it). */
 _Atomic uint64_t tally__current_stage;
 
+/* The innermost tag of t, and its mirror in the calling thread's bias
+ * record (when it has one), which the allocation path reads. */
+static uint32_t tag_top(const tag_state_t *t)
+{
+    return t->depth ? t->stack[t->depth - 1] : TALLY_TAG_NONE;
+}
+
+static void tag_mirror(const tag_state_t *t)
+{
+    tally_bias_t *r = tally__bias_mine();
+    if (r)
+        r->tag = tag_top(t);
+}
+
 int tally_tag_push(const char *tag)
 {
     uint32_t id;
@@ -31,6 +45,7 @@ int tally_tag_push(const char *tag)
     if (rc)
         return tally__fail(-rc, "tally_tag_push: %s", tally_last_error());
     t->stack[t->depth++] = id;
+    tag_mirror(t);
     return 0;
 }
 
@@ -40,13 +55,13 @@ int tally_tag_pop(void)
     if (t->depth == 0)
         return tally__fail(TALLY_ESTATE, "tally_tag_pop: the tag stack of this thread is empty");
     t->depth--;
+    tag_mirror(t);
     return 0;
 }
 
 uint32_t tally__current_tag(void)
 {
-    const tag_state_t *t = &tags;
-    return t->depth ? t->stack[t->depth - 1] : TALLY_TAG_NONE;
+    return tag_top(&tags);
 }
 
 int tally__ledger_device_init(tally_device_t *d)
@@ -155,11 +170,32 @@ __attribute__((noinline)) static void alloc_other_row(tally_device_t *d, tally_b
         record_events(d, 1, b);
 }
 
+/* The allocating thread's tag when the hot half cannot read it from its
+ * bias record: from thread-local storage, written to the record for the
+ * next allocation when there is one. Then the rest of the hook. */
+__attribute__((noinline)) static void alloc_tag_unread(tally_device_t *d, tally_block_t *b, tally_bias_t *o)
+{
+    tally_ledger_dev_t *ld = d->ledger;
+    b->tag = tally__current_tag();
+    if (o)
+        o->tag = b->tag;
+    if (TALLY_UNLIKELY(((uint64_t)b->tag << 32 | b->stage) != ld->last_key)) {
+        alloc_other_row(d, b);
+        return;
+    }
+    count_in(ld, ld->last_idx, b);
+    if (TALLY_UNLIKELY(TALLY_OPT(timeline) | TALLY_OPT(trace)))
+        record_events(d, 1, b);
+}
+
 void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b)
 {
     /* The stage window's peaks, then the owner counters: the row of the
      * allocation before inline (the common case), any other row and the
-     * events out of line. */
+     * events out of line. The tag is read from the bias record of the
+     * thread that holds the device lock (its own), not from thread-local
+     * storage: in libtally.so that is a call to __tls_get_addr, and a call
+     * makes the hook save registers. */
     tally_ledger_dev_t *ld = d->ledger;
     int64_t alloc = tally__stat_all_current(d->stats.allocated_bytes);
     int64_t reserved = tally__stat_all_current(d->stats.reserved_bytes);
@@ -170,10 +206,15 @@ void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b)
     b->lentry = UINT32_MAX;
     b->epoch = 0;
     if (tally__opt.ledger) {
-        b->tag = tally__current_tag();
         uint64_t st = atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
         b->stage = (uint32_t)st;
         b->epoch = (uint32_t)(st >> 32);
+        tally_bias_t *o = tally__dev_lock_record(&d->lock);
+        if (TALLY_UNLIKELY(!o) || TALLY_UNLIKELY(o->tag == TALLY_BIAS_TAG_UNSET)) {
+            alloc_tag_unread(d, b, o);
+            return;
+        }
+        b->tag = o->tag;
         if (TALLY_UNLIKELY(((uint64_t)b->tag << 32 | b->stage) != ld->last_key)) {
             alloc_other_row(d, b);
             return;
