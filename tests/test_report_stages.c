@@ -313,6 +313,58 @@ static void test_stage_peaks_include_nested_stages(void **state)
     LU_HAS(t + lu_pos(t, "stage pk2-outer ended after "), "peak allocated 30.0 MiB, peak reserved 30.0 MiB;");
 }
 
+/* Small-pool allocations raise their statistics without comparing them
+ * with their peaks (lib/cache/cache.h): the stage window's allocated peak is
+ * taken with the others, before any of them falls (a free) and when a stage
+ * begins or ends. Device 0 holds nothing when the test begins. */
+static void test_stage_peaks_of_small_blocks(void **state)
+{
+    (void)state;
+    void *p[8];
+    lu_cap_begin();
+    /* Allocations alone: the peak is taken at the stage's end. */
+    LU_OK(tally_stage_begin("sm1"));
+    for (int i = 0; i < 8; i++)
+        p[i] = lu_malloc(128 * LU_KiB, 0);
+    LU_OK(tally_stage_end("sm1"));
+    for (int i = 0; i < 8; i++)
+        tally_free(p[i]);
+    /* A fall, then fewer: the peak is taken at the first free. */
+    LU_OK(tally_stage_begin("sm2"));
+    for (int i = 0; i < 8; i++)
+        p[i] = lu_malloc(128 * LU_KiB, 0);
+    for (int i = 0; i < 8; i++)
+        tally_free(p[i]);
+    for (int i = 0; i < 4; i++)
+        p[i] = lu_malloc(128 * LU_KiB, 0);
+    LU_OK(tally_stage_end("sm2"));
+    for (int i = 0; i < 4; i++)
+        tally_free(p[i]);
+    /* Reserved bytes that rise and are released within the stage. */
+    LU_OK(tally_stage_begin("sm3"));
+    tally_empty_cache(-1);
+    tally_free(lu_malloc(128 * LU_KiB, 0));
+    tally_empty_cache(-1);
+    LU_OK(tally_stage_end("sm3"));
+    lu_cap_end();
+    const char *t = lu_cap_text();
+    static const char *const want[][2] = {
+        {"stage sm1 ended after ", "peak allocated 1.0 MiB, peak reserved 2.0 MiB;"},
+        {"stage sm2 ended after ", "peak allocated 1.0 MiB, peak reserved 2.0 MiB;"},
+        {"stage sm3 ended after ", "peak allocated 128.0 KiB, peak reserved 2.0 MiB;"},
+    };
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+        /* The stage's own line: the next stage's says the same of itself. */
+        const char *line = t + lu_pos(t, want[k][0]);
+        size_t len = strcspn(line, "\n");
+        char buf[512];
+        snprintf(buf, sizeof buf, "%.*s", (int)len, line);
+        if (!strstr(buf, want[k][1]))
+            fail_msg("'%s' lacks '%s'", buf, want[k][1]);
+    }
+    LU_CHECK_OK();
+}
+
 static void test_release_at_stage_end_drops_reserved(void **state)
 {
     (void)state;
@@ -439,6 +491,7 @@ int main(int argc, char **argv)
         LU_T(test_nested_stage_survivors_count_in_the_outer),
         LU_T(test_stage_survivor_in_the_maps_last_slot_counts),
         LU_T(test_stage_peaks_include_nested_stages),
+        LU_T(test_stage_peaks_of_small_blocks),
         LU_T(test_release_at_stage_end_drops_reserved),
         LU_T(test_stage_report_can_be_turned_off),
         LU_T(test_foreign_device_is_flagged),

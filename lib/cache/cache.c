@@ -129,6 +129,7 @@ void tally__cache_peaks_take_locked(tally_device_t *d)
     tally__stat_pool_peak(d->stats.active, TALLY_POOL_SMALL);
     tally__stat_pool_peak(d->stats.active_bytes, TALLY_POOL_SMALL);
     tally__stat_pool_peak(d->stats.requested_bytes, TALLY_POOL_SMALL);
+    tally__cache_window_alloc_locked(d);
     d->peaks_pending = 0;
 }
 
@@ -364,7 +365,7 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
     b->prev = b->next = NULL;
     d->reserved += size;
     tally__stat_pool_inc(d->stats.segment, p->pool, 1);
-    tally__stat_pool_inc(d->stats.reserved_bytes, p->pool, (int64_t)size);
+    tally__cache_reserved_rise_locked(d, p->pool, (int64_t)size);
     if (size >= tally__opt.max_split_size)
         tally__stat_inc(&d->stats.oversize_segments, 1);
     d->stats.num_device_alloc++;

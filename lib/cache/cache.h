@@ -149,6 +149,12 @@ typedef struct tally_device {
     /* The small fast path's allocation statistics have risen since their
      * peaks were last taken (tally__cache_peaks_locked). */
     uint8_t peaks_pending;
+    /* The highest allocated and reserved bytes (all pools) since they were
+     * last set: the ledger's stage window (lib/ledger/stage.c sets them when
+     * a stage begins and ends). The allocated one is taken with the peaks
+     * above (read it after tally__cache_peaks_locked), the reserved one at
+     * every rise (tally__cache_reserved_rise_locked). */
+    int64_t win_alloc, win_reserved;
     tally_segment_t *segments;
     size_t nsegments;
     tally_ptrmap_t map;
@@ -248,6 +254,23 @@ static inline void tally__cache_peaks_locked(tally_device_t *d)
     if (d->peaks_pending)
         tally__cache_peaks_take_locked(d);
 }
+/* The window's allocated peak, taken now (with the peaks, and after an
+ * allocation whose statistics took theirs at once). */
+static inline void tally__cache_window_alloc_locked(tally_device_t *d)
+{
+    int64_t all = tally__stat_all_current(d->stats.allocated_bytes);
+    if (all > d->win_alloc)
+        d->win_alloc = all;
+}
+/* Reserved bytes of pool rise by bytes (a segment made, pages mapped, a
+ * sleeping tag woken): the statistic, its peaks and the window's. */
+static inline void tally__cache_reserved_rise_locked(tally_device_t *d, int pool, int64_t bytes)
+{
+    tally__stat_pool_inc(d->stats.reserved_bytes, pool, bytes);
+    int64_t all = tally__stat_all_current(d->stats.reserved_bytes);
+    if (all > d->win_reserved)
+        d->win_reserved = all;
+}
 
 /* The statistics and records of a block handed out (in the pointer map),
  * and the hook: the last step of both allocation paths (cache.c, small.c),
@@ -272,6 +295,7 @@ static inline __attribute__((always_inline)) tally_block_t *tally__cache_hand_ou
         tally__stat_pool_inc(d->stats.active, kind, 1);
         tally__stat_pool_inc(d->stats.active_bytes, kind, (int64_t)b->size);
         tally__stat_pool_inc(d->stats.requested_bytes, kind, (int64_t)orig);
+        tally__cache_window_alloc_locked(d);
     }
     /* A small-pool block (at most 2 MiB) is never oversize: max_split_size
      * is at least 20 MiB (options.c), so the fast path skips the test. */

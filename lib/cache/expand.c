@@ -229,7 +229,7 @@ static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, si
     if (d->reserved - ahead * PAGE > high_water[d->id])
         high_water[d->id] = d->reserved - ahead * PAGE;
     d->stats.num_device_alloc++;
-    tally__stat_pool_inc(d->stats.reserved_bytes, TALLY_POOL_LARGE, (int64_t)bytes);
+    tally__cache_reserved_rise_locked(d, TALLY_POOL_LARGE, (int64_t)bytes);
     return 0;
 }
 

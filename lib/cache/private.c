@@ -458,7 +458,7 @@ int tally__ppool_wake_locked(tally_device_t *d, tally_gpool_t *gp, uint64_t *mis
     }
     for (size_t i = 0; i < nmapped; i++) {
         mapped[i]->asleep = 0;
-        tally__stat_pool_inc(d->stats.reserved_bytes, mapped[i]->pool, (int64_t)mapped[i]->size);
+        tally__cache_reserved_rise_locked(d, mapped[i]->pool, (int64_t)mapped[i]->size);
     }
     tally__meta_free(mapped);
     keep_backups(d, st);

@@ -190,19 +190,13 @@ __attribute__((noinline)) static void alloc_tag_unread(tally_device_t *d, tally_
 
 void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b)
 {
-    /* The stage window's peaks, then the owner counters: the row of the
-     * allocation before inline (the common case), any other row and the
-     * events out of line. The tag is read from the bias record of the
-     * thread that holds the device lock (its own), not from thread-local
-     * storage: in libtally.so that is a call to __tls_get_addr, and a call
-     * makes the hook save registers. */
+    /* The owner counters: the row of the allocation before inline (the
+     * common case), any other row and the events out of line. (The stage
+     * window's peaks are the cache's: d->win_alloc, d->win_reserved.) The
+     * tag is read from the bias record of the thread that holds the device
+     * lock (its own), not from thread-local storage: in libtally.so that is
+     * a call to __tls_get_addr, and a call makes the hook save registers. */
     tally_ledger_dev_t *ld = d->ledger;
-    int64_t alloc = tally__stat_all_current(d->stats.allocated_bytes);
-    int64_t reserved = tally__stat_all_current(d->stats.reserved_bytes);
-    if (alloc > ld->win_peak_alloc)
-        ld->win_peak_alloc = alloc;
-    if (reserved > ld->win_peak_reserved)
-        ld->win_peak_reserved = reserved;
     b->lentry = UINT32_MAX;
     b->epoch = 0;
     if (tally__opt.ledger) {

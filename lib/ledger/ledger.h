@@ -26,8 +26,6 @@ typedef struct tally_ledger_dev {
     uint32_t index_mask;
     uint64_t last_key;
     uint32_t last_idx;
-    /* Running peaks since the innermost stage began (see ledger.c). */
-    int64_t win_peak_alloc, win_peak_reserved;
 } tally_ledger_dev_t;
 
 /* The calling thread's innermost tag, and the process's innermost stage. */

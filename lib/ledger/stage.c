@@ -51,14 +51,14 @@ int tally__stage_begin(const char *name, uint64_t mark)
     atomic_store(&tally__current_stage, (uint64_t)f->epoch << 32 | id);
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_device_t *d = tally__g.dev[i];
-        tally_ledger_dev_t *ld = d->ledger;
         tally__dev_lock(&d->lock);
         /* The enclosing stage's running peaks are parked here and restored
          * (maxed with this stage's) when this one ends. */
-        f->saved_alloc[i] = ld->win_peak_alloc;
-        f->saved_reserved[i] = ld->win_peak_reserved;
-        ld->win_peak_alloc = tally__stat_all_current(d->stats.allocated_bytes);
-        ld->win_peak_reserved = tally__stat_all_current(d->stats.reserved_bytes);
+        tally__cache_peaks_locked(d); /* the enclosing window's allocated peak, before it is parked */
+        f->saved_alloc[i] = d->win_alloc;
+        f->saved_reserved[i] = d->win_reserved;
+        d->win_alloc = tally__stat_all_current(d->stats.allocated_bytes);
+        d->win_reserved = tally__stat_all_current(d->stats.reserved_bytes);
         tally__timeline_locked(d, TALLY_EV_STAGE_BEGIN, 0, 0, NULL);
         tally__dev_unlock(&d->lock);
     }
@@ -131,14 +131,14 @@ int tally__stage_end(const char *name, void (*report)(const tally_stage_rec_t *r
     groups_t g = {0};
     for (int i = 0; i < tally__g.ndev; i++) {
         tally_device_t *d = tally__g.dev[i];
-        tally_ledger_dev_t *ld = d->ledger;
         tally__dev_lock(&d->lock);
-        rec.peak_allocated += ld->win_peak_alloc;
-        rec.peak_reserved += ld->win_peak_reserved;
-        if (f->saved_alloc[i] > ld->win_peak_alloc)
-            ld->win_peak_alloc = f->saved_alloc[i];
-        if (f->saved_reserved[i] > ld->win_peak_reserved)
-            ld->win_peak_reserved = f->saved_reserved[i];
+        tally__cache_peaks_locked(d); /* the window's allocated peak, before it is read */
+        rec.peak_allocated += d->win_alloc;
+        rec.peak_reserved += d->win_reserved;
+        if (f->saved_alloc[i] > d->win_alloc)
+            d->win_alloc = f->saved_alloc[i];
+        if (f->saved_reserved[i] > d->win_reserved)
+            d->win_reserved = f->saved_reserved[i];
         for (size_t k = 0; k <= d->map.mask; k++) {
             tally_block_t *b = d->map.slots[k].key ? d->map.slots[k].val : NULL;
             if (b && b->epoch >= f->epoch)
