@@ -284,8 +284,10 @@ tally_segment_t *tally__lend_segment_locked(tally_device_t *d, tally_block_t *c,
     b->pool = TALLY_POOL_SMALL;
     b->prev = b->next = NULL;
     tally__stat_pool_inc(d->stats.segment, TALLY_POOL_SMALL, 1);
-    tally__stat_pool_inc(d->stats.reserved_bytes, TALLY_POOL_SMALL, (int64_t)c->size);
+    /* The large pool's figure first: the all entry's peak is taken at the
+     * rise, and the pages must not count twice there. */
     tally__stat_pool_dec(d->stats.reserved_bytes, TALLY_POOL_LARGE, (int64_t)c->size);
+    tally__stat_pool_inc(d->stats.reserved_bytes, TALLY_POOL_SMALL, (int64_t)c->size);
     tally__cache_hooks.device_event(d, TALLY_EV_SEGMENT_ALLOC, b->addr, b->size, b->stream);
     return s;
 }
