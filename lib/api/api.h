@@ -62,6 +62,12 @@ uint64_t tally__private_notes_mark(void);
 /* The sleeps and wakes since mark from (the ended stage's report). */
 void tally__private_write_notes(tally_out_t *o, const char *stage, uint64_t from);
 
+/* pointers.c: lock the device holding a's live block, looking from device
+ * start on (devices whose lock is biased to another thread last), and
+ * return the block with that lock held, or NULL with none held; take
+ * removes it from the map. */
+tally_block_t *tally__find_live_from(int start, uintptr_t a, bool take, tally_device_t **out);
+
 /* exit.c: the report file and the leak report at process exit. */
 void tally__exit_register(void);
 int tally__exit_report(void);

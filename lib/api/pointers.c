@@ -13,24 +13,40 @@
 
 static _Thread_local int last_device;
 
-/* Lock the device holding ptr's live block and return the block (the lock
- * stays held), or NULL with no lock held. take removes it from the map. */
-static tally_block_t *find_live(uintptr_t a, bool take, tally_device_t **out)
+/* Lock the device holding a's live block, looking from device start on,
+ * and return the block (the lock stays held), or NULL with no lock held.
+ * take removes it from the map. Two passes: a device whose lock is biased
+ * to another thread is looked at only after the others, since taking its
+ * lock revokes the bias and the block is seldom there; the second pass
+ * looks at every device the first did not, so a bias that comes or goes
+ * meanwhile loses nothing. */
+tally_block_t *tally__find_live_from(int start, uintptr_t a, bool take, tally_device_t **out)
 {
     int n = tally__g.ndev;
-    int i = last_device < n ? last_device : 0;
-    for (int k = 0; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
-        tally_device_t *d = tally__g.dev[i];
-        tally__dev_lock(&d->lock);
-        tally_block_t *b = take ? tally__ptrmap_take(&d->map, a) : tally__ptrmap_get(&d->map, a);
-        if (b) {
-            last_device = i;
-            *out = d;
-            return b;
+    int i0 = start >= 0 && start < n ? start : 0;
+    bool seen[TALLY_MAX_DEVICES] = {false};
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0, i = i0; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
+            tally_device_t *d = tally__g.dev[i];
+            if (seen[i] || (pass == 0 && tally__dev_lock_biased_away(&d->lock)))
+                continue;
+            seen[i] = true;
+            tally__dev_lock(&d->lock);
+            tally_block_t *b = take ? tally__ptrmap_take(&d->map, a) : tally__ptrmap_get(&d->map, a);
+            if (b) {
+                last_device = i;
+                *out = d;
+                return b;
+            }
+            tally__dev_unlock(&d->lock);
         }
-        tally__dev_unlock(&d->lock);
     }
     return NULL;
+}
+
+static tally_block_t *find_live(uintptr_t a, bool take, tally_device_t **out)
+{
+    return tally__find_live_from(last_device, a, take, out);
 }
 
 /* The newest record of a block freed at address a on device d, or NULL. */

@@ -117,6 +117,15 @@ void tally__bias_policy(uint32_t first, uint64_t payback);
 /* The calling thread's record, NULL before its first bias (the ledger's
  * tag mirror, tests). */
 tally_bias_t *tally__bias_mine(void);
+/* Whether l is biased to a thread other than the calling one: a read that
+ * may be stale at once, a hint for a caller that looks through every
+ * device's lock and would rather take such a lock last, since taking it
+ * revokes the bias (a process-wide barrier). */
+static inline bool tally__dev_lock_biased_away(const tally_devlock_t *l)
+{
+    tally_bias_t *o = atomic_load_explicit(&l->owner, memory_order_relaxed);
+    return o && atomic_load_explicit(&o->thread, memory_order_relaxed) != tally__thread_id();
+}
 /* The record through which the calling thread holds l (which it must
  * hold): its own, or NULL when it took l through the futex. */
 static inline tally_bias_t *tally__dev_lock_record(const tally_devlock_t *l)

@@ -105,36 +105,6 @@ void *tally_torch_alloc(size_t size, int device, void *stream)
     return torch_alloc_slow(size, device, stream);
 }
 
-/* Take ptr's live block out of the pointer map, trying the device PyTorch
- * names first; returns it with that device's lock held, or NULL unlocked. */
-static tally_block_t *take_block(uintptr_t a, int hint, tally_device_t **out)
-{
-    int n = tally__g.ndev;
-    if (hint >= 0 && hint < n) {
-        tally_device_t *d = tally__g.dev[hint];
-        tally__dev_lock(&d->lock);
-        tally_block_t *b = TALLY_LIKELY(d->map.slots != NULL && a != 0) ? tally__ptrmap_take_inline(&d->map, a) : NULL;
-        if (TALLY_LIKELY(b != NULL)) {
-            *out = d;
-            return b;
-        }
-        tally__dev_unlock(&d->lock);
-    }
-    for (int i = 0; i < n; i++) {
-        if (i == hint)
-            continue;
-        tally_device_t *d = tally__g.dev[i];
-        tally__dev_lock(&d->lock);
-        tally_block_t *b = tally__ptrmap_take(&d->map, a);
-        if (b) {
-            *out = d;
-            return b;
-        }
-        tally__dev_unlock(&d->lock);
-    }
-    return NULL;
-}
-
 /* Free a block taken out of d's map, then say once if PyTorch's size or
  * device disagree with tally's record (after the unlock: the sink may be
  * slow). */
@@ -160,7 +130,7 @@ __attribute__((noinline)) static void torch_free_slow(void *ptr, size_t size, in
     if (!ptr || tally__ensure_init())
         return;
     tally_device_t *d;
-    tally_block_t *b = take_block((uintptr_t)ptr, device, &d);
+    tally_block_t *b = tally__find_live_from(device, (uintptr_t)ptr, true, &d);
     if (!b) {
         /* Unknown pointer or double free: tally_free names which, and owner. */
         tally_free(ptr);
