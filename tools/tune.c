@@ -258,7 +258,7 @@ int tune_main(int argc, char **argv)
         have = strcmp(rows[i].setting, in.recorded_conf) == 0 && rows[i].engine == recorded_engine;
     if (!have && n < TUNE_MAX_ROWS && strlen(in.recorded_conf) < sizeof rows[n].setting) {
         memset(&rows[n], 0, sizeof rows[n]);
-        snprintf(rows[n].setting, sizeof rows[n].setting, "%s", in.recorded_conf);
+        memcpy(rows[n].setting, in.recorded_conf, strlen(in.recorded_conf) + 1); /* fits: checked above */
         rows[n].why = "the setting the job ran with";
         rows[n].engine = recorded_engine;
         rows[n].oom_event = -1;
@@ -287,7 +287,7 @@ int tune_main(int argc, char **argv)
     bool have_replayed = in.has_recorded && in.start.known && strlen(in.recorded_conf) < sizeof replayed.setting;
     if (have_replayed) {
         memset(&replayed, 0, sizeof replayed);
-        snprintf(replayed.setting, sizeof replayed.setting, "%s", in.recorded_conf);
+        memcpy(replayed.setting, in.recorded_conf, strlen(in.recorded_conf) + 1); /* fits: have_replayed checked it */
         replayed.engine = recorded_engine;
         replayed.from_start = true;
         replayed.oom_event = replayed.out_event = -1;
