@@ -362,51 +362,18 @@ tally_device_t *tally__device(int device, const char *fn)
     return tally__device_lookup(device, fn);
 }
 
-/* Every allocation the fast half (api.h) does not take: size 0 or
- * negative, before initialisation, a bad device, a site to capture or a
- * private tag to look up, a lock this thread does not hold by bias. */
-__attribute__((noinline)) void *tally__malloc_slow(size_t size, int device, void *stream)
-{
-    if (size == 0)
-        return NULL;
-    if (TALLY_UNLIKELY((ssize_t)size < 0)) {
-        tally__fail(TALLY_EINVAL, "tally_malloc: size %zu is negative as a signed size (%zd)", size, (ssize_t)size);
-        return NULL;
-    }
-    if (tally__ensure_init())
-        return NULL;
-    tally_device_t *d = tally__device_lookup(device, "tally_malloc");
-    if (!d)
-        return NULL;
-    void *site = NULL;
-    uint32_t priv = 0;
-    if (atomic_load_explicit(&tally__alloc_extra, memory_order_relaxed)) {
-        /* The allocation site is unwound before the lock: it is slow. */
-        int depth = TALLY_OPT(backtrace_depth), pydepth = TALLY_OPT(python_stack);
-        if ((depth > 0 || pydepth > 0) && tally__opt.ledger)
-            site = tally__site_capture(depth, pydepth);
-        if (tally__private_any() && tally__private_for_alloc(device, &priv))
-            return NULL;
-    }
-    tally__dev_lock(&d->lock);
-    tally_block_t *b;
-    if (TALLY_UNLIKELY(priv)) {
-        tally_gpool_t *gp = tally__ppool_get_locked(d, priv, true);
-        b = gp ? tally__cache_malloc_in_locked(d, size, stream, site, gp) : NULL;
-    } else {
-        b = tally__cache_malloc_locked(d, size, stream, site);
-    }
-    void *p = b ? (void *)b->addr : NULL;
-    tally__dev_unlock(&d->lock);
-    return p;
-}
-
+/* The slow half inline here, not a call: the allocation site is captured
+ * in the function PyTorch or the user called, so that the frame above it is
+ * the caller's at every optimisation level (at -O1, as the sanitizer builds
+ * compile, GCC makes no tail calls, and a call to an out-of-line slow half
+ * would leave tally_malloc's own frame on the stack, to be taken for the
+ * site). */
 void *tally_malloc(size_t size, int device, void *stream)
 {
     void *p;
     if (TALLY_LIKELY(tally__malloc_fast(size, device, stream, &p)))
         return p;
-    return tally__malloc_slow(size, device, stream);
+    return tally__malloc_slow_inline(size, device, stream);
 }
 
 size_t tally_empty_cache(int device)

@@ -30,10 +30,15 @@ tally_device_t *tally__device(int device, const char *fn);
  * (initialised, a device in range, no site to capture and no private tag)
  * whose device lock is this thread's by bias; true when it handled the
  * call, with *p the address or NULL when the cache failed (the error set).
- * Everything else is the slow half's (api.c), a tail call: the fast half
- * then keeps one register across its one call (issue 21, item 7). */
+ * Everything else is the slow half's: inline in tally_malloc, and for
+ * PyTorch's entry point inline in a function of its own that the entry
+ * point reaches by a tail call, so that its fast half keeps one register
+ * across its one call (issue 21, item 7). The allocation site is captured
+ * in the function that holds the slow half: the frame above it is the
+ * caller's, or (without tail calls, as at -O1) the entry point's, in
+ * libtally.so, which the capture skips. */
 static inline __attribute__((always_inline)) bool tally__malloc_fast(size_t size, int device, void *stream, void **p);
-void *tally__malloc_slow(size_t size, int device, void *stream);
+static inline __attribute__((always_inline)) void *tally__malloc_slow_inline(size_t size, int device, void *stream);
 
 /* sleep.c: private tags. At initialisation, the private_tags key (refused
  * with the reason on a backend without pages of its own); the number of
@@ -76,6 +81,45 @@ int tally__exit_report(void);
  * child, refuse a device backend the parent started. */
 void tally__fork_register(void);
 void tally__after_fork_child(void);
+
+/* Every allocation the fast half does not take: size 0 or negative, before
+ * initialisation, a bad device, a site to capture or a private tag to look
+ * up, a lock this thread does not hold by bias. */
+static inline __attribute__((always_inline)) void *tally__malloc_slow_inline(size_t size, int device, void *stream)
+{
+    if (size == 0)
+        return NULL;
+    if (TALLY_UNLIKELY((ssize_t)size < 0)) {
+        tally__fail(TALLY_EINVAL, "tally_malloc: size %zu is negative as a signed size (%zd)", size, (ssize_t)size);
+        return NULL;
+    }
+    if (tally__ensure_init())
+        return NULL;
+    tally_device_t *d = tally__device_lookup(device, "tally_malloc");
+    if (!d)
+        return NULL;
+    void *site = NULL;
+    uint32_t priv = 0;
+    if (atomic_load_explicit(&tally__alloc_extra, memory_order_relaxed)) {
+        /* The allocation site is unwound before the lock: it is slow. */
+        int depth = TALLY_OPT(backtrace_depth), pydepth = TALLY_OPT(python_stack);
+        if ((depth > 0 || pydepth > 0) && tally__opt.ledger)
+            site = tally__site_capture(depth, pydepth);
+        if (tally__private_any() && tally__private_for_alloc(device, &priv))
+            return NULL;
+    }
+    tally__dev_lock(&d->lock);
+    tally_block_t *b;
+    if (TALLY_UNLIKELY(priv)) {
+        tally_gpool_t *gp = tally__ppool_get_locked(d, priv, true);
+        b = gp ? tally__cache_malloc_in_locked(d, size, stream, site, gp) : NULL;
+    } else {
+        b = tally__cache_malloc_locked(d, size, stream, site);
+    }
+    void *p = b ? (void *)b->addr : NULL;
+    tally__dev_unlock(&d->lock);
+    return p;
+}
 
 static inline __attribute__((always_inline)) bool tally__malloc_fast(size_t size, int device, void *stream, void **p)
 {

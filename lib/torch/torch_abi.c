@@ -83,12 +83,13 @@ static void alloc_failed(size_t size, int device)
         tally__torch_raise(oom, msg);
 }
 
-/* The allocations tally_malloc's fast half does not take (api.h). */
+/* The allocations tally_malloc's fast half does not take (api.h): its slow
+ * half, inline here (the allocation site is captured in this frame). */
 __attribute__((noinline)) static void *torch_alloc_slow(size_t size, int device, void *stream)
 {
     if (size == 0)
         return NULL;
-    void *p = tally__malloc_slow(size, device, stream);
+    void *p = tally__malloc_slow_inline(size, device, stream);
     if (!p)
         alloc_failed(size, device);
     return p;
