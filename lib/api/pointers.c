@@ -24,13 +24,14 @@ tally_block_t *tally__find_live_from(int start, uintptr_t a, bool take, tally_de
 {
     int n = tally__g.ndev;
     int i0 = start >= 0 && start < n ? start : 0;
-    bool seen[TALLY_MAX_DEVICES] = {false};
+    _Static_assert(TALLY_MAX_DEVICES <= 64, "the devices searched are one 64-bit mask");
+    uint64_t seen = 0; /* bit i: device i searched */
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0, i = i0; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
             tally_device_t *d = tally__g.dev[i];
-            if (seen[i] || (pass == 0 && tally__dev_lock_biased_away(&d->lock)))
+            if ((seen >> i & 1) || (pass == 0 && tally__dev_lock_biased_away(&d->lock)))
                 continue;
-            seen[i] = true;
+            seen |= (uint64_t)1 << i;
             tally__dev_lock(&d->lock);
             tally_block_t *b = take ? tally__ptrmap_take(&d->map, a) : tally__ptrmap_get(&d->map, a);
             if (b) {

@@ -170,6 +170,21 @@ __attribute__((noinline)) static void alloc_other_row(tally_device_t *d, tally_b
         record_events(d, 1, b);
 }
 
+/* The rest of the allocation hook once b's tag and stage are set: the row
+ * of the allocation before inline, any other row out of line, then the
+ * events. */
+static inline __attribute__((always_inline)) void alloc_count(tally_device_t *d, tally_ledger_dev_t *ld,
+                                                              tally_block_t *b)
+{
+    if (TALLY_UNLIKELY(((uint64_t)b->tag << 32 | b->stage) != ld->last_key)) {
+        alloc_other_row(d, b);
+        return;
+    }
+    count_in(ld, ld->last_idx, b);
+    if (TALLY_UNLIKELY(TALLY_OPT(timeline) | TALLY_OPT(trace)))
+        record_events(d, 1, b);
+}
+
 /* The allocating thread's tag when the hot half cannot read it from its
  * bias record: from thread-local storage, written to the record for the
  * next allocation when there is one. Then the rest of the hook. */
@@ -179,13 +194,7 @@ __attribute__((noinline)) static void alloc_tag_unread(tally_device_t *d, tally_
     b->tag = tally__current_tag();
     if (o)
         o->tag = b->tag;
-    if (TALLY_UNLIKELY(((uint64_t)b->tag << 32 | b->stage) != ld->last_key)) {
-        alloc_other_row(d, b);
-        return;
-    }
-    count_in(ld, ld->last_idx, b);
-    if (TALLY_UNLIKELY(TALLY_OPT(timeline) | TALLY_OPT(trace)))
-        record_events(d, 1, b);
+    alloc_count(d, ld, b);
 }
 
 void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b)
@@ -209,11 +218,8 @@ void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b)
             return;
         }
         b->tag = o->tag;
-        if (TALLY_UNLIKELY(((uint64_t)b->tag << 32 | b->stage) != ld->last_key)) {
-            alloc_other_row(d, b);
-            return;
-        }
-        count_in(ld, ld->last_idx, b);
+        alloc_count(d, ld, b);
+        return;
     }
     if (TALLY_UNLIKELY(TALLY_OPT(timeline) | TALLY_OPT(trace)))
         record_events(d, 1, b);
