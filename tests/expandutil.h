@@ -38,7 +38,7 @@ static inline int reset(void **state)
     (void)state;
     /* The runtime keys some tests change, back to this file's settings. */
     if (tally_configure("garbage_collection_threshold:0,expandable_grow_chunk_mb:2,expandable_handle_mb:0,"
-                        "expandable_move_budget:-1"))
+                        "expandable_move_budget:-1,expandable_small_pages:true"))
         return -1;
     tally_empty_cache(-1);
     tally_reset_peak_stats(0);

@@ -268,6 +268,7 @@ static void publish_runtime(const tally_options_t *n)
     STORE(timeline);
     STORE(expandable_grow_chunk_mb);
     STORE(expandable_small_shared);
+    STORE(expandable_small_pages);
     STORE(trace);
     STORE(expandable_handle_mb);
     STORE(expandable_move_budget);

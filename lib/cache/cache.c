@@ -284,7 +284,9 @@ static bool get_free_block(tally_device_t *d, alloc_params_t *p)
     if (!b)
         return false;
     uint64_t msplit = tally__opt.max_split_size;
-    if (!b->seg->ex && p->size < msplit && b->size >= msplit)
+    /* (A small pool's run of pages may hold a free block that large: it is
+     * not an oversize block, small_run.c.) */
+    if (!b->seg->ex && !b->seg->run_va && p->size < msplit && b->size >= msplit)
         return false;
     if (!b->seg->ex && p->size >= msplit && b->size >= p->size + tally__opt.max_non_split_rounding)
         return false;
@@ -446,6 +448,26 @@ static bool find_block(tally_device_t *d, alloc_params_t *p)
     }
     if (p->pool == TALLY_POOL_SMALL && !p->gp && tally__lend_on())
         return lend_block(d, p);
+    if (p->pool == TALLY_POOL_SMALL && !p->gp && tally__small_run_on()) {
+        /* The stream's run of pages grows at its end (small_run.c), after
+         * the garbage collection a new segment would have; on OOM everything
+         * cached goes back and it tries once more. */
+        if (gc_enabled(d))
+            tally__cache_garbage_collect_locked(d);
+        if (tally__small_run_grow_locked(d, p->stream, p->size, &p->block, &p->err, p->why, sizeof p->why))
+            return true;
+        if (p->err == TALLY_ENOMEM) {
+            tally__cache_release_all_locked(d);
+            d->stats.num_alloc_retries++;
+            return tally__small_run_grow_locked(d, p->stream, p->size, &p->block, &p->err, p->why, sizeof p->why);
+        }
+        /* A device whose driver gives no address range or page (no virtual
+         * memory management) keeps 2 MiB segments for its small pool, as
+         * without expandable segments; a run that exists fails here. */
+        if (tally__small_run_of_locked(d, p->stream))
+            return false;
+        p->err = 0;
+    }
     if (gc_enabled(d))
         tally__cache_garbage_collect_locked(d);
     return alloc_block(d, p, false) ||

@@ -65,19 +65,32 @@ struct tally_segment {
     struct tally_binset *bins;    /* small pool: its stream's bin set */
     tally_expand_t *ex;           /* expandable segment: its pages (expand.c) */
     tally_block_t *lender;        /* small segment lent by an expandable one: the piece it lies on */
+    size_t run_va;                /* small pool's run of pages (small_run.c): bytes of addresses reserved
+                                   * (size is the mapped part, from base); 0 for any other segment */
     tally_gpool_t *gp;            /* graph pool it belongs to, or NULL (graph_pool.c) */
     uint8_t vm;                   /* reserved and mapped whole (private pools, private.c) */
-    uint8_t asleep;               /* vm: its pages are unmapped, its addresses kept (private.c) */
+    union {
+        struct {
+            uint8_t asleep; /* vm: its pages are unmapped, its addresses kept (private.c) */
+            uint8_t run;    /* a small pool's run of pages (small_run.c) */
+        };
+        uint16_t slow_free; /* either: a small block's free takes the general path (the fast one
+                             * reads both in one load; a run's merges may pass 2 MiB) */
+    };
     uint8_t exported;             /* its base was handed out for IPC (tally_torch_base_alloc) */
 };
 
-/* Small-pool free blocks of one stream, binned by exact size (tree.c). */
+/* Small-pool free blocks of one stream, binned by exact size (tree.c), up
+ * to 2 MiB; the larger ones (only a run of pages has them, small_run.c) in
+ * one treap by size and address, which the fast paths never see. */
 #define TALLY_SMALL_BINS 4096
+#define TALLY_SMALL_BIN_MAX ((size_t)TALLY_SMALL_BINS * 512) /* the last bin's size: 2 MiB */
 typedef struct tally_binset {
     void *stream;
     uint64_t summary;  /* bit w: bits[w] != 0 */
     uint64_t bits[TALLY_SMALL_BINS / 64];
     tally_block_t *roots[TALLY_SMALL_BINS];
+    tally_block_t *over; /* free blocks over TALLY_SMALL_BIN_MAX */
 } tally_binset_t;
 
 /* Free blocks: the large pool is one treap ordered by (stream, size,
@@ -330,7 +343,11 @@ long tally__pool_verify(const tally_pool_t *p);
 void tally__treap_insert(tally_block_t **slot, tally_block_t *b);
 void tally__treap_erase(tally_block_t **slot, tally_block_t *b);
 size_t tally__treap_walk(tally_block_t *t, void (*fn)(tally_block_t *, void *), void *arg);
-long tally__treap_verify(const tally_block_t *t); /* node count, or -1 */
+long tally__treap_verify(const tally_block_t *t); /* node count, or -1 (in address order, as a bin) */
+/* The same for a treap ordered as the large pool's (size, then address). */
+void tally__treap_insert_sized(tally_block_t **slot, tally_block_t *b);
+void tally__treap_erase_sized(tally_block_t **slot, tally_block_t *b);
+long tally__treap_verify_sized(const tally_block_t *t);
 
 /* small.c: the small pool's bins, for tree.c's pool functions. */
 void tally__bins_insert(struct tally_binset *set, tally_block_t *b);
@@ -482,6 +499,21 @@ size_t tally__expand_steal_runs_locked(tally_device_t *d, size_t want, const tal
  * pages mapped and counted): made a small segment of d, or NULL out of host
  * memory (c unchanged). */
 bool tally__lend_on(void); /* expandable segments with expandable_small_shared */
+/* small_run.c: with expandable segments (and expandable_small_pages, not
+ * expandable_small_shared) the small pool of each stream is one run of
+ * 2 MiB pages that grows at its end, as PyTorch's small expandable segment. */
+bool tally__small_run_on(void);
+tally_segment_t *tally__small_run_of_locked(tally_device_t *d, void *stream); /* or NULL */
+/* A free block of at least size bytes at the end of the stream's run, out
+ * of the pool, mapping pages (and making the run) as needed: true, or false
+ * with *err and why set. */
+bool tally__small_run_grow_locked(tally_device_t *d, void *stream, size_t size, tally_block_t **out, int *err,
+                                  char *why, size_t whylen);
+/* Give a wholly free run's pages and addresses back (its record stays, for
+ * the caller): false, with nothing changed, when the backend refused. */
+bool tally__small_run_release_locked(tally_device_t *d, tally_segment_t *s);
+/* Unmap the whole free pages at the end of every run: the bytes given back. */
+size_t tally__small_run_trim_locked(tally_device_t *d);
 tally_segment_t *tally__lend_segment_locked(tally_device_t *d, tally_block_t *c, struct tally_binset *bins);
 /* s, wholly free (its block out of the pool), goes back to the expandable
  * segment it came from; its record and block are for the caller to drop. */
@@ -598,6 +630,7 @@ void tally__events_wait_for_use_locked(tally_device_t *d, void *stream, const ta
 /* segment.c: the device's segments and their release */
 /* Put a new segment on the device's list. */
 void tally__segment_link_locked(tally_device_t *d, tally_segment_t *s);
+void tally__segment_unlink_locked(tally_device_t *d, tally_segment_t *s);
 /* The device's segment containing addr, or NULL. */
 tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t addr);
 /* Release every whole free segment and the idle pages of expandable ones

@@ -22,7 +22,7 @@ void tally__segment_link_locked(tally_device_t *d, tally_segment_t *s)
     d->nsegments++;
 }
 
-static void segment_unlink(tally_device_t *d, tally_segment_t *s)
+void tally__segment_unlink_locked(tally_device_t *d, tally_segment_t *s)
 {
     if (s->prev)
         s->prev->next = s->next;
@@ -52,9 +52,13 @@ tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t add
 void tally__cache_release_segment_locked(tally_device_t *d, tally_block_t *b, bool in_pool)
 {
     tally_segment_t *s = b->seg;
+    if (TALLY_UNLIKELY(s->run_va) && !tally__small_run_release_locked(d, s))
+        return; /* the backend kept its pages: it stays cached */
     if (in_pool)
         tally__pool_erase(tally__pool_of(d, b), b);
-    if (s->lender) {
+    if (s->run_va) {
+        /* Unmapped and counted above (small_run.c). */
+    } else if (s->lender) {
         /* A piece of an expandable segment: it goes back there (no driver call). */
         tally__lend_return_locked(d, s);
     } else if (s->ex) {
@@ -76,7 +80,7 @@ void tally__cache_release_segment_locked(tally_device_t *d, tally_block_t *b, bo
     }
     tally__stat_pool_dec(d->stats.segment, b->pool, 1);
     tally__cache_hooks.device_event(d, TALLY_EV_SEGMENT_FREE, b->addr, b->size, b->stream);
-    segment_unlink(d, s);
+    tally__segment_unlink_locked(d, s);
     if (TALLY_UNLIKELY(s->gp != NULL))
         tally__gpool_segment_gone_locked(d, s->gp);
     tally__meta_free(s);
@@ -217,6 +221,7 @@ size_t tally__cache_release_all_locked(tally_device_t *d)
         released += tally__ppool_release_locked(d);
     if (tally__expand_on())
         released += tally__expand_trim_locked(d);
+    released += tally__small_run_trim_locked(d);
     return released;
 }
 

@@ -116,14 +116,32 @@ static inline void bin_erase(tally_binset_t *set, tally_block_t *b)
     bin_clear_if_empty(set, i);
 }
 
+/* Any free small-pool block, over 2 MiB ones included (those of a run of
+ * pages: beside the bins, by size and address). */
+static inline void any_insert(tally_binset_t *set, tally_block_t *b)
+{
+    if (TALLY_UNLIKELY(b->size > TALLY_SMALL_BIN_MAX))
+        tally__treap_insert_sized(&set->over, b);
+    else
+        bin_insert(set, b);
+}
+
+static inline void any_erase(tally_binset_t *set, tally_block_t *b)
+{
+    if (TALLY_UNLIKELY(b->size > TALLY_SMALL_BIN_MAX))
+        tally__treap_erase_sized(&set->over, b);
+    else
+        bin_erase(set, b);
+}
+
 void tally__bins_insert(tally_binset_t *set, tally_block_t *b)
 {
-    bin_insert(set, b);
+    any_insert(set, b);
 }
 
 void tally__bins_erase(tally_binset_t *set, tally_block_t *b)
 {
-    bin_erase(set, b);
+    any_erase(set, b);
 }
 
 /* The first non-empty bin at or above bin i, or TALLY_SMALL_BINS. */
@@ -144,13 +162,27 @@ static inline uint32_t bin_first_from(const tally_binset_t *set, uint32_t i)
 tally_block_t *tally__bins_lower_bound(tally_pool_t *p, void *stream, size_t size)
 {
     tally_binset_t *set = binset_find(p, stream);
-    uint32_t i = size < 512 ? 0 : bin_of(size);
-    if (!set || i >= TALLY_SMALL_BINS || (i = bin_first_from(set, i)) == TALLY_SMALL_BINS)
+    if (!set)
         return NULL;
-    tally_block_t *t = set->roots[i];
-    while (t->left)
-        t = t->left;
-    return t;
+    uint32_t i = size < 512 ? 0 : bin_of(size);
+    if (i < TALLY_SMALL_BINS && (i = bin_first_from(set, i)) < TALLY_SMALL_BINS) {
+        tally_block_t *t = set->roots[i];
+        while (t->left)
+            t = t->left;
+        return t;
+    }
+    /* Past the bins: the smallest block over 2 MiB that fits, the lowest
+     * address among equals. */
+    tally_block_t *best = NULL;
+    for (tally_block_t *t = set->over; t;) {
+        if (t->size >= size) {
+            best = t;
+            t = t->left;
+        } else {
+            t = t->right;
+        }
+    }
+    return best;
 }
 
 /* The lowest address of non-empty bin i, unlinked as an erase would (a
@@ -179,6 +211,7 @@ size_t tally__bins_walk(const tally_pool_t *p, void (*fn)(tally_block_t *, void 
             for (uint64_t bits = set->bits[w]; bits; bits &= bits - 1)
                 n += tally__treap_walk(set->roots[(w << 6) + (uint32_t)__builtin_ctzll(bits)], fn, arg);
         }
+        n += tally__treap_walk(set->over, fn, arg);
     }
     return n;
 }
@@ -189,6 +222,14 @@ static bool bin_members_ok(const tally_block_t *t, void *stream, size_t size)
         return true;
     return t->stream == stream && t->size == size && bin_members_ok(t->left, stream, size) &&
            bin_members_ok(t->right, stream, size);
+}
+
+static bool over_members_ok(const tally_block_t *t, void *stream)
+{
+    if (!t)
+        return true;
+    return t->stream == stream && t->size > TALLY_SMALL_BIN_MAX && t->seg->run && over_members_ok(t->left, stream) &&
+           over_members_ok(t->right, stream);
 }
 
 long tally__bins_verify(const tally_pool_t *p)
@@ -222,6 +263,10 @@ long tally__bins_verify(const tally_pool_t *p)
                 n += c;
             }
         }
+        long c = tally__treap_verify_sized(set->over);
+        if (c < 0 || !over_members_ok(set->over, set->stream))
+            return -1;
+        n += c;
     }
     return n;
 }
@@ -354,9 +399,13 @@ static inline __attribute__((always_inline)) tally_block_t *small_alloc(tally_de
 /* Merge free neighbour n into b (n is the lower one when low is set). The
  * neighbour links are chosen, not branched on (a merge happens in whatever
  * order the job frees). */
-static inline void absorb(tally_device_t *d, tally_binset_t *set, tally_block_t *b, tally_block_t *n, bool low)
+static inline __attribute__((always_inline)) void absorb(tally_device_t *d, tally_binset_t *set, tally_block_t *b,
+                                                        tally_block_t *n, bool low, bool any)
 {
-    bin_erase(set, n);
+    if (any)
+        any_erase(set, n);
+    else
+        bin_erase(set, n);
     b->size += n->size;
     if (low) {
         b->addr = n->addr;
@@ -377,7 +426,9 @@ static inline void absorb(tally_device_t *d, tally_binset_t *set, tally_block_t 
     d->spare_blocks = n;
 }
 
-static inline __attribute__((always_inline)) void small_free(tally_device_t *d, tally_block_t *b)
+/* any: b may be a run's block, whose merges may pass 2 MiB (the general
+ * path's free); else it is not (the fast path's). */
+static inline __attribute__((always_inline)) void small_free(tally_device_t *d, tally_block_t *b, bool any)
 {
     size_t original = b->size;
     tally_pool_t *pool = TALLY_UNLIKELY(b->seg->gp != NULL) ? &b->seg->gp->small : &d->small; /* tally__pool_for */
@@ -387,17 +438,20 @@ static inline __attribute__((always_inline)) void small_free(tally_device_t *d, 
     if (prev && prev->state == BLOCK_FREE) {
         dblocks -= 1;
         dbytes -= (int64_t)prev->size;
-        absorb(d, set, b, prev, true);
+        absorb(d, set, b, prev, true, any);
         pool->count--;
     }
     if (next && next->state == BLOCK_FREE) {
         dblocks -= 1;
         dbytes -= (int64_t)next->size;
-        absorb(d, set, b, next, false);
+        absorb(d, set, b, next, false, any);
         pool->count--;
     }
     b->state = BLOCK_FREE;
-    bin_insert(set, b);
+    if (any)
+        any_insert(set, b);
+    else
+        bin_insert(set, b);
     pool->count++;
     /* The split statistics' changes, summed without branches. */
     bool whole = (b->prev == NULL) & (b->next == NULL);
@@ -415,7 +469,7 @@ static inline __attribute__((always_inline)) void small_free(tally_device_t *d, 
 
 void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b)
 {
-    small_free(d, b); /* its callers took the pending peaks */
+    small_free(d, b, true); /* its callers took the pending peaks */
 }
 
 /* ---- the entry points ----------------------------------------------------- */
@@ -451,10 +505,18 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
 void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
 {
     /* A small block of the device's own pool, never shared with another
-     * stream and not asleep, on a backend that caches: nothing to wait for. */
-    if (TALLY_LIKELY(b->pool == TALLY_POOL_SMALL && !b->nuses && !b->seg->asleep && !tally__g.backend->passthrough)) {
+     * stream, not asleep and not in a run of pages (slow_free), on a backend
+     * that caches: nothing to wait for, and no merge past 2 MiB. */
+    if (TALLY_LIKELY(b->pool == TALLY_POOL_SMALL && !b->nuses && !b->seg->slow_free && !tally__g.backend->passthrough)) {
         tally__cache_free_begin_locked(d, b);
-        small_free(d, b);
+        small_free(d, b, false);
+        return;
+    }
+    /* A block of a run of pages (never asleep: runs are no private pool's):
+     * the same, its merges filed past the bins when they pass 2 MiB. */
+    if (b->seg->run && b->pool == TALLY_POOL_SMALL && !b->nuses && !tally__g.backend->passthrough) {
+        tally__cache_free_begin_locked(d, b);
+        small_free(d, b, true);
         return;
     }
     tally__cache_free_general_locked(d, b);

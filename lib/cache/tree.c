@@ -118,6 +118,16 @@ void tally__treap_erase(tally_block_t **slot, tally_block_t *b)
     root_erase(slot, b, true);
 }
 
+void tally__treap_insert_sized(tally_block_t **slot, tally_block_t *b)
+{
+    root_insert(slot, b, false);
+}
+
+void tally__treap_erase_sized(tally_block_t **slot, tally_block_t *b)
+{
+    root_erase(slot, b, false);
+}
+
 void tally__pool_insert(tally_pool_t *p, tally_block_t *b)
 {
     b->gc_base = p->get_free_calls;
@@ -218,17 +228,19 @@ size_t tally__pool_walk(const tally_pool_t *p, void (*fn)(tally_block_t *, void 
     return p->kind == TALLY_POOL_SMALL ? tally__bins_walk(p, fn, arg) : walk(p->root, fn, arg);
 }
 
-static long verify(const tally_block_t *t, const tally_block_t *lo, const tally_block_t *hi)
+/* Node count of the treap at t, ordered as its pool orders (by_addr: a
+ * small-pool bin), or -1. */
+static long verify(const tally_block_t *t, const tally_block_t *lo, const tally_block_t *hi, bool by_addr)
 {
     if (!t)
         return 0;
-    if ((lo && block_cmp(lo, t) >= 0) || (hi && block_cmp(t, hi) >= 0))
+    if ((lo && !before(lo, t, by_addr)) || (hi && !before(t, hi, by_addr)))
         return -1;
     uint32_t prio = prio_of(t->addr);
     if ((t->left && prio_of(t->left->addr) > prio) || (t->right && prio_of(t->right->addr) > prio))
         return -1;
-    long l = verify(t->left, lo, t);
-    long r = verify(t->right, t, hi);
+    long l = verify(t->left, lo, t, by_addr);
+    long r = verify(t->right, t, hi, by_addr);
     if (l < 0 || r < 0)
         return -1;
     return l + r + 1;
@@ -236,12 +248,17 @@ static long verify(const tally_block_t *t, const tally_block_t *lo, const tally_
 
 long tally__treap_verify(const tally_block_t *t)
 {
-    return verify(t, NULL, NULL);
+    return verify(t, NULL, NULL, true);
+}
+
+long tally__treap_verify_sized(const tally_block_t *t)
+{
+    return verify(t, NULL, NULL, false);
 }
 
 long tally__pool_verify(const tally_pool_t *p)
 {
-    long n = p->kind == TALLY_POOL_SMALL ? tally__bins_verify(p) : verify(p->root, NULL, NULL);
+    long n = p->kind == TALLY_POOL_SMALL ? tally__bins_verify(p) : verify(p->root, NULL, NULL, false);
     if (n >= 0 && (size_t)n != p->count)
         return -1;
     return n;

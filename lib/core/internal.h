@@ -275,6 +275,7 @@ typedef struct tally_options {
     int expandable_segments;            /* large pool in one growing range per stream */
     int large_segment_size_mb;          /* large pool segment for requests under 10 MiB */
     int expandable_small_shared;        /* small-pool segments lent by expandable segments (segment.c) */
+    int expandable_small_pages;         /* the small pool one run of pages per stream (small_run.c) */
     int expandable_grow_chunk_mb;       /* a small block growing its range maps up to this boundary */
     int expandable_handle_mb;           /* blocks at least this large map their new pages as one handle (0: off) */
     int expandable_move_budget;         /* us of driver time a step may spend moving pages (0: none, -1: no limit) */

@@ -80,6 +80,9 @@ static const option_row_t rows[] = {
     {"expandable_small_shared", T_BOOL, OFF(expandable_small_shared), 0, 0, NULL, true,
      "expandable segments: the small pool's 2 MiB segments are pieces of the stream's expandable segment, "
      "given back there when free (one kept), so neither pool's idle memory is closed to the other"},
+    {"expandable_small_pages", T_BOOL, OFF(expandable_small_pages), 0, 0, NULL, true,
+     "expandable segments: the small pool of each stream is one range mapped in 2 MiB pages, grown at its end, "
+     "whose free blocks merge across pages (PyTorch's); false: a 2 MiB segment each"},
     {"expandable_grow_chunk_mb", T_INT, OFF(expandable_grow_chunk_mb), 2, 1024, NULL, true,
      "expandable segments: a block under 10 MiB that grows its range maps pages up to the next multiple "
      "of this many MiB, in one call (2: only its own pages)"},
@@ -149,6 +152,7 @@ void tally__options_default(tally_options_t *o)
     o->max_non_split_rounding = (uint64_t)20 << 20;
     o->gc_threshold = 0;
     o->expandable_grow_chunk_mb = 20;
+    o->expandable_small_pages = 1;
     o->large_segment_size_mb = 20;
     o->expandable_handle_mb = 0; /* off: least memory (docs/benchmarks.md, run G) */
     o->expandable_move_budget = 0; /* no page moves: no driver call in a steady step (issue 21) */
