@@ -7,7 +7,10 @@
  * two-level bitmap of non-empty bins. The best fit is the lowest address in
  * the first non-empty bin at or above the request: the block PyTorch's
  * ordered set would give, found with two bit scans instead of a tree
- * descent.
+ * descent. A run of pages (small_run.c) can hold free blocks over 2 MiB:
+ * those sit beside the bins in one treap by size and address, whose first
+ * block the allocation takes when no bin has a fit; a run's frees, whose
+ * merges can make them, file them there.
  *
  * The fast paths do what the general ones in cache.c do for such a block
  * (best fit, split, merge with free neighbours, PyTorch's statistics, the
@@ -349,30 +352,23 @@ tally_block_t *tally__cache_cut_front(tally_device_t *d, tally_block_t *b, size_
     return rest;
 }
 
-/* An allocation of size bytes (rounded; orig asked) from the device's own
- * small pool, when a cached block fits and a block record and room in the
- * pointer map are at hand; NULL, with nothing changed, sends it down the
- * general path. */
-static inline __attribute__((always_inline)) tally_block_t *small_alloc(tally_device_t *d, size_t size, size_t orig,
-                                                                        void *stream, void *site)
+/* Free block b, out of its bin (any: or out of the blocks over 2 MiB, so
+ * that the rest may be one of those too), handed out from its front. */
+static inline __attribute__((always_inline)) tally_block_t *small_take(tally_device_t *d, tally_binset_t *set,
+                                                                       tally_block_t *b, size_t size, size_t orig,
+                                                                       void *site, bool any)
 {
-    if (TALLY_UNLIKELY(!d->spare_blocks || (d->map.count + 1) * 2 > d->map.mask + 1))
-        return NULL; /* the general path makes records and grows the map */
     tally_pool_t *pool = &d->small;
-    tally_binset_t *set = binset_find(pool, stream);
-    if (TALLY_UNLIKELY(!set))
-        return NULL;
-    uint32_t i = bin_first_from(set, bin_of(size));
-    if (i == TALLY_SMALL_BINS)
-        return NULL;
-    tally_block_t *b = bin_take_first(set, i);
     bool already_split = b->prev || b->next;
     b->state = BLOCK_ALLOCATED;
     tally_stat_t *split_bytes = &d->stats.inactive_split_bytes[TALLY_POOL_SMALL];
     if (b->size - size >= MIN_BLOCK) {
         /* The rest stays free, in its own bin: the pool's count is unchanged. */
         tally_block_t *rest = cut_front(d, b, size);
-        bin_insert(set, rest); /* sets its pool links */
+        if (any)
+            any_insert(set, rest);
+        else
+            bin_insert(set, rest); /* sets its pool links */
         if (already_split) {
             tally__stat_dec(split_bytes, (int64_t)size);
         } else {
@@ -392,6 +388,37 @@ static inline __attribute__((always_inline)) tally_block_t *small_alloc(tally_de
     }
     tally__ptrmap_put_room(&d->map, b->addr, b); /* room was checked */
     return tally__cache_hand_out(d, b, TALLY_POOL_SMALL, orig, site, false);
+}
+
+/* The smallest free block over 2 MiB (a run of pages' free end, most
+ * often), when no bin has a fit: the block the general path's best fit
+ * would take. */
+__attribute__((noinline)) static tally_block_t *small_alloc_over(tally_device_t *d, tally_binset_t *set, size_t size,
+                                                                 size_t orig, void *site)
+{
+    tally_block_t *b = set->over;
+    while (b->left)
+        b = b->left;
+    tally__treap_erase_sized(&set->over, b);
+    return small_take(d, set, b, size, orig, site, true);
+}
+
+/* An allocation of size bytes (rounded; orig asked) from the device's own
+ * small pool, when a cached block fits and a block record and room in the
+ * pointer map are at hand; NULL, with nothing changed, sends it down the
+ * general path. */
+static inline __attribute__((always_inline)) tally_block_t *small_alloc(tally_device_t *d, size_t size, size_t orig,
+                                                                        void *stream, void *site)
+{
+    if (TALLY_UNLIKELY(!d->spare_blocks || (d->map.count + 1) * 2 > d->map.mask + 1))
+        return NULL; /* the general path makes records and grows the map */
+    tally_binset_t *set = binset_find(&d->small, stream);
+    if (TALLY_UNLIKELY(!set))
+        return NULL;
+    uint32_t i = bin_first_from(set, bin_of(size));
+    if (i == TALLY_SMALL_BINS)
+        return set->over ? small_alloc_over(d, set, size, orig, site) : NULL;
+    return small_take(d, set, bin_take_first(set, i), size, orig, site, false);
 }
 
 /* ---- the fast free -------------------------------------------------------- */
