@@ -3,8 +3,8 @@
  * stream is one address range with 2 MiB pages mapped where blocks live;
  * best fit prefers a hole whose pages are mapped; idle pages move to where
  * they are needed instead of raising the peak (the longest run first; below
- * the high-water mark none move), and room under the mark or a growth chunk
- * is mapped ahead; empty_cache unmaps idle pages (none while a capture is
+ * the high-water mark none move), for a new small-pool segment too, and room
+ * under the mark or a growth chunk is mapped ahead; empty_cache unmaps idle pages (none while a capture is
  * announced); out of memory at capacity and under a memory fraction; every
  * invariant holds throughout. (Physical handles, the backend's call counts,
  * lent small segments and the random workloads: test_cache_expand_handles.c.) */
@@ -478,6 +478,45 @@ static void test_free_small_segments_move_to_large_blocks(void **state)
     tally_free(more);
 }
 
+static void test_idle_large_pages_move_to_a_new_small_segment(void **state)
+{
+    (void)state;
+    /* The other way: a new small-pool segment (2 MiB, with moves) that
+     * would raise reserved memory past the mark takes an idle large page's
+     * memory first, as a large block would; with no move budget it adds to
+     * the peak. */
+    for (int budget = -1; budget <= 0; budget++) {
+        char conf[64];
+        snprintf(conf, sizeof conf, "expandable_move_budget:%d,expandable_small_pages:false", budget);
+        assert_int_equal(tally_configure(conf), 0);
+        tally_empty_cache(0);
+        tally_reset_peak_stats(0);
+        void *big = tally_malloc(16 * MiB, 0, stream_a);
+        assert_non_null(big);
+        tally_free(big); /* 8 idle pages, the mark at 16 MiB */
+        tally_stats_t before = stats(0);
+        EQ(before.reserved_bytes[TALLY_POOL_ALL].current, 16 * MiB);
+        void *small = tally_malloc(1000, 0, stream_a);
+        assert_non_null(small);
+        tally_stats_t s = stats(0);
+        EQ(s.segment[TALLY_POOL_SMALL].current, 1);
+        EQ(s.reserved_bytes[TALLY_POOL_SMALL].current, PAGE);
+        if (budget < 0) {
+            /* The idle pages go as one run (one unmap call), as for a
+             * large block. */
+            EQ(s.reserved_bytes[TALLY_POOL_LARGE].current, 0);
+            EQ(s.reserved_bytes[TALLY_POOL_ALL].peak, 16 * MiB);
+            EQ(s.num_device_free - before.num_device_free, 1);
+        } else {
+            EQ(s.reserved_bytes[TALLY_POOL_LARGE].current, 16 * MiB);
+            EQ(s.reserved_bytes[TALLY_POOL_ALL].peak, 16 * MiB + PAGE);
+            EQ(s.num_device_free - before.num_device_free, 0);
+        }
+        CHECK_OK();
+        tally_free(small);
+    }
+}
+
 static void test_small_blocks_growing_the_range_map_to_the_chunk(void **state)
 {
     (void)state;
@@ -612,6 +651,7 @@ int main(void)
         cmocka_unit_test_setup(test_idle_pages_right_below_the_block_are_taken, reset),
         cmocka_unit_test_setup(test_room_under_the_mark_is_mapped_ahead_and_used, reset),
         cmocka_unit_test_setup(test_free_small_segments_move_to_large_blocks, reset),
+        cmocka_unit_test_setup(test_idle_large_pages_move_to_a_new_small_segment, reset),
         cmocka_unit_test_setup(test_small_blocks_growing_the_range_map_to_the_chunk, reset),
         cmocka_unit_test_setup(test_empty_cache_gives_back_pages_mapped_ahead, reset),
         cmocka_unit_test_setup(test_chunk_past_capacity_does_not_fail_a_block_that_fits, reset),

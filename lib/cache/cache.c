@@ -470,6 +470,8 @@ static bool find_block(tally_device_t *d, alloc_params_t *p)
     }
     if (gc_enabled(d))
         tally__cache_garbage_collect_locked(d);
+    if (p->pool == TALLY_POOL_SMALL && !p->gp && tally__expand_on())
+        tally__expand_make_room_locked(d, p->alloc_size);
     return alloc_block(d, p, false) ||
            (p->err == TALLY_ENOMEM && release_available_cached_blocks(d, p) && alloc_block(d, p, false)) ||
            (p->err == TALLY_ENOMEM && (tally__cache_release_all_locked(d), true) && alloc_block(d, p, true));

@@ -447,6 +447,7 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
 int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more, char *why, size_t whylen);
 void tally__expand_unref_locked(tally_block_t *b);
 bool tally__expand_mapped_locked(const tally_block_t *b, size_t size);
+void tally__expand_make_room_locked(tally_device_t *d, size_t bytes);
 /* expand_move.c: the allocation stream, for the steady-state detector and
  * the move budget (size rounded; live: requested bytes before it). */
 void tally__expand_note_alloc_locked(tally_device_t *d, size_t size, uint64_t live);

@@ -15,9 +15,10 @@
  * Backend calls: idle pages are taken back in whole runs, the longest
  * first, so one unmap call frees many pages; when no idle page is left,
  * whole free small-pool segments are released instead (their memory moves
- * too). A block that maps new pages also maps, in the same call, the free
- * unmapped pages after it that fit under the mark (the room a whole run
- * left); a block under 10 MiB that grows the range maps up to the next
+ * too); a new small-pool segment that would pass the mark takes them the
+ * same way (tally__expand_make_room_locked). A block that maps new pages
+ * also maps, in the same call, the free unmapped pages after it that fit
+ * under the mark (the room a whole run left); a block under 10 MiB that grows the range maps up to the next
  * expandable_grow_chunk_mb boundary (20 MiB: what PyTorch's default
  * placement would give it as a segment; those pages do not raise the mark).
  * cache.c prefers a free block already on mapped pages among the few after
@@ -322,6 +323,23 @@ static size_t handle_pages(const tally_block_t *b, size_t n)
     return min_mb && n > 1 && b->size >= min_mb << 20 ? n : 1;
 }
 
+/* need new pages are about to be mapped. Moving idle pages here keeps
+ * reserved memory under the mark, at the price of driver calls (unmap
+ * there, map here) that a repeating job would make every step; within
+ * expandable_move_budget only. Otherwise (and during a capture) new pages:
+ * past the mark, or OOM. Idle pages go in whole runs, the longest first
+ * (pages [lo, hi] of keep stay), then free small-pool segments. */
+static void make_room(tally_device_t *d, size_t need, const tally_segment_t *keep, size_t lo, size_t hi)
+{
+    uint64_t room = high_water[d->id] > d->reserved ? (high_water[d->id] - d->reserved) / PAGE : 0;
+    if (need > room && !tally__expand_unmap_held_locked(d) &&
+        tally__expand_move_allowed_locked(d, need - room, tally__expand_movable_locked(d))) {
+        size_t got = tally__expand_steal_runs_locked(d, need - room, keep, lo, hi);
+        if (got < need - room)
+            tally__cache_release_small_locked(d, (need - room - got) * PAGE);
+    }
+}
+
 /* Back the block's pages with memory and count it on them. Spare handles
  * elsewhere are unmapped first, as many pages as are needed. map_more:
  * also map pages past the block (map_ahead_pages); the retry after an OOM
@@ -335,17 +353,7 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more,
     page_span(s, b, &first, &last);
     for (size_t p = first; p <= last; p++)
         need += !ex->mapped[p];
-    uint64_t room = high_water[d->id] > d->reserved ? (high_water[d->id] - d->reserved) / PAGE : 0;
-    /* Moving idle pages here keeps reserved memory under the mark, at the
-     * price of driver calls (unmap there, map here) that a repeating job
-     * would make every step; within expandable_move_budget only. Otherwise
-     * (and during a capture) new pages: past the mark, or OOM. */
-    if (need > room && !tally__expand_unmap_held_locked(d) &&
-        tally__expand_move_allowed_locked(d, need - room, tally__expand_movable_locked(d))) {
-        size_t got = tally__expand_steal_runs_locked(d, need - room, s, first, last);
-        if (got < need - room)
-            tally__cache_release_small_locked(d, (need - room - got) * PAGE);
-    }
+    make_room(d, need, s, first, last);
     for (size_t p = first; p <= last;) {
         if (ex->mapped[p]) {
             p++;
@@ -397,6 +405,19 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more,
         if (ex->live[p]++ == 0)
             page_live(ex, p);
     return 0;
+}
+
+/* A small-pool segment of bytes is about to be allocated beside the
+ * regions (2 MiB segments: the small pool keeps them when moves are on):
+ * when it would take reserved memory past the high-water mark, memory
+ * moves to pay for it, within expandable_move_budget, as for a large
+ * block's new pages. Without it, a training job's backward, whose small
+ * blocks grow while its large pool holds the forward's freed activations,
+ * adds every small segment to the peak (the cold trace, run U of
+ * docs/benchmarks.md). */
+void tally__expand_make_room_locked(tally_device_t *d, size_t bytes)
+{
+    make_room(d, (bytes + PAGE - 1) / PAGE, NULL, 0, 0);
 }
 
 /* Whether the first size bytes of free block b lie on mapped pages. */
