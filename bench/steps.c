@@ -6,7 +6,9 @@
  *
  * Replays each trace through tally (device 0; configuration as tally-replay:
  * backend:host,host_mode:virtual,host_capacity:80GiB, then $TALLY_CONF, then
- * --conf) and splits it into steps. With the cuda backend on the CUDA
+ * --conf), each in a process of its own as a job is (so what the cache
+ * learned of one trace, such as the step expandable_move_budget finds, does
+ * not carry into the next), and splits it into steps. With the cuda backend on the CUDA
  * stand-in (LD_LIBRARY_PATH=build/standin) the driver calls of each step are
  * read from the stand-in's counters (cuda_standin_calls, found with dlsym on
  * the loaded libcuda.so.1) by entry point, with the modelled driver time of
@@ -46,12 +48,15 @@
 #include <tally.h>
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define MiB 1048576ull
 
@@ -402,6 +407,57 @@ static int gen_repeat(const char *spec, const char *path)
     return fclose(f) ? 1 : 0;
 }
 
+/* tally set up in this process (the first prints the header line). */
+static int setup(const char *conf, bool announced, bool header)
+{
+    /* As under PyTorch with tally.install(): every capture is announced, so
+     * the cached path makes no driver call (--unannounced: a C program that
+     * never announces one). */
+    if (announced)
+        tally_graph_captures_announced();
+    if (tally_configure("backend:host,host_mode:virtual,host_capacity:80GiB,leak_report:off,stage_report:false") ||
+        (getenv("TALLY_CONF") && *getenv("TALLY_CONF") && tally_configure(getenv("TALLY_CONF"))) ||
+        (conf && tally_configure(conf)) || tally_init()) {
+        fprintf(stderr, "tally-steps: %s\n", tally_last_error());
+        return 1;
+    }
+    void *cuda = cuda_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (cuda) {
+        *(void **)&si_calls = dlsym(cuda, "cuda_standin_calls");
+        *(void **)&si_us = dlsym(cuda, "cuda_standin_driver_us");
+        *(void **)&si_mappings = dlsym(cuda, "cuda_standin_mappings");
+        if (!si_us)
+            si_calls = NULL;
+    }
+    if (header)
+        printf("tally-steps: backend %s; driver calls %s\n", tally_backend_name(),
+               si_calls ? "counted by the CUDA stand-in" : "not counted (not the stand-in): backend calls only");
+    return 0;
+}
+
+/* One trace in a process of its own, as one job is: nothing the cache
+ * learns of one trace (the step finder of expandable_move_budget, the
+ * high-water mark) carries into the next, so a trace's figures do not
+ * depend on the traces before it on the command line. Returns 1 if it
+ * failed. */
+static int in_child(const char *path, const char *conf, bool announced, size_t period, bool per_step, bool header)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("tally-steps: fork");
+        return 1;
+    }
+    if (pid == 0)
+        exit(setup(conf, announced, header) || run(path, period, per_step) ? 1 : 0);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            return 1;
+    return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 static bool is_dir(const char *p)
 {
     struct stat st;
@@ -449,28 +505,7 @@ int main(int argc, char **argv)
                         "       tally-steps --gen-repeat LIVE_MIB,BLOCK_MIB,ITERS FILE\n");
         return 2;
     }
-    /* As under PyTorch with tally.install(): every capture is announced, so
-     * the cached path makes no driver call (--unannounced: a C program that
-     * never announces one). */
-    if (announced)
-        tally_graph_captures_announced();
-    if (tally_configure("backend:host,host_mode:virtual,host_capacity:80GiB,leak_report:off,stage_report:false") ||
-        (getenv("TALLY_CONF") && *getenv("TALLY_CONF") && tally_configure(getenv("TALLY_CONF"))) ||
-        (conf && tally_configure(conf)) || tally_init()) {
-        fprintf(stderr, "tally-steps: %s\n", tally_last_error());
-        return 1;
-    }
-    void *cuda = cuda_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (cuda) {
-        *(void **)&si_calls = dlsym(cuda, "cuda_standin_calls");
-        *(void **)&si_us = dlsym(cuda, "cuda_standin_driver_us");
-        *(void **)&si_mappings = dlsym(cuda, "cuda_standin_mappings");
-        if (!si_us)
-            si_calls = NULL;
-    }
-    printf("tally-steps: backend %s%s; driver calls %s\n", tally_backend_name(), conf ? "" : "",
-           si_calls ? "counted by the CUDA stand-in" : "not counted (not the stand-in): backend calls only");
-    int failures = 0;
+    int failures = 0, done = 0;
     for (int i = first; i < argc; i++) {
         if (is_dir(argv[i])) {
             char **list, err[1400];
@@ -478,12 +513,12 @@ int main(int argc, char **argv)
             if (n < 0)
                 return fprintf(stderr, "tally-steps: %s\n", err), 1;
             for (int k = 0; k < n; k++) {
-                failures += run(list[k], period, per_step);
+                failures += in_child(list[k], conf, announced, period, per_step, done++ == 0);
                 free(list[k]);
             }
             free(list);
         } else {
-            failures += run(argv[i], period, per_step);
+            failures += in_child(argv[i], conf, announced, period, per_step, done++ == 0);
         }
     }
     printf("  (summary columns: trace | peak live MiB | peak reserved MiB | reserved / live | memory driver calls "
