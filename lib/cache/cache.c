@@ -359,12 +359,7 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
     s->head = b;
     s->bins = bins;
     tally__segment_link_locked(d, s);
-    b->addr = (uintptr_t)ptr;
-    b->size = size;
-    b->stream = p->stream;
-    b->seg = s;
-    b->pool = (uint8_t)p->pool;
-    b->prev = b->next = NULL;
+    tally__block_place(b, s, (uintptr_t)ptr, size, NULL);
     d->reserved += size;
     tally__stat_pool_inc(d->stats.segment, p->pool, 1);
     tally__cache_reserved_rise_locked(d, p->pool, (int64_t)size);

@@ -631,6 +631,7 @@ void tally__events_wait_for_use_locked(tally_device_t *d, void *stream, const ta
 /* segment.c: the device's segments and their release */
 /* Put a new segment on the device's list. */
 void tally__segment_link_locked(tally_device_t *d, tally_segment_t *s);
+void tally__block_place(tally_block_t *b, tally_segment_t *s, uintptr_t addr, size_t size, tally_block_t *prev);
 void tally__segment_unlink_locked(tally_device_t *d, tally_segment_t *s);
 /* The device's segment containing addr, or NULL. */
 tally_segment_t *tally__cache_segment_of_locked(tally_device_t *d, uintptr_t addr);

@@ -187,12 +187,7 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
     s->head = b;
     s->ex = ex;
     tally__segment_link_locked(d, s);
-    b->addr = s->base;
-    b->size = va;
-    b->stream = stream;
-    b->seg = s;
-    b->pool = TALLY_POOL_LARGE;
-    b->prev = b->next = NULL;
+    tally__block_place(b, s, s->base, va, NULL);
     b->state = BLOCK_FREE;
     tally__pool_insert(&d->large, b);
     tally__stat_pool_inc(d->stats.segment, TALLY_POOL_LARGE, 1);

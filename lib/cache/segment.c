@@ -22,6 +22,19 @@ void tally__segment_link_locked(tally_device_t *d, tally_segment_t *s)
     d->nsegments++;
 }
 
+/* b becomes the piece [addr, addr + size) of segment s (its stream and
+ * pool), after prev (NULL: s's first block) and last in s. */
+void tally__block_place(tally_block_t *b, tally_segment_t *s, uintptr_t addr, size_t size, tally_block_t *prev)
+{
+    b->addr = addr;
+    b->size = size;
+    b->stream = s->stream;
+    b->seg = s;
+    b->pool = s->pool;
+    b->prev = prev;
+    b->next = NULL;
+}
+
 void tally__segment_unlink_locked(tally_device_t *d, tally_segment_t *s)
 {
     if (s->prev)
@@ -282,12 +295,7 @@ tally_segment_t *tally__lend_segment_locked(tally_device_t *d, tally_block_t *c,
     s->bins = bins;
     s->lender = c;
     tally__segment_link_locked(d, s);
-    b->addr = c->addr;
-    b->size = c->size;
-    b->stream = c->stream;
-    b->seg = s;
-    b->pool = TALLY_POOL_SMALL;
-    b->prev = b->next = NULL;
+    tally__block_place(b, s, c->addr, c->size, NULL);
     tally__stat_pool_inc(d->stats.segment, TALLY_POOL_SMALL, 1);
     /* The large pool's figure first: the all entry's peak is taken at the
      * rise, and the pages must not count twice there. */

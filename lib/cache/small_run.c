@@ -162,14 +162,8 @@ bool tally__small_run_grow_locked(tally_device_t *d, void *stream, size_t size, 
         *out = tail;
         return true;
     }
-    nb->addr = at;
-    nb->size = bytes;
-    nb->stream = stream;
-    nb->seg = s;
-    nb->pool = TALLY_POOL_SMALL;
+    tally__block_place(nb, s, at, bytes, tail);
     nb->state = BLOCK_FREE;
-    nb->prev = tail;
-    nb->next = NULL;
     if (tail) {
         tail->next = nb;
         /* The run now holds more than one block: its free piece is a split. */
