@@ -404,15 +404,19 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more,
 
 /* A small-pool segment of bytes is about to be allocated beside the
  * regions (2 MiB segments: the small pool keeps them when moves are on):
- * when it would take reserved memory past the high-water mark, memory
- * moves to pay for it, within expandable_move_budget, as for a large
- * block's new pages. Without it, a training job's backward, whose small
- * blocks grow while its large pool holds the forward's freed activations,
- * adds every small segment to the peak (the cold trace, run U of
- * docs/benchmarks.md). */
+ * with moves unlimited (-1), when it would take reserved memory past the
+ * high-water mark, memory moves to pay for it, as for a large block's new
+ * pages. Without it, a training job's backward, whose small blocks grow
+ * while its large pool holds the forward's freed activations, adds every
+ * small segment to the peak (the cold trace, run U of docs/benchmarks.md).
+ * Not within a finite budget: there a job whose small blocks come back
+ * every step moved the same memory both ways every step (the small segment
+ * taking large pages, the large blocks then releasing it) for no lower
+ * peak (ddp at 50 ms: 20 driver calls a step, none without). */
 void tally__expand_make_room_locked(tally_device_t *d, size_t bytes)
 {
-    make_room(d, (bytes + PAGE - 1) / PAGE, NULL, 0, 0);
+    if (TALLY_OPT(expandable_move_budget) < 0)
+        make_room(d, (bytes + PAGE - 1) / PAGE, NULL, 0, 0);
 }
 
 /* Whether the first size bytes of free block b lie on mapped pages. */
