@@ -447,6 +447,8 @@ int tally__expand_region_locked(tally_device_t *d, void *stream, tally_block_t *
 int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more, char *why, size_t whylen);
 void tally__expand_unref_locked(tally_block_t *b);
 bool tally__expand_mapped_locked(const tally_block_t *b, size_t size);
+/* A new small-pool segment of bytes: with moves unlimited, idle pages pay
+ * for what would pass the high-water mark. */
 void tally__expand_make_room_locked(tally_device_t *d, size_t bytes);
 /* expand_move.c: the allocation stream, for the steady-state detector and
  * the move budget (size rounded; live: requested bytes before it). */
@@ -631,6 +633,8 @@ void tally__events_wait_for_use_locked(tally_device_t *d, void *stream, const ta
 /* segment.c: the device's segments and their release */
 /* Put a new segment on the device's list. */
 void tally__segment_link_locked(tally_device_t *d, tally_segment_t *s);
+/* b becomes the piece [addr, addr + size) of s (its stream and pool), after
+ * prev (NULL: s's first block) and last in s. */
 void tally__block_place(tally_block_t *b, tally_segment_t *s, uintptr_t addr, size_t size, tally_block_t *prev);
 void tally__segment_unlink_locked(tally_device_t *d, tally_segment_t *s);
 /* The device's segment containing addr, or NULL. */

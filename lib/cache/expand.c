@@ -15,10 +15,11 @@
  * Backend calls: idle pages are taken back in whole runs, the longest
  * first, so one unmap call frees many pages; when no idle page is left,
  * whole free small-pool segments are released instead (their memory moves
- * too); a new small-pool segment that would pass the mark takes them the
- * same way (tally__expand_make_room_locked). A block that maps new pages
- * also maps, in the same call, the free unmapped pages after it that fit
- * under the mark (the room a whole run left); a block under 10 MiB that grows the range maps up to the next
+ * too); with moves unlimited (-1), a new small-pool segment that would
+ * pass the mark takes them the same way (tally__expand_make_room_locked).
+ * A block that maps new pages also maps, in the same call, the free
+ * unmapped pages after it that fit under the mark (the room a whole run
+ * left); a block under 10 MiB that grows the range maps up to the next
  * expandable_grow_chunk_mb boundary (20 MiB: what PyTorch's default
  * placement would give it as a segment; those pages do not raise the mark).
  * cache.c prefers a free block already on mapped pages among the few after
