@@ -505,9 +505,10 @@ static void test_idle_large_pages_move_to_a_new_small_segment(void **state)
         EQ(s.segment[TALLY_POOL_SMALL].current, 1);
         EQ(s.reserved_bytes[TALLY_POOL_SMALL].current, PAGE);
         if (budget < 0) {
-            /* The idle pages go as one run (one unmap call), as for a
-             * large block. */
-            EQ(s.reserved_bytes[TALLY_POOL_LARGE].current, 0);
+            /* The idle pages are the region's last: only the one page
+             * needed goes (its last handle, one unmap call); the large
+             * pool would map the rest again when it grows. */
+            EQ(s.reserved_bytes[TALLY_POOL_LARGE].current, 14 * MiB);
             EQ(s.reserved_bytes[TALLY_POOL_ALL].peak, 16 * MiB);
             EQ(s.num_device_free - before.num_device_free, 1);
         } else {
@@ -518,6 +519,43 @@ static void test_idle_large_pages_move_to_a_new_small_segment(void **state)
         CHECK_OK();
         tally_free(small);
     }
+}
+
+static void test_a_new_small_segment_takes_an_inner_idle_run_before_the_region_end(void **state)
+{
+    (void)state;
+    /* With moves unlimited, a new small-pool segment takes idle large pages
+     * inside the region before the region's last ones (the pages a growing
+     * large pool maps again): a 16 MiB hole, a live 4 MiB block, then a
+     * 24 MiB idle end. The longest run is the end; the hole goes instead,
+     * whole, in one unmap call. */
+    assert_int_equal(tally_configure("expandable_move_budget:-1,expandable_small_pages:false"), 0);
+    void *a = tally_malloc(16 * MiB, 0, stream_a);
+    void *b = tally_malloc(4 * MiB, 0, stream_a);
+    void *c = tally_malloc(24 * MiB, 0, stream_a);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(c);
+    tally_free(a);
+    tally_free(c);
+    tally_stats_t before = stats(0);
+    EQ(before.reserved_bytes[TALLY_POOL_LARGE].current, 44 * MiB);
+    void *small = tally_malloc(1000, 0, stream_a);
+    assert_non_null(small);
+    tally_stats_t s = stats(0);
+    EQ(s.reserved_bytes[TALLY_POOL_LARGE].current, 28 * MiB);
+    EQ(s.reserved_bytes[TALLY_POOL_SMALL].current, PAGE);
+    EQ(s.reserved_bytes[TALLY_POOL_ALL].peak, 44 * MiB);
+    EQ(s.num_device_free - before.num_device_free, 1);
+    /* The end's pages are still mapped: a 24 MiB block takes them with no
+     * map call. */
+    void *again = tally_malloc(24 * MiB, 0, stream_a);
+    assert_ptr_equal(again, c);
+    EQ(stats(0).num_device_alloc, s.num_device_alloc);
+    CHECK_OK();
+    tally_free(small);
+    tally_free(b);
+    tally_free(again);
 }
 
 static void test_small_blocks_growing_the_range_map_to_the_chunk(void **state)
@@ -655,6 +693,7 @@ int main(void)
         cmocka_unit_test_setup(test_room_under_the_mark_is_mapped_ahead_and_used, reset),
         cmocka_unit_test_setup(test_free_small_segments_move_to_large_blocks, reset),
         cmocka_unit_test_setup(test_idle_large_pages_move_to_a_new_small_segment, reset),
+        cmocka_unit_test_setup(test_a_new_small_segment_takes_an_inner_idle_run_before_the_region_end, reset),
         cmocka_unit_test_setup(test_small_blocks_growing_the_range_map_to_the_chunk, reset),
         cmocka_unit_test_setup(test_empty_cache_gives_back_pages_mapped_ahead, reset),
         cmocka_unit_test_setup(test_chunk_past_capacity_does_not_fail_a_block_that_fits, reset),

@@ -486,14 +486,15 @@ static inline bool tally__expand_is_spare(const tally_expand_t *ex, size_t p)
 bool tally__expand_unmap_run_locked(tally_device_t *d, tally_segment_t *s, size_t p, size_t n);
 /* expand_move.c: pages that could move; whether they may move now (the
  * move budget); unmap at least want idle pages in address order, or steal
- * them in whole runs, the longest first, leaving the handles with a page
- * in [keep_lo, keep_hi] of keep. */
+ * them in whole runs, the longest first (ends_last: a region's last run
+ * after the others, and only the part wanted), leaving the handles with a
+ * page in [keep_lo, keep_hi] of keep. */
 size_t tally__expand_movable_locked(const tally_device_t *d);
 bool tally__expand_move_allowed_locked(tally_device_t *d, size_t want, size_t avail);
 size_t tally__expand_unmap_idle_locked(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo,
                                        size_t keep_hi);
 size_t tally__expand_steal_runs_locked(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo,
-                                       size_t keep_hi);
+                                       size_t keep_hi, bool ends_last);
 
 /* segment.c: with expandable_small_shared the device's small pool takes its
  * 2 MiB segments from the stream's expandable segment (no driver call when
