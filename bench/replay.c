@@ -34,7 +34,9 @@
  *   cuMemAddressReserve 1, a map of h handles 2h + 1 (cuMemCreate + cuMemMap
  *   per handle, one cuMemSetAccess), an unmap one cuStreamSynchronize (the
  *   segment's stream) + one cuMemUnmap per run + one cuMemRelease per
- *   handle taken down.
+ *   handle taken down; a handle a move took down and mapped again
+ *   (reused_handles, moves unlimited) makes neither its cuMemCreate nor its
+ *   cuMemRelease.
  * reference.json is looked up next to each trace unless --reference names one. */
 #include "trace.h"
 
@@ -362,7 +364,7 @@ typedef struct figures {
 static uint64_t cuda_driver_calls(const tally_host_calls_t *c)
 {
     return c->alloc + c->free + c->reserve + 2 * c->map_handles + c->map + c->unmap + c->unmap_runs +
-           c->unmap_handles;
+           c->unmap_handles - 2 * c->reused_handles;
 }
 
 static void simulate(const trace_t *t, figures_t *f)
@@ -432,7 +434,8 @@ static int replay(const trace_t *t, int reps, bool check, figures_t *f, char *er
                 .map_pages = c1.map_pages - c0.map_pages, .unmap = c1.unmap - c0.unmap,
                 .unmap_pages = c1.unmap_pages - c0.unmap_pages, .unmap_runs = c1.unmap_runs - c0.unmap_runs,
                 .map_handles = c1.map_handles - c0.map_handles,
-                .unmap_handles = c1.unmap_handles - c0.unmap_handles};
+                .unmap_handles = c1.unmap_handles - c0.unmap_handles,
+                .reused_handles = c1.reused_handles - c0.reused_handles};
         }
         tally_stats_t s;
         if (tally_get_stats(0, &s)) {

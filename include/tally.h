@@ -418,6 +418,9 @@ typedef struct tally_host_calls {
     uint64_t unmap, unmap_pages, unmap_runs;
     uint64_t map_handles;          /* physical handles the map calls laid out (one per page, or larger) */
     uint64_t unmap_handles;        /* physical handles the unmap calls took down (each one cuMemRelease on CUDA) */
+    uint64_t reused_handles;       /* of map_handles, one-page handles a move took down and mapped again (with
+                                    * expandable_move_budget:-1): on CUDA no cuMemCreate for them, and no
+                                    * cuMemRelease where they were taken down */
 } tally_host_calls_t;
 TALLY_API int tally_host_calls(int device, tally_host_calls_t *out);
 

@@ -5,7 +5,8 @@
  * after a map, are compared exactly only on the stand-in).
  *
  *   map, unmap (a sub-range of one map call),            test_vmm_backend_*
- *   multi-page handles, unmaps that would cut one
+ *   multi-page handles, unmaps that would cut one,
+ *   handles kept through a move (keep_handles)
  *   peers granted access (tally_pool_peer_access)         test_vmm_peer_access
  *   idle pages moving, release by empty_cache             test_vmm_idle_pages_and_release
  *   out of memory inside a range                          test_vmm_oom_inside_range
@@ -92,6 +93,62 @@ static void body_backend_map_unmap(int fd)
 
 static const char *const env_cuda[] = {"CUDA_STANDIN_DEVICES", "1", "TALLY_CONF", "backend:cuda,leak_report:off", NULL};
 
+/* keep_handles: while on, the one-page handles an unmap takes down stay
+ * unreleased (their memory still the device's) and the next maps use them
+ * instead of cuMemCreate; off releases the rest. A handle of several pages
+ * is released as ever. */
+static void body_backend_keep_handles(int fd)
+{
+    (void)fd;
+    start_driver();
+    NEED(tally_init() == 0);
+    const tally_backend_t *be = &tally__backend_cuda;
+    NEED(be->keep_handles != NULL);
+    char why[256] = "";
+    size_t base = driver_free();
+    void *r = NULL;
+    NEED(be->reserve(0, 32 * MiB, &r, why, sizeof why) == 0);
+    char *p = r;
+    NEED(be->map(0, p, 3 * PAGE, PAGE, why, sizeof why) == 0);         /* pages 0-2, a handle each */
+    NEED(be->map(0, p + 4 * PAGE, 2 * PAGE, 2 * PAGE, why, sizeof why) == 0); /* pages 4-5, one handle */
+    NEED(used_since(base, 5 * PAGE));
+    bool counted = cu_calls("cuMemCreate") >= 0;
+    cu_calls_reset();
+    be->keep_handles(0, true);
+    NEED(be->unmap(0, p, 3 * PAGE) == 0);
+    NEED(be->unmap(0, p + 4 * PAGE, 2 * PAGE) == 0);
+    NEED(!counted || cu_calls("cuMemRelease") == 1); /* the two-page handle only */
+    NEED(used_since(base, 3 * PAGE));                /* three kept pages */
+    NEED(tally__cu_vmm_mapped_bytes(0) == 0);
+    /* Two pages mapped elsewhere take two kept handles; the third waits. */
+    NEED(be->map(0, p + 10 * PAGE, 2 * PAGE, PAGE, why, sizeof why) == 0);
+    NEED(!counted || (cu_calls("cuMemCreate") == 0 && cu_calls("cuMemMap") == 2));
+    NEED(used_since(base, 3 * PAGE));
+    /* The new mapping has its access set: on the stand-in (host memory,
+     * PROT_NONE until cuMemSetAccess) the program can write and read it. */
+    if (cu_is_standin()) {
+        memset(p + 10 * PAGE, 0x5a, 2 * PAGE);
+        NEED(p[10 * PAGE] == 0x5a && p[12 * PAGE - 1] == 0x5a);
+    }
+    /* A handle of several pages is made anew, the kept one stays. */
+    NEED(be->map(0, p + 14 * PAGE, 2 * PAGE, 2 * PAGE, why, sizeof why) == 0);
+    NEED(!counted || cu_calls("cuMemCreate") == 1);
+    NEED(used_since(base, 5 * PAGE));
+    be->keep_handles(0, false); /* the last kept handle goes back */
+    NEED(!counted || cu_calls("cuMemRelease") == 2);
+    NEED(used_since(base, 4 * PAGE));
+    /* Off: an unmap releases at once, a map creates. */
+    NEED(be->unmap(0, p + 10 * PAGE, 2 * PAGE) == 0);
+    NEED(!counted || cu_calls("cuMemRelease") == 4);
+    NEED(used_since(base, 2 * PAGE));
+    NEED(be->map(0, p, PAGE, PAGE, why, sizeof why) == 0);
+    NEED(!counted || cu_calls("cuMemCreate") == 2);
+    be->keep_handles(0, false); /* nothing kept: nothing to do */
+    NEED(!counted || cu_calls("cuMemRelease") == 4);
+    NEED(be->unreserve(0, r, 32 * MiB) == 0);
+    NEED(used_since(base, 0) || !cu_is_standin());
+}
+
 static void test_vmm_backend_map_unmap(void **state)
 {
     (void)state;
@@ -102,6 +159,12 @@ static void test_vmm_backend_map_unmap(void **state)
  * (the stand-in with CUDA_STANDIN_VMM_UNMAP_ONE=1 refuses a range of several
  * with CUDA_ERROR_INVALID_VALUE): each run is unmapped a handle at a time,
  * with the same mapped bytes, driver memory and refusals. */
+static void test_vmm_backend_keep_handles(void **state)
+{
+    (void)state;
+    expect_child_ok(env_cuda, body_backend_keep_handles);
+}
+
 static void test_vmm_backend_map_unmap_one_mapping_per_call(void **state)
 {
     (void)state;
@@ -246,9 +309,15 @@ static void body_idle_pages_and_release(int fd)
     agree(base);
     NEED(stats0().reserved_bytes[TALLY_POOL_LARGE].current == (int64_t)(80 * MiB));
     /* 60 MiB does not fit a's hole: placed after b, a's idle pages are
-     * unmapped to make room, so the peak stays under 80 + 60 MiB. */
+     * unmapped to make room, so the peak stays under 80 + 60 MiB. Their
+     * 20 handles are mapped again under c, as they are: 10 new ones, and
+     * none released. */
+    bool counted = cu_calls("cuMemCreate") >= 0;
+    cu_calls_reset();
     void *c = tally_malloc(60 * MiB, 0, NULL);
     NEED(c != NULL && (char *)c >= (char *)b + 40 * MiB);
+    NEED(!counted || (cu_calls("cuMemUnmap") == 1 && cu_calls("cuMemMap") == 30 && cu_calls("cuMemCreate") == 10 &&
+                      cu_calls("cuMemRelease") == 0));
     agree(base);
     tally_stats_t s = stats0();
     NEED(s.reserved_bytes[TALLY_POOL_LARGE].peak < (int64_t)(140 * MiB));
@@ -466,6 +535,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vmm_backend_map_unmap),
+        cmocka_unit_test(test_vmm_backend_keep_handles),
         cmocka_unit_test(test_vmm_backend_map_unmap_one_mapping_per_call),
         cmocka_unit_test(test_vmm_backend_accepted_by_cuda_only),
         cmocka_unit_test(test_vmm_peer_access),

@@ -78,6 +78,12 @@ typedef struct tally_backend {
     int (*map)(int device, void *ptr, size_t size, size_t handle, char *why, size_t whylen);
     int (*unmap)(int device, void *ptr, size_t size);
     int (*unreserve)(int device, void *ptr, size_t size);
+    /* A move of pages (may be NULL): with on, the one-page handles that
+     * unmap takes down are kept, and map uses them before making new ones
+     * (on CUDA no cuMemRelease there and no cuMemCreate here); off releases
+     * those left. The memory of a kept handle is still the device's, so the
+     * cache turns it on only around one move, under the device's lock. */
+    void (*keep_handles)(int device, bool on);
     /* Sleep and wake of private tags (may be NULL: offload refused). Host
      * memory for backups (pinned on CUDA) and copies between it and mapped
      * device memory; each copy is complete when it returns. TALLY_ENOMEM

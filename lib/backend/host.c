@@ -91,9 +91,16 @@ static bool cuts_handle(int device, void *ptr, size_t size)
     return cut;
 }
 
+/* Per device while a move keeps handles (host_keep_handles): the one-page
+ * handles taken down and not yet mapped again, as lib/backend/cuda/vmm.c
+ * keeps them. */
+static bool keeping[TALLY_MAX_DEVICES];
+static uint64_t kept[TALLY_MAX_DEVICES];
+
 /* Count a map (on, in handles of hpages pages) or unmap (off) of [ptr,
  * ptr + size): pages whose state changes, handles laid out and, for unmap,
- * the runs of neighbouring mapped pages. */
+ * the runs of neighbouring mapped pages; while handles are kept, the
+ * one-page handles taken down, and those a map lays out again. */
 static size_t count_pages(int device, void *ptr, size_t size, size_t hpages, bool on)
 {
     tally__mutex_lock(&host_lock);
@@ -110,6 +117,7 @@ static size_t count_pages(int device, void *ptr, size_t size, size_t hpages, boo
                 changed++;
             runs += !on && was && !prev;
             handles += !on && was && r->hstart[q] == q;
+            kept[device] += keeping[device] && !on && was && r->hstart[q] == q && r->hlen[q] == 1;
             prev = was;
             r->mapped[q] = on;
             if (on) {
@@ -127,6 +135,11 @@ static size_t count_pages(int device, void *ptr, size_t size, size_t hpages, boo
         c->map++;
         c->map_pages += changed;
         c->map_handles += (n + hpages - 1) / hpages;
+        /* One-page handles of this layout: every one, or a last short one. */
+        uint64_t ones = hpages == 1 ? n : n % hpages == 1;
+        uint64_t again = ones < kept[device] ? ones : kept[device];
+        c->reused_handles += again;
+        kept[device] -= again;
     } else {
         c->unmap++;
         c->unmap_pages += changed;
@@ -292,6 +305,17 @@ static int host_unmap(int device, void *ptr, size_t size)
     used[device] -= pages * HOST_PAGE;
     tally__mutex_unlock(&host_lock);
     return 0;
+}
+
+/* backend.h's keep_handles: only counted here (the memory of a handle
+ * taken down went back with its pages, as it would with the handle mapped
+ * again at once). */
+static void host_keep_handles(int device, bool on)
+{
+    tally__mutex_lock(&host_lock);
+    keeping[device] = on;
+    kept[device] = 0;
+    tally__mutex_unlock(&host_lock);
 }
 
 static int host_unreserve(int device, void *ptr, size_t size)
@@ -502,6 +526,7 @@ const tally_backend_t tally__backend_host = {
     .map = host_map,
     .unmap = host_unmap,
     .unreserve = host_unreserve,
+    .keep_handles = host_keep_handles,
     .host_alloc = host_host_alloc,
     .host_free = host_host_free,
     .copy_to_host = host_copy_to_host,

@@ -341,19 +341,12 @@ static void make_room(tally_device_t *d, size_t need, const tally_segment_t *kee
     }
 }
 
-/* Back the block's pages with memory and count it on them. Spare handles
- * elsewhere are unmapped first, as many pages as are needed. map_more:
- * also map pages past the block (map_ahead_pages); the retry after an OOM
- * maps the block's own pages only. Returns 0 or the backend's error; on
- * error nothing changed. */
-int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more, char *why, size_t whylen)
+/* map_pages: tally__expand_map_locked's work, with the block's page span
+ * and the count of its pages not yet mapped. */
+static int map_pages(tally_device_t *d, tally_block_t *b, tally_segment_t *s, size_t first, size_t last, size_t need,
+                     bool map_more, char *why, size_t whylen)
 {
-    tally_segment_t *s = b->seg;
     tally_expand_t *ex = s->ex;
-    size_t first, last, need = 0;
-    page_span(s, b, &first, &last);
-    for (size_t p = first; p <= last; p++)
-        need += !ex->mapped[p];
     make_room(d, need, s, first, last, false);
     for (size_t p = first; p <= last;) {
         if (ex->mapped[p]) {
@@ -406,6 +399,31 @@ int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more,
         if (ex->live[p]++ == 0)
             page_live(ex, p);
     return 0;
+}
+
+/* Back the block's pages with memory and count it on them. Spare handles
+ * elsewhere are unmapped first, as many pages as are needed. map_more:
+ * also map pages past the block (map_ahead_pages); the retry after an OOM
+ * maps the block's own pages only. Returns 0 or the backend's error; on
+ * error nothing changed. */
+int tally__expand_map_locked(tally_device_t *d, tally_block_t *b, bool map_more, char *why, size_t whylen)
+{
+    tally_segment_t *s = b->seg;
+    tally_expand_t *ex = s->ex;
+    size_t first, last, need = 0;
+    page_span(s, b, &first, &last);
+    for (size_t p = first; p <= last; p++)
+        need += !ex->mapped[p];
+    /* With moves unlimited (a handle per page), the pages a steal unmaps
+     * for this block are mapped here again as they are: no release there
+     * and no new handle here for each page moved (run W). */
+    void (*keep)(int, bool) = TALLY_OPT(expandable_move_budget) < 0 ? tally__g.backend->keep_handles : NULL;
+    if (keep)
+        keep(d->id, true);
+    int rc = map_pages(d, b, s, first, last, need, map_more, why, whylen);
+    if (keep)
+        keep(d->id, false);
+    return rc;
 }
 
 /* A small-pool segment of bytes is about to be allocated beside the

@@ -24,6 +24,15 @@
  *   unmapped and the unmap fails.
  * - unreserve: unmap what is still mapped, then cuMemAddressFree.
  *
+ * - keep_handles (on around one move of pages, lib/cache/expand.c, with
+ *   moves unlimited): the one-page handles unmapped meanwhile stay
+ *   unreleased, and maps of one-page handles take them before calling
+ *   cuMemCreate; off releases those left. A handle keeps its memory while
+ *   unmapped (cuMemRelease frees it only once released and unmapped) and
+ *   may be mapped at another address (cuMemMap of any handle at offset 0),
+ *   so a moved page costs its unmap and its map, not also a cuMemRelease
+ *   there and a cuMemCreate here (docs/benchmarks.md, run W).
+ *
  * Handles: kept (at their first page) while mapped and released once
  * unmapped, as PyTorch's expandable segments do: CUDA frees a handle's
  * memory once it is released and no longer mapped (cuMemRelease: 'The
@@ -271,13 +280,70 @@ int tally__cu_vmm_reserve(int device, size_t size, void **ptr, char *why, size_t
     return 0;
 }
 
+/* One-page handles kept unreleased while the cache moves pages
+ * (tally__cu_vmm_keep): the maps of the same move take them instead of
+ * making new ones. */
+typedef struct kept {
+    bool on;
+    size_t n, cap;
+    CUmemGenericAllocationHandle *h;
+} kept_t;
+
+static kept_t kept[TALLY_MAX_DEVICES];
+
+/* Keep h for the next map, when keeping is on and there is room. */
+static bool keep_handle(int device, CUmemGenericAllocationHandle h)
+{
+    kept_t *k = &kept[device];
+    if (!k->on)
+        return false;
+    if (k->n == k->cap) {
+        size_t cap = k->cap ? 2 * k->cap : 64;
+        CUmemGenericAllocationHandle *grown = tally__meta_alloc(cap * sizeof *grown);
+        if (!grown)
+            return false;
+        if (k->n)
+            memcpy(grown, k->h, k->n * sizeof *grown);
+        tally__meta_free(k->h);
+        k->h = grown;
+        k->cap = cap;
+    }
+    k->h[k->n++] = h;
+    return true;
+}
+
+void tally__cu_vmm_keep(int device, bool on)
+{
+    kept_t *k = &kept[device];
+    k->on = on;
+    if (on || !k->n)
+        return;
+    /* The move is over: what no map took goes back to the device. */
+    tally_cu_guard_t g;
+    bool entered = tally__cu_enter_used(&g, device) == 0;
+    for (size_t i = 0; i < k->n; i++) {
+        CUresult res = tally__cu.cuMemRelease(k->h[i]);
+        if (res != CUDA_SUCCESS)
+            tally__cu_fail(res, "cuMemRelease", device);
+    }
+    k->n = 0;
+    if (entered)
+        tally__cu_leave(&g);
+}
+
 /* Release the handles whose first page is in [p, p + n) of r (just
- * unmapped: their memory goes back to the device). */
+ * unmapped, not yet marked so: their memory goes back to the device), or
+ * keep the one-page ones for the next map while a move is under way. */
 static void release_handles(int device, vmm_range_t *r, size_t p, size_t n)
 {
     for (size_t q = p; q < p + n; q++) {
         if (!starts(r, q) || !r->handle[q])
             continue;
+        bool one_page = q + 1 >= r->npages || !bit(r, q + 1) || starts(r, q + 1);
+        if (one_page && keep_handle(device, r->handle[q])) {
+            r->handle[q] = 0;
+            continue;
+        }
         CUresult res = tally__cu.cuMemRelease(r->handle[q]);
         if (res != CUDA_SUCCESS)
             tally__cu_fail(res, "cuMemRelease", device);
@@ -374,7 +440,11 @@ int tally__cu_vmm_map(int device, void *ptr, size_t size, size_t handle, char *w
         CUdeviceptr at = (CUdeviceptr)(r->base + (p + done) * VMM_PAGE);
         size_t k = n - done < hp ? n - done : hp;
         CUmemGenericAllocationHandle h = 0;
-        CUresult cr = tally__cu.cuMemCreate(&h, k * VMM_PAGE, &prop, 0);
+        CUresult cr = CUDA_SUCCESS;
+        if (k == 1 && kept[device].n)
+            h = kept[device].h[--kept[device].n]; /* a page the same move unmapped */
+        else
+            cr = tally__cu.cuMemCreate(&h, k * VMM_PAGE, &prop, 0);
         if (cr != CUDA_SUCCESS) {
             rc = tally__cu_why(cr, "cuMemCreate", why, whylen);
             break;
