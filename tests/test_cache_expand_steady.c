@@ -268,14 +268,15 @@ static tally_host_calls_t host_calls(void)
     return c;
 }
 
-/* Two holes of 20 MiB (the second merges with the free end of the range),
- * then a 40 MiB block that fits in the first: it goes on the second hole's
- * pages and needs 10 more. The budget decides whether the first hole's
- * pages move under it (the peak holds, one unmap call) or new pages are
- * mapped (the peak rises by 20 MiB, no unmap). */
-static void holes_then_big(int64_t *peak_rise, uint64_t *unmaps)
+/* Two holes, the first of first_mib MiB (one handle: with a budget each
+ * map call is one) and the second of 20 MiB (it merges with the free end of
+ * the range), then a 40 MiB block that does not fit in the first: it goes
+ * on the second hole's pages and needs 10 more. The budget decides whether
+ * the first hole's pages move under it (the peak holds, one unmap call) or
+ * new pages are mapped (the peak rises by 20 MiB, no unmap). */
+static void holes_of_then_big(size_t first_mib, int64_t *peak_rise, uint64_t *unmaps)
 {
-    void *a = must(20 * MiB), *b = must(20 * MiB), *c = must(20 * MiB);
+    void *a = must(first_mib * MiB), *b = must(20 * MiB), *c = must(20 * MiB);
     tally_stats_t full = stats0();
     tally_free(a);
     tally_free(c);
@@ -286,6 +287,11 @@ static void holes_then_big(int64_t *peak_rise, uint64_t *unmaps)
     NEED(tally_check() == 0);
     tally_free(b);
     tally_free(d);
+}
+
+static void holes_then_big(int64_t *peak_rise, uint64_t *unmaps)
+{
+    holes_of_then_big(20, peak_rise, unmaps);
 }
 
 static void body_budget_zero(int fd)
@@ -308,18 +314,22 @@ static void body_budget_unlimited(int fd)
     (void)fd;
 }
 
-/* A budget pays for moves up to its modelled cost per step: 10 ms covers
- * moving 10 pages (about 2.8 ms at A100 costs), 1 ms does not. */
+/* A budget pays for moves up to their modelled cost per step, which is per
+ * call and per handle, not per page: moving the first hole's handle of 10
+ * pages costs a synchronise, its unmap and release, and the new block's
+ * create, map and access (20 + 51.2 + 230.45 = 301.65 us at A100 costs,
+ * where ten one-page moves would be 2.8 ms). 1 ms pays for it, 300 us does
+ * not. */
 static void body_budget_some(int fd)
 {
-    host_conf(",expandable_move_budget:10000");
+    host_conf(",expandable_move_budget:1000");
     int64_t rise;
     uint64_t unmaps;
     holes_then_big(&rise, &unmaps);
     NEED(rise == 0 && unmaps == 1);
-    NEED(tally_configure("expandable_move_budget:1000") == 0);
+    NEED(tally_configure("expandable_move_budget:300") == 0);
     tally_empty_cache(0);
-    /* The budget of the window already begun stays; the next one is 1 ms. */
+    /* The budget of the window already begun stays; the next one is 300 us. */
     for (int i = 0; i < 1000; i++)
         tally_free(must(512));
     holes_then_big(&rise, &unmaps);
@@ -328,12 +338,12 @@ static void body_budget_some(int fd)
 }
 
 /* The budget comes back once per step (every 1000 allocations until a
- * step is known), not at each allocation: 4 ms pays for one move of 10
- * pages (about 2.8 ms), not for a second in the same window; the next
- * window pays again. */
+ * step is known), not at each allocation: 600 us pays for one move of a
+ * 10-page handle (301.65 us), not for a second in the same window (298.35
+ * us left); the next window pays again. */
 static void body_budget_per_window(int fd)
 {
-    host_conf(",expandable_move_budget:4000");
+    host_conf(",expandable_move_budget:600");
     int64_t rise;
     uint64_t unmaps;
     holes_then_big(&rise, &unmaps);
@@ -347,6 +357,70 @@ static void body_budget_per_window(int fd)
     tally_empty_cache(0);
     tally_reset_peak_stats(0);
     holes_then_big(&rise, &unmaps);
+    NEED(rise == 0 && unmaps == 1);
+    (void)fd;
+}
+
+/* A move takes what the budget pays for, the first handles of a run: two
+ * neighbouring holes of 20 MiB (two handles of 10 pages, one run), a third
+ * hole after a live block, then a 60 MiB block that fits only in the third
+ * and the free end (20 pages short). 310 us pays for the block's map call,
+ * one run and one handle (301.65 us), not a second handle (352.85): 10
+ * pages move and 10 are new (the peak rises by 20 MiB, one unmap); 1 ms
+ * pays for both. */
+static void two_holes_then_bigger(int64_t *peak_rise, uint64_t *unmaps)
+{
+    void *a1 = must(20 * MiB), *a2 = must(20 * MiB), *b = must(20 * MiB), *c = must(20 * MiB);
+    tally_stats_t full = stats0();
+    tally_free(a1);
+    tally_free(a2);
+    tally_free(c);
+    tally_host_calls_t before = host_calls();
+    void *d = must(60 * MiB);
+    *peak_rise = stats0().reserved_bytes[TALLY_POOL_ALL].peak - full.reserved_bytes[TALLY_POOL_ALL].peak;
+    *unmaps = host_calls().unmap - before.unmap;
+    NEED(tally_check() == 0);
+    tally_free(b);
+    tally_free(d);
+}
+
+static void body_budget_partial(int fd)
+{
+    host_conf(",expandable_move_budget:310");
+    int64_t rise;
+    uint64_t unmaps;
+    two_holes_then_bigger(&rise, &unmaps);
+    NEED(rise == (int64_t)(20 * MiB) && unmaps == 1);
+    NEED(tally_configure("expandable_move_budget:1000") == 0);
+    tally_empty_cache(0);
+    tally_reset_peak_stats(0);
+    for (int i = 0; i < 1000; i++) /* the next window, at 1 ms */
+        tally_free(must(512));
+    two_holes_then_bigger(&rise, &unmaps);
+    NEED(rise == 0 && unmaps == 1);
+    (void)fd;
+}
+
+/* Within a budget a move takes no idle handle larger than the pages still
+ * wanted: the first hole (30 MiB, one handle of 15 pages) is not unmapped
+ * for a need of 10 pages, however large the budget, and new pages are
+ * mapped instead; a hole of 20 MiB (10 pages) is taken. With moves
+ * unlimited (a handle per page) the 15 pages move. */
+static void body_budget_no_larger_handle(int fd)
+{
+    host_conf(",expandable_move_budget:1000000");
+    int64_t rise;
+    uint64_t unmaps;
+    holes_of_then_big(30, &rise, &unmaps);
+    NEED(rise == (int64_t)(20 * MiB) && unmaps == 0);
+    tally_empty_cache(0);
+    tally_reset_peak_stats(0);
+    holes_of_then_big(20, &rise, &unmaps);
+    NEED(rise == 0 && unmaps == 1);
+    NEED(tally_configure("expandable_move_budget:-1") == 0);
+    tally_empty_cache(0);
+    tally_reset_peak_stats(0);
+    holes_of_then_big(30, &rise, &unmaps);
     NEED(rise == 0 && unmaps == 1);
     (void)fd;
 }
@@ -377,6 +451,20 @@ static void test_budget_comes_back_per_window_not_per_allocation(void **state)
     (void)state;
     const char *const env[] = {"TALLY_CONF", "", NULL};
     expect_child_ok(env, body_budget_per_window);
+}
+
+static void test_budget_pays_for_the_first_handles_of_a_run(void **state)
+{
+    (void)state;
+    const char *const env[] = {"TALLY_CONF", "", NULL};
+    expect_child_ok(env, body_budget_partial);
+}
+
+static void test_budget_takes_no_idle_handle_larger_than_the_need(void **state)
+{
+    (void)state;
+    const char *const env[] = {"TALLY_CONF", "", NULL};
+    expect_child_ok(env, body_budget_no_larger_handle);
 }
 
 static void discard(void *arg, const char *text, size_t len)
@@ -543,6 +631,8 @@ int main(void)
         cmocka_unit_test(test_unlimited_budget_moves_idle_pages),
         cmocka_unit_test(test_budget_pays_for_moves_up_to_its_cost),
         cmocka_unit_test(test_budget_comes_back_per_window_not_per_allocation),
+        cmocka_unit_test(test_budget_pays_for_the_first_handles_of_a_run),
+        cmocka_unit_test(test_budget_takes_no_idle_handle_larger_than_the_need),
         cmocka_unit_test(test_random_workload_without_moves_keeps_invariants),
         cmocka_unit_test(test_move_budget_key),
         cmocka_unit_test(test_step_detector_steady_after_a_whole_step),

@@ -484,17 +484,23 @@ static inline bool tally__expand_is_spare(const tally_expand_t *ex, size_t p)
 /* Unmap pages [p, p + n) of s in one backend call (whole spare handles);
  * false, nothing changed, when the backend refused (expand.c). */
 bool tally__expand_unmap_run_locked(tally_device_t *d, tally_segment_t *s, size_t p, size_t n);
-/* expand_move.c: pages that could move; whether they may move now (the
- * move budget); unmap at least want idle pages in address order, or steal
- * them in whole runs, the longest first (ends_last: a region's last run
- * after the others, and only the part wanted), leaving the handles with a
- * page in [keep_lo, keep_hi] of keep. */
+/* expand_move.c: pages that could move; a move of up to want pages to
+ * where a block needs them, within the move budget (idle handles first,
+ * then free small-pool segments; its cost charged to the step); unmap at
+ * least want idle pages in address order, or steal them in whole runs, the
+ * longest first (ends_last: a region's last run after the others, and only
+ * the part wanted), leaving the handles with a page in [keep_lo, keep_hi]
+ * of keep. */
+typedef struct tally_move {
+    size_t runs, handles, segments; /* unmap calls, handles they took down, small segments released */
+} tally_move_t;
 size_t tally__expand_movable_locked(const tally_device_t *d);
-bool tally__expand_move_allowed_locked(tally_device_t *d, size_t want, size_t avail);
+void tally__expand_move_locked(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t lo, size_t hi,
+                               bool ends_last);
 size_t tally__expand_unmap_idle_locked(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo,
                                        size_t keep_hi);
 size_t tally__expand_steal_runs_locked(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo,
-                                       size_t keep_hi, bool ends_last);
+                                       size_t keep_hi, bool ends_last, double cap_us, tally_move_t *m);
 
 /* segment.c: with expandable_small_shared the device's small pool takes its
  * 2 MiB segments from the stream's expandable segment (no driver call when

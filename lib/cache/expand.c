@@ -333,12 +333,8 @@ static void make_room(tally_device_t *d, size_t need, const tally_segment_t *kee
                       bool ends_last)
 {
     uint64_t room = high_water[d->id] > d->reserved ? (high_water[d->id] - d->reserved) / PAGE : 0;
-    if (need > room && !tally__expand_unmap_held_locked(d) &&
-        tally__expand_move_allowed_locked(d, need - room, tally__expand_movable_locked(d))) {
-        size_t got = tally__expand_steal_runs_locked(d, need - room, keep, lo, hi, ends_last);
-        if (got < need - room)
-            tally__cache_release_small_locked(d, (need - room - got) * PAGE);
-    }
+    if (need > room && !tally__expand_unmap_held_locked(d))
+        tally__expand_move_locked(d, need - room, keep, lo, hi, ends_last);
 }
 
 /* map_pages: tally__expand_map_locked's work, with the block's page span

@@ -8,6 +8,7 @@
  * held. */
 #include "cache/cache.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 /* ---- steady state: is the job repeating its step? ------------------------
@@ -125,14 +126,22 @@ uint64_t tally__expand_period(const tally_device_t *d)
     return steady[d->id].on ? steady[d->id].period : 0;
 }
 
-/* Modelled driver microseconds of moving n pages (A100 column of
- * tests/standin/cost.c, a handle per page as a move maps them): a
- * synchronise and cuMemUnmap of the pages taken, then cuMemCreate +
- * cuMemMap + cuMemRelease + cuMemSetAccess per page mapped. */
-static double move_us(size_t n)
-{
-    return 20.0 + (double)n * (25.6 + 193.0 + 1.45 + 25.6 + 36.0);
-}
+/* What a move costs, in modelled driver microseconds (the A100 column of
+ * tests/standin/cost.c; the driver's cost law is per call and per mapping,
+ * not per page, so a handle of many pages costs what a handle of one
+ * does). In a job that moves the same memory every step, these are the
+ * calls each move adds to a step:
+ * - each run of idle handles taken: a cuStreamSynchronize before its
+ *   cuMemUnmap, then per handle the unmap's mapping and a cuMemRelease;
+ * - the block's map call, which a job that moved nothing would have made
+ *   once and kept: cuMemCreate + cuMemMap + cuMemSetAccess of one mapping;
+ * - each free small-pool segment released: its cuMemFree, and the
+ *   cuMemAlloc that makes it again when the small pool wants it back. */
+#define MOVE_RUN_US 20.0
+#define MOVE_HANDLE_US (25.6 + 25.6)
+#define MOVE_MAP_US (193.0 + 1.45 + 36.0)
+#define MOVE_SEGMENT_US (51.2 + 230.45)
+#define MOVE_PAGE ((size_t)2 << 20) /* a small-pool segment */
 
 /* Pages that could move: spare pages of every region, and the pages of
  * the free small-pool segments. */
@@ -144,19 +153,34 @@ size_t tally__expand_movable_locked(const tally_device_t *d)
     return n + d->small.count;
 }
 
-/* Whether pages may move now to spare want new ones (expandable_move_budget),
- * charging the move of what can move; nothing movable costs nothing. */
-bool tally__expand_move_allowed_locked(tally_device_t *d, size_t want, size_t avail)
+static double move_cost_us(const tally_move_t *m)
+{
+    return (double)m->runs * MOVE_RUN_US + (double)m->handles * MOVE_HANDLE_US + (double)m->segments * MOVE_SEGMENT_US;
+}
+
+void tally__expand_move_locked(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t lo, size_t hi,
+                               bool ends_last)
 {
     int budget = TALLY_OPT(expandable_move_budget);
-    if (budget < 0)
-        return true;
     steady_t *st = &steady[d->id];
-    size_t n = want < avail ? want : avail;
-    if (budget == 0 || !n || !st->size || st->tokens < move_us(n))
-        return false;
-    st->tokens -= move_us(n);
-    return true;
+    if (!want || budget == 0 || (budget > 0 && !st->size) || !tally__expand_movable_locked(d))
+        return;
+    /* What the runs, handles and segments taken may cost: the step's budget
+     * left, less the block's map call that any move brings. */
+    double cap = budget < 0 ? HUGE_VAL : st->tokens - MOVE_MAP_US;
+    if (cap <= 0)
+        return;
+    tally_move_t m = {0, 0, 0};
+    size_t got = tally__expand_steal_runs_locked(d, want, keep, lo, hi, ends_last, cap, &m);
+    if (got < want) {
+        size_t segs = want - got;
+        double left = cap - move_cost_us(&m);
+        if (left < (double)segs * MOVE_SEGMENT_US)
+            segs = (size_t)(left / MOVE_SEGMENT_US);
+        m.segments = segs ? tally__cache_release_small_locked(d, segs * MOVE_PAGE) / MOVE_PAGE : 0;
+    }
+    if (budget > 0 && (m.runs || m.segments))
+        st->tokens -= MOVE_MAP_US + move_cost_us(&m);
 }
 
 /* The first spare page at or after p, or npages. A scan of words. */
@@ -230,6 +254,45 @@ static int run_longer(const void *a, const void *b)
     return (x->p > y->p) - (x->p < y->p);
 }
 
+static size_t take_runs(tally_device_t *d, const idle_run_t *runs, size_t nr, size_t want, double cap_us,
+                        tally_move_t *m)
+{
+    size_t done = 0;
+    for (size_t i = 0; i < nr && done < want; i++) {
+        size_t p = runs[i].p, n = runs[i].n;
+        const tally_expand_t *ex = runs[i].s->ex;
+        if (runs[i].end) {
+            /* The run's last handles, as few as cover what is left. */
+            size_t q = p;
+            for (size_t h = p; h < p + n; h += ex->hlen[h])
+                if (p + n - h >= want - done)
+                    q = h;
+            n -= q - p;
+            p = q;
+        }
+        /* Its handles, the first ones, as many as the cap pays for. Within a
+         * budget, not a run whose first handle is larger than what is still
+         * wanted: the pages beyond the need would be mapped again where they
+         * were, and on synth-7b that raised the peak (docs/benchmarks.md,
+         * run X). */
+        if (!isinf(cap_us) && ex->hlen[p] > want - done)
+            continue;
+        size_t h = 0, take = 0;
+        for (size_t q = p; q < p + n; q += ex->hlen[q], h++) {
+            if (MOVE_RUN_US + (double)(h + 1) * MOVE_HANDLE_US > cap_us)
+                break;
+            take += ex->hlen[q];
+        }
+        if (!take || !tally__expand_unmap_run_locked(d, runs[i].s, p, take))
+            break;
+        cap_us -= MOVE_RUN_US + (double)h * MOVE_HANDLE_US;
+        m->runs++;
+        m->handles += h;
+        done += take;
+    }
+    return done;
+}
+
 /* Take back at least want idle pages (fewer if there are not enough) in
  * whole runs of neighbouring spare handles, the longest runs first: one
  * unmap call each. Handles with a page in [keep_lo, keep_hi] of segment
@@ -238,10 +301,12 @@ static int run_longer(const void *a, const void *b)
  * large pool would map again when it grows) goes after every other run,
  * and only its last handles, as few as cover what is still wanted: with
  * moves unlimited, 12% fewer driver calls on the nine shared traces for
- * the same peaks but one (docs/benchmarks.md, run V). Returns the pages
+ * the same peaks but one (docs/benchmarks.md, run V). cap_us: what the
+ * runs and handles taken may cost (MOVE_RUN_US each run, MOVE_HANDLE_US
+ * each handle; HUGE_VAL: no limit), counted in *m. Returns the pages
  * unmapped. */
 size_t tally__expand_steal_runs_locked(tally_device_t *d, size_t want, const tally_segment_t *keep, size_t keep_lo,
-                                       size_t keep_hi, bool ends_last)
+                                       size_t keep_hi, bool ends_last, double cap_us, tally_move_t *m)
 {
     size_t cap = 0, nr = 0;
     for (tally_segment_t *s = d->segments; s; s = s->next)
@@ -250,8 +315,8 @@ size_t tally__expand_steal_runs_locked(tally_device_t *d, size_t want, const tal
     if (!cap || !want)
         return 0;
     idle_run_t *runs = tally__meta_alloc(cap * sizeof *runs);
-    if (!runs) /* no room to sort: take runs in address order */
-        return tally__expand_unmap_idle_locked(d, want, keep, keep_lo, keep_hi);
+    if (!runs) /* no room to sort: runs in address order, without limit only */
+        return isinf(cap_us) ? tally__expand_unmap_idle_locked(d, want, keep, keep_lo, keep_hi) : 0;
     for (tally_segment_t *s = d->segments; s; s = s->next) {
         tally_expand_t *ex = s->ex;
         if (!ex || !ex->spare)
@@ -275,23 +340,7 @@ size_t tally__expand_steal_runs_locked(tally_device_t *d, size_t want, const tal
         }
     }
     qsort(runs, nr, sizeof *runs, run_longer);
-    size_t done = 0;
-    for (size_t i = 0; i < nr && done < want; i++) {
-        size_t p = runs[i].p, n = runs[i].n;
-        if (runs[i].end) {
-            /* The run's last handles, as few as cover what is left. */
-            const tally_expand_t *ex = runs[i].s->ex;
-            size_t q = p;
-            for (size_t h = p; h < p + n; h += ex->hlen[h])
-                if (p + n - h >= want - done)
-                    q = h;
-            n -= q - p;
-            p = q;
-        }
-        if (!tally__expand_unmap_run_locked(d, runs[i].s, p, n))
-            break;
-        done += n;
-    }
+    size_t done = take_runs(d, runs, nr, want, cap_us, m);
     tally__meta_free(runs);
     return done;
 }
