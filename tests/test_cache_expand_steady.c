@@ -268,25 +268,40 @@ static tally_host_calls_t host_calls(void)
     return c;
 }
 
-/* Two holes, the first of first_mib MiB (one handle: with a budget each
- * map call is one) and the second of 20 MiB (it merges with the free end of
- * the range), then a 40 MiB block that does not fit in the first: it goes
- * on the second hole's pages and needs 10 more. The budget decides whether
- * the first hole's pages move under it (the peak holds, one unmap call) or
- * new pages are mapped (the peak rises by 20 MiB, no unmap). */
-static void holes_of_then_big(size_t first_mib, int64_t *peak_rise, uint64_t *unmaps)
+/* Blocks of mib[0..n) MiB in a row (each one map call, so one handle with a
+ * budget), those whose bit is set in holes freed, then a block of big_mib
+ * MiB: the rise of peak reserved and the unmap calls it brought. */
+static void holes_then(const size_t *mib, int n, unsigned holes, size_t big_mib, int64_t *peak_rise,
+                       uint64_t *unmaps)
 {
-    void *a = must(first_mib * MiB), *b = must(20 * MiB), *c = must(20 * MiB);
+    void *p[8];
+    for (int i = 0; i < n; i++)
+        p[i] = must(mib[i] * MiB);
     tally_stats_t full = stats0();
-    tally_free(a);
-    tally_free(c);
+    for (int i = 0; i < n; i++)
+        if (holes >> i & 1)
+            tally_free(p[i]);
     tally_host_calls_t before = host_calls();
-    void *d = must(40 * MiB);
+    void *big = must(big_mib * MiB);
     *peak_rise = stats0().reserved_bytes[TALLY_POOL_ALL].peak - full.reserved_bytes[TALLY_POOL_ALL].peak;
     *unmaps = host_calls().unmap - before.unmap;
     NEED(tally_check() == 0);
-    tally_free(b);
-    tally_free(d);
+    for (int i = 0; i < n; i++)
+        if (!(holes >> i & 1))
+            tally_free(p[i]);
+    tally_free(big);
+}
+
+/* Two holes, the first of first_mib MiB and the second of 20 MiB (it merges
+ * with the free end of the range), then a 40 MiB block that does not fit in
+ * the first: it goes on the second hole's pages and needs 10 more. The
+ * budget decides whether the first hole's pages move under it (the peak
+ * holds, one unmap call) or new pages are mapped (the peak rises by 20 MiB,
+ * no unmap). */
+static void holes_of_then_big(size_t first_mib, int64_t *peak_rise, uint64_t *unmaps)
+{
+    const size_t mib[] = {first_mib, 20, 20};
+    holes_then(mib, 3, 5, 40, peak_rise, unmaps);
 }
 
 static void holes_then_big(int64_t *peak_rise, uint64_t *unmaps)
@@ -370,18 +385,8 @@ static void body_budget_per_window(int fd)
  * pays for both. */
 static void two_holes_then_bigger(int64_t *peak_rise, uint64_t *unmaps)
 {
-    void *a1 = must(20 * MiB), *a2 = must(20 * MiB), *b = must(20 * MiB), *c = must(20 * MiB);
-    tally_stats_t full = stats0();
-    tally_free(a1);
-    tally_free(a2);
-    tally_free(c);
-    tally_host_calls_t before = host_calls();
-    void *d = must(60 * MiB);
-    *peak_rise = stats0().reserved_bytes[TALLY_POOL_ALL].peak - full.reserved_bytes[TALLY_POOL_ALL].peak;
-    *unmaps = host_calls().unmap - before.unmap;
-    NEED(tally_check() == 0);
-    tally_free(b);
-    tally_free(d);
+    const size_t mib[] = {20, 20, 20, 20};
+    holes_then(mib, 4, 11, 60, peak_rise, unmaps);
 }
 
 static void body_budget_partial(int fd)
