@@ -19,6 +19,8 @@
 #include "pickle.h"
 #include "pt_expand.h"
 
+#include <tally.h>
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -78,10 +80,14 @@ typedef struct tune_row {
     bool ok;               /* the replay ran (false: the worker failed) */
     long oom_event;        /* first refused allocation at --capacity, -1 if none */
     int64_t peak_reserved, peak_live, backend_calls, num_device_alloc;
-    /* What the driver did, for its modelled time (tune_driver_us): segment
-     * allocations and frees (cuMemAlloc / cuMemFree), or, with expandable
-     * segments, runs of pages mapped and unmapped and the pages in them. */
-    int64_t seg_allocs, seg_frees, map_runs, unmap_runs, pages_mapped, pages_unmapped, ranges;
+    /* What the driver did, for its modelled time (tune_driver_us). tally's
+     * rows: the calls its host backend was asked over the replayed window
+     * (tally_host_calls, after less before), which give the cuda backend's
+     * driver calls one for one (bench/replay.c). PyTorch's model rows
+     * (TUNE_PT_EXPAND): runs of pages mapped and unmapped, the pages in
+     * them, and the ranges reserved. */
+    tally_host_calls_t host;
+    int64_t map_runs, unmap_runs, pages_mapped, pages_unmapped, ranges;
     /* The least device memory it runs in (bisection of replays), and where
      * it runs out with less: at out_capacity, event out_event of out_size. */
     int64_t min_bytes;     /* 0: not found (min_lower is then a lower bound) */

@@ -3,10 +3,11 @@
  * row's setting, or the model of PyTorch's expandable segments
  * (tools/pt_expand.c); from the trace's start or from the recorded state
  * (the snapshot's segments and live blocks made first); with the reserved
- * bytes after each event sampled for --plot and for the pages mapped. Then
- * the driver time of what it did, priced by the stand-in's cost table
- * (tune_driver_us). tune_run.c runs each replay of tally in a fresh
- * process: its options are fixed at initialisation. */
+ * bytes after each event sampled for --plot. Then the driver time of what
+ * it did, priced by the stand-in's cost table (tune_driver_us): for tally,
+ * the calls its host backend counted in the window. tune_run.c runs each
+ * replay of tally in a fresh process: its options are fixed at
+ * initialisation. */
 #include "tune.h"
 
 #include "../tests/standin/cost.h"
@@ -31,25 +32,35 @@ double tune_now_s(void)
 
 typedef struct sampler {
     int64_t *out;
-    size_t skip;        /* events the recorded state stands for */
-    int64_t last;       /* reserved after the previous event */
-    int64_t up, down;   /* bytes mapped and unmapped over the replay */
+    size_t skip; /* events the recorded state stands for */
 } sampler_t;
 
-/* Reserved bytes after each event: the host backend's used capacity. */
+/* Reserved bytes after each event (--plot): the host backend's used capacity. */
 static void sample(void *arg, size_t i)
 {
     sampler_t *s = arg;
     size_t free_b = 0, total = 0;
     tally_mem_get_info(0, &free_b, &total);
-    int64_t now = (int64_t)(total - free_b);
-    if (s->out)
-        s->out[s->skip + i] = now;
-    if (now > s->last)
-        s->up += now - s->last;
-    else
-        s->down += s->last - now;
-    s->last = now;
+    s->out[s->skip + i] = (int64_t)(total - free_b);
+}
+
+/* What the host backend was asked between a and b. */
+static tally_host_calls_t calls_between(const tally_host_calls_t *a, const tally_host_calls_t *b)
+{
+    return (tally_host_calls_t){
+        .alloc = b->alloc - a->alloc,
+        .free = b->free - a->free,
+        .reserve = b->reserve - a->reserve,
+        .unreserve = b->unreserve - a->unreserve,
+        .map = b->map - a->map,
+        .map_pages = b->map_pages - a->map_pages,
+        .unmap = b->unmap - a->unmap,
+        .unmap_pages = b->unmap_pages - a->unmap_pages,
+        .unmap_runs = b->unmap_runs - a->unmap_runs,
+        .map_handles = b->map_handles - a->map_handles,
+        .unmap_handles = b->unmap_handles - a->unmap_handles,
+        .reused_handles = b->reused_handles - a->reused_handles,
+    };
 }
 
 /* The replays' diagnostics (an OOM report when a candidate does not fit)
@@ -263,18 +274,22 @@ void tune_replay_one(const trace_t *t, const tune_start_t *start, uint64_t capac
     trace_t view = *t;
     view.ev += skip;
     view.nev -= skip;
-    /* With expandable segments the pages mapped come from the reserved bytes' steps (2 MiB pages). */
-    bool expandable = strstr(r->setting, "expandable_segments:True") != NULL;
-    sampler_t s = {series, skip, 0, 0, 0};
-    if (expandable) {
-        size_t free_b = 0, total = 0;
-        tally_mem_get_info(0, &free_b, &total);
-        s.last = (int64_t)(total - free_b);
+    sampler_t s = {series, skip};
+    /* The driver calls are the window's: the recorded state's were PyTorch's, before it. */
+    tally_host_calls_t c0, c1;
+    if (tally_host_calls(0, &c0)) {
+        snprintf(r->error, sizeof r->error, "tally_host_calls: %s", tally_last_error());
+        return;
     }
     double t0 = tune_now_s();
-    long oom = trace_run(&view, ptrs, series || expandable ? sample : NULL, &s);
+    long oom = trace_run(&view, ptrs, series ? sample : NULL, &s);
     r->oom_event = oom < 0 ? -1 : oom + (long)skip;
     r->seconds = tune_now_s() - t0;
+    if (tally_host_calls(0, &c1)) {
+        snprintf(r->error, sizeof r->error, "tally_host_calls: %s", tally_last_error());
+        return;
+    }
+    r->host = calls_between(&c0, &c1);
     for (size_t i = 0; series && i < skip; i++)
         series[i] = skip < t->nev ? series[skip] : 0;
     tally_stats_t st;
@@ -286,41 +301,50 @@ void tune_replay_one(const trace_t *t, const tune_start_t *start, uint64_t capac
     /* The recorded state's segments were PyTorch's calls before the window, not this replay's. */
     r->num_device_alloc = st.num_device_alloc - st0.num_device_alloc;
     r->backend_calls = r->num_device_alloc + st.num_device_free - st0.num_device_free;
-    if (expandable) {
-        r->map_runs = r->num_device_alloc;
-        r->unmap_runs = st.num_device_free - st0.num_device_free;
-        r->pages_mapped = s.up / (int64_t)(2 * MIB);
-        r->pages_unmapped = s.down / (int64_t)(2 * MIB);
-        r->ranges = (int64_t)t->nstreams;
-    } else {
-        r->seg_allocs = r->num_device_alloc;
-        r->seg_frees = st.num_device_free - st0.num_device_free;
-    }
     r->ok = true;
 }
 
-/* The driver calls each kind of row makes, priced by the cost table:
- * segments one cuMemAlloc / cuMemFree each; expandable segments one
- * cuMemCreate and one cuMemMap per physical handle (PyTorch: a page; tally:
- * a map call, or a page with expandable_move_budget:-1), one cuMemSetAccess
- * per run mapped and one cuMemUnmap per run unmapped (charged per mapping
- * they cover), one cuMemRelease per handle unmapped, a cuMemAddressReserve
- * per range, and
- * a stream synchronise before each unmap (tally's CUDA path, docs/
- * architecture.md, and PyTorch's ExpandableSegment alike). */
+/* The driver calls the cuda backend makes for the host backend's calls c
+ * (lib/backend/cuda/vmm.c; bench/replay.c counts them the same way and
+ * tests/test_backend_cuda_vmm_replay.c holds them to the calls made on every
+ * shared trace), priced by the cost table as the stand-in charges them:
+ * cuMemAlloc / cuMemFree per segment; cuMemAddressReserve / cuMemAddressFree
+ * per range; per physical handle mapped a cuMemMap and, unless it is one a
+ * move took down and maps again (reused_handles), a cuMemCreate; per map
+ * call one cuMemSetAccess, charged per mapping (handle) it covers; per
+ * unmap call a stream synchronise, then one cuMemUnmap per run of mapped
+ * pages, charged per mapping (handle) it takes down, and a cuMemRelease per
+ * handle taken down, less the reused ones. */
+static double cuda_calls_us(const tally_host_calls_t *c, int column)
+{
+    uint64_t made = c->map_handles - c->reused_handles, gone = c->unmap_handles - c->reused_handles;
+    return si_cost_us("cuMemAlloc", c->alloc, 0, column) + si_cost_us("cuMemFree", c->free, 0, column) +
+           si_cost_us("cuMemAddressReserve", c->reserve, 0, column) +
+           si_cost_us("cuMemAddressFree", c->unreserve, 0, column) + si_cost_us("cuMemCreate", made, 0, column) +
+           si_cost_us("cuMemMap", c->map_handles, 0, column) +
+           si_cost_us("cuMemSetAccess", c->map, c->map_handles, column) +
+           si_cost_us("cuStreamSynchronize", c->unmap, 0, column) +
+           si_cost_us("cuMemUnmap", c->unmap_runs, c->unmap_handles, column) +
+           si_cost_us("cuMemRelease", gone, 0, column);
+}
+
+/* tally's rows: the calls its host backend counted. PyTorch's model rows
+ * (PyTorch's ExpandableSegment): the same calls with a physical handle per
+ * page, a range per pool and stream, each run unmapped in a call of its own
+ * after a stream synchronise, no segment allocations and no handle reused. */
 double tune_driver_us(const tune_row_t *r, int column)
 {
-    double us = si_cost_us("cuMemAlloc", (uint64_t)r->seg_allocs, 0, column) +
-                si_cost_us("cuMemFree", (uint64_t)r->seg_frees, 0, column);
-    /* Physical handles: PyTorch's one per page; tally's one per map call unless idle pages may move
-     * without limit (expandable_move_budget:-1: a handle per 2 MiB page, docs/configuration.md). */
-    bool per_page = r->engine == TUNE_PT_EXPAND || strstr(r->setting, "expandable_move_budget:-1") != NULL;
-    uint64_t made = (uint64_t)(per_page ? r->pages_mapped : r->map_runs);
-    uint64_t gone = (uint64_t)(per_page ? r->pages_unmapped : r->unmap_runs);
-    us += si_cost_us("cuMemCreate", made, 0, column) + si_cost_us("cuMemMap", made, 0, column) +
-          si_cost_us("cuMemSetAccess", (uint64_t)r->map_runs, made, column) +
-          si_cost_us("cuMemUnmap", (uint64_t)r->unmap_runs, gone, column) + si_cost_us("cuMemRelease", gone, 0, column) +
-          si_cost_us("cuMemAddressReserve", (uint64_t)r->ranges, 0, column);
-    us += si_cost_us("cuStreamSynchronize", (uint64_t)r->unmap_runs, 0, column);
-    return us;
+    if (r->engine != TUNE_PT_EXPAND)
+        return cuda_calls_us(&r->host, column);
+    tally_host_calls_t c = {
+        .reserve = (uint64_t)r->ranges,
+        .map = (uint64_t)r->map_runs,
+        .map_pages = (uint64_t)r->pages_mapped,
+        .map_handles = (uint64_t)r->pages_mapped,
+        .unmap = (uint64_t)r->unmap_runs,
+        .unmap_runs = (uint64_t)r->unmap_runs,
+        .unmap_pages = (uint64_t)r->pages_unmapped,
+        .unmap_handles = (uint64_t)r->pages_unmapped,
+    };
+    return cuda_calls_us(&c, column);
 }
