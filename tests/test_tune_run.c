@@ -5,9 +5,11 @@
  * the grid's max_split_size_mb candidates, the worker processes (waiting
  * out a profiler's interrupting signals, the series handed back for a
  * wanted row, the shared table that cannot be mapped, the progress line on
- * a terminal), and the model
- * counting pages as PyTorch does. Nothing here runs the command; expected
- * figures are worked out by hand in the comments. */
+ * a terminal), the model
+ * counting pages as PyTorch does, and each row's modelled driver time: the
+ * cost of the calls tally's host backend counted, or of the model's pages.
+ * Nothing here runs the command; expected figures are worked out by hand in
+ * the comments. */
 #include "../bench/trace.c"
 #include "../tools/pt_expand.c"
 /* tune_run.c: the grid and the worker processes (its cmp_u64 is pt_expand.c's). */
@@ -27,10 +29,26 @@
 #include "skip.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+
+/* r's modelled driver time is a100 and blackwell microseconds. */
+static void expect_driver_us(const tune_row_t *r, double a100, double blackwell)
+{
+    double a = tune_driver_us(r, SI_COST_A100), bw = tune_driver_us(r, SI_COST_BLACKWELL);
+    const tally_host_calls_t *c = &r->host;
+    if (fabs(a - a100) > 1e-6 || fabs(bw - blackwell) > 1e-6)
+        fail_msg("[%s]: driver time %.2f us (A100), %.2f us (Blackwell); expected %.2f and %.2f. Host calls (tally's rows): %llu "
+                 "allocs, %llu frees, %llu reserves, %llu unreserves, %llu maps of %llu handles, %llu unmaps of %llu "
+                 "runs and %llu handles, %llu handles reused",
+                 r->setting, a, bw, a100, blackwell, (unsigned long long)c->alloc, (unsigned long long)c->free,
+                 (unsigned long long)c->reserve, (unsigned long long)c->unreserve, (unsigned long long)c->map,
+                 (unsigned long long)c->map_handles, (unsigned long long)c->unmap, (unsigned long long)c->unmap_runs,
+                 (unsigned long long)c->unmap_handles, (unsigned long long)c->reused_handles);
+}
 
 /* The model of PyTorch's expandable segments counts pages as PyTorch's
  * num_device_alloc / num_device_free do: 20 MiB pages in the large pool,
@@ -69,6 +87,122 @@ static void test_pytorch_expandable_model_counts_pages(void **state)
         if (reserved[i] != want[i] << 20)
             fail_msg("after event %d: %lld MiB mapped, expected %lld", i, (long long)(reserved[i] >> 20),
                      (long long)want[i]);
+    /* Its row's driver time, a handle per page (tests/standin/cost.c, A100 |
+     * Blackwell us): 1 cuMemAddressReserve (19 | 19); 3 cuMemCreate (193 |
+     * 13.8) and cuMemMap (1.45 | 1); cuMemSetAccess over 3 mappings (36 |
+     * 69); 2 synchronises (20 | 20); cuMemUnmap of 3 mappings (25.6 | 39);
+     * 3 cuMemRelease (25.6 | 39). */
+    tune_row_t row = {.setting = "expandable_segments:True", .engine = TUNE_PT_EXPAND, .map_runs = r.map_calls, .unmap_runs = r.unmap_calls,
+                      .pages_mapped = r.pages_mapped, .pages_unmapped = r.pages_unmapped, .ranges = r.segments};
+    expect_driver_us(&row, 19 + 579 + 4.35 + 108 + 40 + 76.8 + 76.8, 19 + 41.4 + 3 + 207 + 40 + 117 + 117);
+    trace_free(&t);
+}
+
+/* A trace of allocations (size > 0) and frees (size 0) of ids, then an
+ * empty_cache ('e'), on stream 0. */
+static void hand_trace(trace_t *t, const char *name, const uint64_t (*ev)[2], size_t n, bool release)
+{
+    trace_builder_t b;
+    char err[256];
+    assert_int_equal(trace_begin(&b, t, name, err, sizeof err), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(trace_add(&b, ev[i][1] ? 'a' : 'f', ev[i][0], ev[i][1], 0, err, sizeof err), 0);
+    if (release)
+        assert_int_equal(trace_add(&b, 'e', 0, 0, 0, err, sizeof err), 0);
+    trace_end(&b);
+}
+
+/* tally's row replayed (in a worker process, as tune runs it), with its peak. */
+static tune_row_t replay_tally(const trace_t *t, const char *setting, int64_t peak_mib)
+{
+    tune_row_t r;
+    memset(&r, 0, sizeof r);
+    snprintf(r.setting, sizeof r.setting, "%s", setting);
+    r.engine = TUNE_TALLY;
+    replay_fresh(t, NULL, 80ull << 30, &r, NULL);
+    if (!r.ok)
+        fail_msg("[%s] did not run: %s", setting, r.error);
+    if (r.peak_reserved != peak_mib << 20)
+        fail_msg("[%s] peaks at %lld MiB, expected %lld", setting, (long long)(r.peak_reserved >> 20),
+                 (long long)peak_mib);
+    return r;
+}
+
+/* tally's rows cost the driver calls the cuda backend makes for what the
+ * host backend was asked (cost.c's figures, A100 | Blackwell us: cuMemAlloc
+ * 230.45 | 83.8, cuMemFree 51.2 | 78, cuMemAddressReserve and
+ * cuMemAddressFree 19 | 19, cuMemCreate 193 | 13.8, cuMemMap 1.45 | 1, per
+ * mapping cuMemSetAccess 36 | 69 and cuMemUnmap 25.6 | 39, cuMemRelease
+ * 25.6 | 39, a synchronise 20 | 20), whatever the reserved bytes show.
+ *
+ * Five blocks of 1 MiB and one of 30 MiB, freed, then empty_cache. The
+ * default: 2 MiB small segments for 1+2, 3+4 and 5 and a 30 MiB one, 4
+ * cuMemAlloc and 4 cuMemFree. Expandable segments: the small pool's run
+ * reserves its range and maps pages 0, 1 and 2 (for blocks 1, 3 and 5) in
+ * three calls, a handle per page; the 30 MiB block reserves the large
+ * range and maps 20 pages (its growth chunk, 40 MiB) in one call and one
+ * handle; empty_cache unmaps the run's 3 pages in one call (one run, 3
+ * handles) and the large range's 20 pages (one run, one handle), and gives
+ * both ranges back. 2 reserves and address frees, 4 handles created and
+ * mapped, access over 4 mappings in 4 calls, 2 synchronises, cuMemUnmap of
+ * 4 mappings, 4 releases. Counted as the reserved bytes' steps with a
+ * handle per map call and a range per stream, as tune did, it would be 2
+ * releases, 2 mappings unmapped, 1 range and no address free.
+ *
+ * Moves unlimited: 10 MiB blocks 1 and 2 map pages 0-4 and 5-9 (two calls,
+ * a handle per page); block 1 freed leaves 0-4 idle and mapped; the 14 MiB
+ * block 3 fits no free block, goes at 20 MiB and needs 7 pages with no room
+ * under the 20 MiB high-water mark, so a move unmaps the idle run (one
+ * call, 5 handles kept) and one call maps the 7 pages, 5 of them on the
+ * kept handles: 24 MiB at the peak. 1 reserve, 17 handles mapped in 3 calls
+ * of which 12 created, 1 synchronise, cuMemUnmap of 5 mappings, no
+ * release. The reserved bytes rose by 12 pages and never fell: the move's
+ * unmap and remap net out there. */
+static void test_tally_driver_time_is_its_host_calls(void **state)
+{
+    (void)state;
+    static const uint64_t mixed[][2] = {{1, 1 << 20}, {2, 1 << 20}, {3, 1 << 20}, {4, 1 << 20}, {5, 1 << 20},
+                                        {6, 30 << 20}, {1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}, {6, 0}};
+    trace_t t;
+    hand_trace(&t, "mixed", mixed, sizeof mixed / sizeof mixed[0], true);
+    tune_row_t r = replay_tally(&t, "", 36);
+    expect_driver_us(&r, 4 * 230.45 + 4 * 51.2, 4 * 83.8 + 4 * 78.0);
+    r = replay_tally(&t, "expandable_segments:True", 46);
+    expect_driver_us(&r, 38 + 38 + 4 * 193 + 4 * 1.45 + 4 * 36 + 40 + 4 * 25.6 + 4 * 25.6,
+                     38 + 38 + 4 * 13.8 + 4 * 1.0 + 4 * 69 + 40 + 4 * 39 + 4 * 39);
+    trace_free(&t);
+    static const uint64_t move[][2] = {{1, 10 << 20}, {2, 10 << 20}, {1, 0}, {3, 14 << 20}};
+    hand_trace(&t, "move", move, sizeof move / sizeof move[0], false);
+    r = replay_tally(&t, "expandable_segments:True,expandable_move_budget:-1", 24);
+    expect_driver_us(&r, 19 + 12 * 193 + 17 * 1.45 + 17 * 36 + 20 + 5 * 25.6,
+                     19 + 12 * 13.8 + 17 * 1.0 + 17 * 69 + 20 + 5 * 39);
+    trace_free(&t);
+}
+
+/* A replay from the recorded state charges the window's calls only: the
+ * segments the state stands for were PyTorch's, made before it. The state:
+ * a 20 MiB segment with a live 4 MiB block at its base (the trace's first
+ * allocation); the window's 12 MiB block fits in the rest, its 30 MiB one
+ * takes a new segment. One cuMemAlloc (230.45 | 83.8 us), where counting
+ * from before the state was made would charge its 20 MiB segment too. */
+static void test_recorded_state_is_not_charged(void **state)
+{
+    (void)state;
+    static const uint64_t ev[][2] = {{1, 4 << 20}, {2, 12 << 20}, {3, 30 << 20}};
+    trace_t t;
+    hand_trace(&t, "recorded", ev, sizeof ev / sizeof ev[0], false);
+    ptx_range_t range = {.addr = 1ull << 30, .size = 20 << 20, .stream = 0, .small = false};
+    ptx_live_t live = {.addr = 1ull << 30, .size = 4 << 20, .slot = 0};
+    tune_start_t start = {.ranges = &range, .nranges = 1, .live = &live, .nlive = 1, .known = true};
+    tune_row_t r;
+    memset(&r, 0, sizeof r);
+    r.engine = TUNE_BOTH;
+    r.from_start = true;
+    replay_fresh(&t, &start, 80ull << 30, &r, NULL);
+    if (!r.ok)
+        fail_msg("the replay from the recorded state did not run: %s", r.error);
+    assert_int_equal(r.peak_reserved, 50 << 20);
+    expect_driver_us(&r, 230.45, 83.8);
     trace_free(&t);
 }
 
@@ -312,6 +446,8 @@ int main(void)
         cmocka_unit_test(test_run_without_its_shared_table_returns_minus_one),
         cmocka_unit_test(test_series_is_the_wanted_rows_own),
         cmocka_unit_test(test_pytorch_expandable_model_counts_pages),
+        cmocka_unit_test(test_tally_driver_time_is_its_host_calls),
+        cmocka_unit_test(test_recorded_state_is_not_charged),
         cmocka_unit_test(test_replays_wait_out_interrupting_signals),
         cmocka_unit_test(test_split_candidates_are_quantiles_above_20_mib),
         cmocka_unit_test(test_progress_on_a_terminal_names_the_workers),
