@@ -663,6 +663,38 @@ static void test_metadata_from_jemalloc_counts_each_block_exactly(void **state)
     LU_CHILD_OK_OR_SKIP("jemalloc", BASE, env, "jemalloc (libjemalloc.so.2) is not installed");
 }
 
+/* tally__meta_grow, the arrays' doubling (record_stream's uses, the spare
+ * events, the small pool's stream sets, the host arena, the cuda backend's
+ * kept handles, the report's site list): the items come across, the old
+ * block goes back; refused (a size that overflows, no memory), it returns
+ * NULL and leaves the old array as it was. */
+static void test_meta_grow_keeps_items_or_leaves_them(void **state)
+{
+    (void)state;
+    uint64_t *a = tally__meta_alloc(3 * sizeof *a);
+    assert_non_null(a);
+    for (uint64_t i = 0; i < 3; i++)
+        a[i] = 0x1000 + i;
+    size_t base = tally__meta_bytes();
+    uint64_t *b = tally__meta_grow(a, 3, 8, sizeof *b);
+    assert_non_null(b);
+    for (uint64_t i = 0; i < 3; i++)
+        assert_int_equal(b[i], 0x1000 + i);
+    b[7] = 7; /* the whole new size is there */
+    assert_true(tally__meta_bytes() > base); /* a block of 8 replaced one of 3 */
+    assert_null(tally__meta_grow(b, 3, SIZE_MAX / 4, sizeof *b));
+    assert_null(tally__meta_grow(b, 9, 8, sizeof *b)); /* more items than room */
+    tally__meta_fail(1, 0);
+    assert_null(tally__meta_grow(b, 3, 16, sizeof *b));
+    tally__meta_fail(0, 0);
+    for (uint64_t i = 0; i < 3; i++)
+        assert_int_equal(b[i], 0x1000 + i);
+    uint64_t *c = tally__meta_grow(NULL, 0, 4, sizeof *c); /* a first array */
+    assert_non_null(c);
+    tally__meta_free(c);
+    tally__meta_free(b);
+}
+
 int main(int argc, char **argv)
 {
     static const lu_role_t roles[] = {{"jemalloc", jemalloc_child}, {NULL, NULL}};
@@ -681,6 +713,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_private_segment_whose_record_cannot_be_had_goes_back),
         cmocka_unit_test(test_initialisation_without_memory_fails_cleanly),
         cmocka_unit_test(test_metadata_from_jemalloc_counts_each_block_exactly),
+        cmocka_unit_test(test_meta_grow_keeps_items_or_leaves_them),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -72,12 +72,9 @@ int tally__host_arena_take(int device, size_t size, uint64_t capacity, bool back
         goto done;
     if (a->n == a->cap) {
         size_t cap = a->cap ? a->cap * 2 : 64;
-        extent_t *more = tally__meta_alloc(cap * sizeof *more);
+        extent_t *more = tally__meta_grow(a->live, a->n, cap, sizeof *more);
         if (!more)
             goto done;
-        if (a->n)
-            memcpy(more, a->live, a->n * sizeof *more);
-        tally__meta_free(a->live);
         a->live = more;
         a->cap = cap;
     }

@@ -28,14 +28,11 @@ static void event_put_back(tally_device_t *d, int dev, void *event)
     }
     if (d->nspare_events == d->cap_spare_events) {
         size_t cap = d->cap_spare_events ? d->cap_spare_events * 2 : 16;
-        void **grown = tally__meta_alloc(cap * sizeof *grown);
+        void **grown = tally__meta_grow(d->spare_events, d->nspare_events, cap, sizeof *grown);
         if (!grown) {
             tally__g.backend->event_destroy(d->id, event);
             return;
         }
-        if (d->nspare_events)
-            memcpy(grown, d->spare_events, d->nspare_events * sizeof *grown);
-        tally__meta_free(d->spare_events);
         d->spare_events = grown;
         d->cap_spare_events = cap;
     }
@@ -247,12 +244,9 @@ int tally__cache_record_stream_locked(tally_device_t *d, tally_block_t *b, void 
             return tally__fail(TALLY_EINVAL, "record_stream: block %p already used on %u streams", (void *)b->addr,
                                b->nuses);
         uint16_t cap = b->cap_uses ? (uint16_t)(b->cap_uses * 2) : 4;
-        tally_use_t *grown = tally__meta_alloc(cap * sizeof *grown);
+        tally_use_t *grown = tally__meta_grow(b->uses, b->nuses, cap, sizeof *grown);
         if (!grown)
             return tally__fail(TALLY_ENOMEM, "record_stream: out of host memory");
-        if (b->nuses)
-            memcpy(grown, b->uses, b->nuses * sizeof *grown);
-        tally__meta_free(b->uses);
         b->uses = grown;
         b->cap_uses = cap;
     }

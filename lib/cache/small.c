@@ -49,12 +49,9 @@ static tally_binset_t *binset_make(tally_pool_t *p, void *stream)
         return set;
     if (p->nsets == p->cap_sets) {
         uint32_t cap = p->cap_sets ? p->cap_sets * 2 : 4;
-        tally_binset_t **grown = tally__meta_alloc(cap * sizeof *grown);
+        tally_binset_t **grown = tally__meta_grow(p->sets, p->nsets, cap, sizeof *grown);
         if (!grown)
             return NULL;
-        if (p->nsets)
-            memcpy(grown, p->sets, p->nsets * sizeof *grown);
-        tally__meta_free(p->sets);
         p->sets = grown;
         p->cap_sets = cap;
     }

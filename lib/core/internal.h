@@ -189,6 +189,9 @@ void *tally__meta_alloc(size_t size);
 void *tally__meta_calloc(size_t size);
 void tally__meta_free(void *p);
 char *tally__meta_strdup(const char *s);
+/* An array grown: a new block of cap items of elem bytes holding the n items
+ * of old, which is freed; NULL (old kept as it was) when out of memory. */
+void *tally__meta_grow(void *old, size_t n, size_t cap, size_t elem);
 /* Tests: make the nth metadata allocation from now fail (1 = the next), and
  * every `every`-th one after it when every != 0; nth 0 disarms.
  * tally__meta_fail_hits() counts the failures made since arming. */

@@ -267,6 +267,19 @@ void tally__meta_free(void *p)
     heap_free_obj(p);
 }
 
+void *tally__meta_grow(void *old, size_t n, size_t cap, size_t elem)
+{
+    if (n > cap || (elem && cap > SIZE_MAX / elem))
+        return NULL;
+    void *p = tally__meta_alloc(cap * elem);
+    if (!p)
+        return NULL;
+    if (n)
+        memcpy(p, old, n * elem);
+    tally__meta_free(old);
+    return p;
+}
+
 char *tally__meta_strdup(const char *s)
 {
     size_t n = strlen(s) + 1;

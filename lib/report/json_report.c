@@ -77,12 +77,9 @@ static void site_note(site_list_t *l, const tally_site_t *site)
             return;
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 64;
-        const tally_site_t **grown = tally__meta_alloc(cap * sizeof *grown);
+        const tally_site_t **grown = tally__meta_grow(l->items, l->n, cap, sizeof *grown);
         if (!grown)
             return;
-        if (l->n)
-            memcpy(grown, l->items, l->n * sizeof *grown);
-        tally__meta_free(l->items);
         l->items = grown;
         l->cap = cap;
     }

@@ -299,12 +299,9 @@ static bool keep_handle(int device, CUmemGenericAllocationHandle h)
         return false;
     if (k->n == k->cap) {
         size_t cap = k->cap ? 2 * k->cap : 64;
-        CUmemGenericAllocationHandle *grown = tally__meta_alloc(cap * sizeof *grown);
+        CUmemGenericAllocationHandle *grown = tally__meta_grow(k->h, k->n, cap, sizeof *grown);
         if (!grown)
             return false;
-        if (k->n)
-            memcpy(grown, k->h, k->n * sizeof *grown);
-        tally__meta_free(k->h);
         k->h = grown;
         k->cap = cap;
     }
