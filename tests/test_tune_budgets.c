@@ -414,6 +414,36 @@ static void test_max_driver_time(void **state)
     expect_one_line_error(tune("--device '' '%s/small.pickle'", fixtures), 2, "--device '' is not a device number");
 }
 
+/* The move budget's row (expandable_move_budget:10000) is the middle way a
+ * driver-time limit finds: two 20 MiB holes around a live block, then a 40
+ * MiB block that fits in neither. Expandable segments without moves map 10
+ * new pages (80 MiB); with moves the first hole's pages go under the block
+ * (60 MiB, the peak live). Unlimited moves make a handle per page (about 7
+ * ms at A100 costs); within 10 ms a step one handle per map call and one
+ * move (about 1 ms). Under a 2 ms limit tally's recommendation is the
+ * budget's row, at the unlimited row's memory. */
+static void test_move_budget_row_serves_a_driver_time_limit(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/holes.csv", scratch);
+    write_text(path, "op,id,size,stream\na,1,20971520,0\na,2,20971520,0\na,3,20971520,0\nf,1,0,0\nf,3,0,0\n"
+                     "a,4,41943040,0\n");
+    tally_json_t *rows = tune_json(path, "--capacity 1GiB");
+    const tally_json_t *still = row_of(rows, "expandable_segments:True", "tally");
+    const tally_json_t *budget = row_of(rows, "expandable_segments:True,expandable_move_budget:10000", "tally");
+    const tally_json_t *free_moves = row_of(rows, "expandable_segments:True,expandable_move_budget:-1", "tally");
+    assert_int_equal(jint(still, "peak_reserved_bytes"), 80 * 1048576);
+    assert_int_equal(jint(budget, "peak_reserved_bytes"), 60 * 1048576);
+    assert_int_equal(jint(free_moves, "peak_reserved_bytes"), 60 * 1048576);
+    assert_true(jnum(budget, "driver_us_a100") < 2000 && jnum(free_moves, "driver_us_a100") > 2000);
+    tally__json_free(rows);
+    rows = tune_json(path, "--capacity 1GiB --max-driver-time 2ms");
+    assert_true(jtrue(row_of(rows, "expandable_segments:True,expandable_move_budget:10000", "tally"),
+                      "recommended_tally"));
+    tally__json_free(rows);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -434,6 +464,7 @@ int main(void)
         cmocka_unit_test(test_max_calls),
         cmocka_unit_test(test_refusal_names_the_first_row_of_a_tie),
         cmocka_unit_test(test_max_driver_time),
+        cmocka_unit_test(test_move_budget_row_serves_a_driver_time_limit),
     };
     tune_test_filter();
     return cmocka_run_group_tests(tests, setup, tune_teardown);

@@ -123,6 +123,10 @@ size_t tune_grid(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t m
     add(&g, "tally's placement, no growth chunk", true, "expandable_segments:True,expandable_grow_chunk_mb:2");
     /* Idle pages moved without a driver-time limit: the least memory, a handle per page. */
     add(&g, "tally's placement, idle pages moved", true, "expandable_segments:True,expandable_move_budget:-1");
+    /* Moves within 10 ms of modelled driver time a step: what any finite
+     * budget can give, with a handle per map call (docs/benchmarks.md, run X). */
+    add(&g, "tally's placement, idle pages moved within 10 ms a step", true,
+        "expandable_segments:True,expandable_move_budget:10000");
     /* The small pool's segments lent by the expandable segments (run L). */
     add(&g, "tally's placement, small pool on the same pages", true,
         "expandable_segments:True,expandable_small_shared:True");
