@@ -31,8 +31,9 @@
  *   they mapped, unmap calls, pages unmapped and runs of mapped pages among
  *   them, ranges reserved; and the driver calls the cuda backend makes for
  *   the same calls (lib/backend/cuda/vmm.c): cuMemAlloc / cuMemFree 1 each,
- *   cuMemAddressReserve 1, a map of h handles 2h + 1 (cuMemCreate + cuMemMap
- *   per handle, one cuMemSetAccess), an unmap one cuStreamSynchronize (the
+ *   cuMemAddressReserve 1 and cuMemAddressFree 1 a range, a map of h
+ *   handles 2h + 1 (cuMemCreate + cuMemMap per handle, one
+ *   cuMemSetAccess), an unmap one cuStreamSynchronize (the
  *   segment's stream) + one cuMemUnmap per run + one cuMemRelease per
  *   handle taken down; a handle a move took down and mapped again
  *   (reused_handles, moves unlimited) makes neither its cuMemCreate nor its
@@ -363,7 +364,7 @@ typedef struct figures {
  * comment at the top). */
 static uint64_t cuda_driver_calls(const tally_host_calls_t *c)
 {
-    return c->alloc + c->free + c->reserve + 2 * c->map_handles + c->map + c->unmap + c->unmap_runs +
+    return c->alloc + c->free + c->reserve + c->unreserve + 2 * c->map_handles + c->map + c->unmap + c->unmap_runs +
            c->unmap_handles - 2 * c->reused_handles;
 }
 

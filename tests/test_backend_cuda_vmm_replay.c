@@ -27,16 +27,17 @@ typedef struct figures {
     int64_t clobbered; /* cuda only: blocks whose stamps another block overwrote */
     uint64_t placement; /* every block's address, relative to the trace's first, hashed */
     /* cuda only: driver calls (cuMemCreate, cuMemMap, cuMemRelease,
-     * cuMemSetAccess, cuMemUnmap, cuStreamSynchronize, cuMemAlloc, cuMemFree) */
-    int64_t calls[8];
+     * cuMemSetAccess, cuMemUnmap, cuStreamSynchronize, cuMemAlloc, cuMemFree,
+     * cuMemAddressReserve, cuMemAddressFree) */
+    int64_t calls[10];
     /* host only: what the host backend counted (tally_host_calls) */
     tally_host_calls_t host;
 } figures_t;
 
 /* Driver calls of the cuda child, counted by wrappers put in the library's
  * entry-point table over the driver's own. */
-enum { C_CREATE, C_MAP, C_RELEASE, C_ACCESS, C_UNMAP, C_SYNC, C_ALLOC, C_FREE };
-static int64_t calls[8];
+enum { C_CREATE, C_MAP, C_RELEASE, C_ACCESS, C_UNMAP, C_SYNC, C_ALLOC, C_FREE, C_RESERVE, C_ADDR_FREE };
+static int64_t calls[10];
 static struct cu_api real;
 
 static CUresult count_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
@@ -89,6 +90,18 @@ static CUresult count_free(CUdeviceptr p)
     return real.cuMemFree(p);
 }
 
+static CUresult count_reserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags)
+{
+    calls[C_RESERVE]++;
+    return real.cuMemAddressReserve(p, size, align, addr, flags);
+}
+
+static CUresult count_addr_free(CUdeviceptr p, size_t size)
+{
+    calls[C_ADDR_FREE]++;
+    return real.cuMemAddressFree(p, size);
+}
+
 static void count_driver_calls(void)
 {
     real.cuMemCreate = tally__cu.cuMemCreate;
@@ -99,6 +112,8 @@ static void count_driver_calls(void)
     real.cuStreamSynchronize = tally__cu.cuStreamSynchronize;
     real.cuMemAlloc = tally__cu.cuMemAlloc;
     real.cuMemFree = tally__cu.cuMemFree;
+    real.cuMemAddressReserve = tally__cu.cuMemAddressReserve;
+    real.cuMemAddressFree = tally__cu.cuMemAddressFree;
     tally__cu.cuMemCreate = count_create;
     tally__cu.cuMemMap = count_map;
     tally__cu.cuMemRelease = count_release;
@@ -107,6 +122,8 @@ static void count_driver_calls(void)
     tally__cu.cuStreamSynchronize = count_sync;
     tally__cu.cuMemAlloc = count_alloc;
     tally__cu.cuMemFree = count_free;
+    tally__cu.cuMemAddressReserve = count_reserve;
+    tally__cu.cuMemAddressFree = count_addr_free;
 }
 
 /* Stream of dense index i: on host any distinct pointer, on cuda a real
@@ -386,14 +403,15 @@ static void replay_both(const char *mode)
                        c[C_MAP] == (int64_t)h->map_handles &&
                        c[C_RELEASE] == (int64_t)(h->unmap_handles - h->reused_handles) && c[C_ACCESS] == (int64_t)h->map &&
                        c[C_UNMAP] == (int64_t)h->unmap_runs && c[C_SYNC] == (int64_t)h->unmap &&
-                       c[C_ALLOC] == (int64_t)h->alloc && c[C_FREE] == (int64_t)h->free;
+                       c[C_ALLOC] == (int64_t)h->alloc && c[C_FREE] == (int64_t)h->free &&
+                       c[C_RESERVE] == (int64_t)h->reserve && c[C_ADDR_FREE] == (int64_t)h->unreserve;
         if (!derived) {
             fprintf(stderr,
                     "test_backend_cuda_vmm_replay: %s%s: host counts (%llu pages mapped in %llu calls, %llu unmap calls, %llu "
-                    "runs, %llu allocs, %llu frees) do not give the cuda backend's driver calls\n",
+                    "runs, %llu allocs, %llu frees, %llu ranges reserved, %llu freed) do not give the cuda backend's driver calls\n",
                     name, mode, (unsigned long long)h->map_pages, (unsigned long long)h->map,
                     (unsigned long long)h->unmap, (unsigned long long)h->unmap_runs, (unsigned long long)h->alloc,
-                    (unsigned long long)h->free);
+                    (unsigned long long)h->free, (unsigned long long)h->reserve, (unsigned long long)h->unreserve);
             bad++;
         }
         if (dev[i].clobbered) {
