@@ -343,7 +343,10 @@ TALLY_API void tally_torch_set_oom_raiser(tally_torch_raise_fn raise);
 /* base_alloc hook (PyTorch's set_base_alloc_fn, used for CUDA IPC handles):
  * the start of the segment holding ptr, with its size in *size. NULL (and
  * *size 0) with an error when ptr is in no segment of tally or an argument
- * is NULL. */
+ * is NULL, and when ptr's memory is of a kind cudaIpcGetMemHandle cannot
+ * share (it takes cudaMalloc memory only): pages of CUDA's virtual memory
+ * API (expandable segments, a private tag's segments) or the async
+ * backend's stream-ordered pool. */
 TALLY_API void *tally_torch_base_alloc(void *ptr, size_t *size);
 
 /* ---- Private tags: sleep and wake (docs/sleep.md) ------------------------- */

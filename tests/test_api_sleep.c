@@ -28,7 +28,7 @@ static void test_private_tags_get_pages_of_their_own(void **state)
     }
     for (int i = 0; i < 8; i++) {
         size_t us = 0, ks = 0;
-        char *ub = tally_torch_base_alloc(u[i], &us), *kb = tally_torch_base_alloc(k[i], &ks);
+        char *ub = segment_of(u[i], &us), *kb = segment_of(k[i], &ks);
         for (int j = 0; j < 8; j++) {
             char *x = u[j];
             if (x >= kb && x < kb + ks)
@@ -63,7 +63,7 @@ static void test_set_private_at_run_time(void **state)
     void *p = tagged("late", 1 * MB, 1);
     void *q = lu_malloc(1 * MB, 1);
     size_t ps = 0;
-    char *pb = tally_torch_base_alloc(p, &ps);
+    char *pb = segment_of(p, &ps);
     assert_true((char *)q < pb || (char *)q >= pb + ps);
     LU_EQ(tally_tag_set_private("untagged"), -TALLY_EINVAL);
     LU_HAS(tally_last_error(), "cannot be private");

@@ -1,8 +1,8 @@
 /* Private tags, sleep and wake on the host backend (docs/sleep.md): the
  * errors. Every refusal is one line and changes nothing (a second sleep or
  * wake, a tag that is not private, blocks from before it became private,
- * in a graph pool, under a capture or exported by IPC, an allocation under
- * a sleeping tag); a wake out of memory or over the memory fraction rolls
+ * in a graph pool, under a capture, an allocation under a sleeping tag;
+ * base_alloc of its memory, which CUDA IPC cannot share); a wake out of memory or over the memory fraction rolls
  * back; in children with other configurations, offload on host_mode:virtual,
  * the async backend, private tag names that are empty or too long and a
  * 65th private tag are refused. The rest of sleep and wake is in test_api_sleep.c.
@@ -115,21 +115,26 @@ static void test_capture_under_way_is_refused(void **state)
     LU_CHECK_OK();
 }
 
-static void test_ipc_exported_blocks_are_refused(void **state)
+/* A private tag's memory is pages of the virtual memory API, which CUDA IPC
+ * cannot share: tally_torch_base_alloc (PyTorch's base_alloc, asked before
+ * cudaIpcGetMemHandle) refuses it with the reason and marks nothing, so the
+ * tag still sleeps; an untagged block's segment is handed out. */
+static void test_ipc_base_of_a_private_tag_is_refused(void **state)
 {
     (void)state;
     void *k = tagged("kv", 2 * MB, 1);
-    size_t sz;
-    assert_non_null(tally_torch_base_alloc(k, &sz));
-    LU_EQ(tally_sleep(KV, 1, 0), -TALLY_ESTATE);
-    LU_HAS(tally_last_error(), "exported for IPC (base_alloc)");
-    LU_EQ(info("kv", 1).asleep, 0);
-    tally_free(k);
-    tally_empty_cache(-1); /* the exported segment goes */
-    void *again = tagged("kv", 2 * MB, 1);
+    size_t sz = 7;
+    assert_null(tally_torch_base_alloc(k, &sz));
+    assert_int_equal(sz, 0);
+    LU_HAS(tally_last_error(), "which CUDA IPC (cudaIpcGetMemHandle) cannot share");
+    LU_HAS(tally_last_error(), "a private tag");
     LU_OK(tally_sleep(KV, 1, 0));
     LU_OK(tally_wake(KV, 1));
-    tally_free(again);
+    void *u = lu_malloc(2 * MB, 1);
+    char *base = tally_torch_base_alloc(u, &sz);
+    assert_true(base && (char *)u >= base && (char *)u < base + sz);
+    tally_free(u);
+    tally_free(k);
 }
 
 static void test_allocation_under_a_sleeping_tag(void **state)
@@ -435,7 +440,7 @@ int main(int argc, char **argv)
         T(test_blocks_from_before_private_are_refused),
         T(test_graph_pool_blocks_are_refused),
         T(test_capture_under_way_is_refused),
-        T(test_ipc_exported_blocks_are_refused),
+        T(test_ipc_base_of_a_private_tag_is_refused),
         T(test_allocation_under_a_sleeping_tag),
         T(test_free_of_a_sleeping_block_drops_its_backup),
         T(test_wake_out_of_memory_rolls_back),

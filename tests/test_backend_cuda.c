@@ -406,10 +406,34 @@ static void body_lazy_start(void)
     tally_free(p);
 }
 
+/* base_alloc (PyTorch asks it before cudaIpcGetMemHandle) hands out the
+ * cudaMalloc segment of a block on the cuda backend, and refuses a block of
+ * the async backend's stream-ordered pool (legacy IPC cannot share pool
+ * memory) with one line naming the reason and the backend that can. */
+static void body_base_alloc(void)
+{
+    driver_up();
+    EXPECT(tally_init() == 0);
+    void *a = tally_malloc(3 << 20, 0, NULL);
+    EXPECT(a != NULL);
+    size_t size = 1;
+    void *base = tally_torch_base_alloc(a, &size);
+    if (is_cuda()) {
+        EXPECT(base == a && size == 20 << 20);
+    } else {
+        EXPECT(base == NULL && size == 0);
+        EXPECT(strstr(tally_last_error(), "stream-ordered pool (backend:async), which CUDA IPC") != NULL);
+        EXPECT(strstr(tally_last_error(), "backend:cuda") != NULL);
+    }
+    tally_free(a);
+}
+
 /* ---- tests ------------------------------------------------------------------ */
 
 CUDA_TEST(test_cuda_malloc_free, "backend:cuda,leak_report:off", body_malloc_free, 1)
 CUDA_TEST(test_async_malloc_free, "backend:async,leak_report:off", body_malloc_free, 1)
+CUDA_TEST(test_cuda_base_alloc_is_the_segment, "backend:cuda,leak_report:off", body_base_alloc, 1)
+CUDA_TEST(test_async_base_alloc_refused, "backend:async,leak_report:off", body_base_alloc, 1)
 CUDA_TEST(test_cuda_streams_and_record_stream, "backend:cuda,leak_report:off", body_streams, 1)
 CUDA_TEST(test_async_streams_and_record_stream, "backend:async,leak_report:off", body_streams, 1)
 CUDA_TEST(test_cuda_oom_and_release, "backend:cuda,leak_report:off", body_oom_and_release, 1)
@@ -436,6 +460,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_malloc_free),
         cmocka_unit_test(test_async_malloc_free),
+        cmocka_unit_test(test_cuda_base_alloc_is_the_segment),
+        cmocka_unit_test(test_async_base_alloc_refused),
         cmocka_unit_test(test_cuda_streams_and_record_stream),
         cmocka_unit_test(test_async_streams_and_record_stream),
         cmocka_unit_test(test_cuda_oom_and_release),

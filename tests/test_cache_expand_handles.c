@@ -375,7 +375,8 @@ static void test_shared_small_segments_use_idle_pages(void **state)
 
 /* A lent segment is listed once: the report lists it as a small segment at
  * its addresses and leaves its piece out of the expandable segment's blocks;
- * base_alloc names the small segment. */
+ * base_alloc refuses it (pages of the virtual memory API, which CUDA IPC
+ * cannot share). */
 static void test_shared_small_segment_listed_once(void **state)
 {
     (void)state;
@@ -384,9 +385,10 @@ static void test_shared_small_segment_listed_once(void **state)
     tally_free(big);
     void *small = tally_malloc(4096, 0, stream_a);
     assert_non_null(small);
-    size_t size = 0;
-    EQ((uintptr_t)tally_torch_base_alloc(small, &size), (uintptr_t)small);
-    EQ(size, PAGE);
+    size_t size = 1;
+    EQ((uintptr_t)tally_torch_base_alloc(small, &size), 0);
+    EQ(size, 0);
+    assert_non_null(strstr(tally_last_error(), "expandable segments"));
     char path[] = "/tmp/tally-lent-XXXXXX";
     int fd = mkstemp(path);
     assert_true(fd >= 0);
@@ -412,6 +414,42 @@ static void test_shared_small_segment_listed_once(void **state)
     tally_empty_cache(0);
     CHECK_OK();
     assert_int_equal(tally_configure("expandable_small_shared:false"), 0);
+}
+
+/* base_alloc (PyTorch asks it before cudaIpcGetMemHandle, which takes
+ * cudaMalloc memory only) refuses every kind of expandable segments'
+ * memory with the reason: a large block in the stream's range, a small one
+ * in the small pool's run of pages; and hands out nothing. */
+static void test_base_alloc_refuses_expandable_memory(void **state)
+{
+    (void)state;
+    /* No move budget: the small pool is a run of pages (small_run.c). */
+    assert_int_equal(tally_configure("expandable_small_shared:false,expandable_small_pages:true,"
+                                     "expandable_move_budget:0"), 0);
+    void *big = tally_malloc(20 * MiB, 0, stream_a), *small = tally_malloc(4096, 0, stream_a);
+    assert_true(big && small);
+    void *const ptrs[] = {big, (char *)big + 12345, small};
+    for (int i = 0; i < 3; i++) {
+        size_t size = 1;
+        EQ((uintptr_t)tally_torch_base_alloc(ptrs[i], &size), 0);
+        EQ(size, 0);
+        HAS(tally_last_error(), "which CUDA IPC (cudaIpcGetMemHandle) cannot share");
+        HAS(tally_last_error(), "expandable_segments:false");
+    }
+    tally_free(small);
+    tally_free(big);
+    /* With a move budget the small pool takes 2 MiB segments of the
+     * backend's own allocation, which IPC can share: handed out. */
+    tally_empty_cache(0); /* the run goes */
+    assert_int_equal(tally_configure("expandable_move_budget:-1"), 0);
+    small = tally_malloc(4096, 0, stream_a);
+    size_t size = 0;
+    void *base = tally_torch_base_alloc(small, &size);
+    assert_true(base && (char *)small >= (char *)base && (char *)small < (char *)base + size);
+    EQ(size, PAGE);
+    tally_free(small);
+    tally_empty_cache(0);
+    CHECK_OK();
 }
 
 /* expandable_small_shared: the small pool's segments are lent by the
@@ -441,6 +479,7 @@ int main(void)
         cmocka_unit_test_setup(test_random_workload_with_shared_small_segments, reset),
         cmocka_unit_test_setup(test_shared_small_segments_use_idle_pages, reset),
         cmocka_unit_test_setup(test_shared_small_segment_listed_once, reset),
+        cmocka_unit_test_setup(test_base_alloc_refuses_expandable_memory, reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

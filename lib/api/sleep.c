@@ -226,19 +226,15 @@ void tally__private_write_notes(tally_out_t *o, const char *stage, uint64_t from
 }
 
 /* Why the tag's blocks on d cannot sleep, or 0: blocks outside its private
- * pool (a graph pool's, or taken before it became private), segments
- * exported for IPC. Under d's lock. */
+ * pool (a graph pool's, or taken before it became private). (Its own
+ * segments are never shared with another process: tally_torch_base_alloc
+ * refuses pages of the virtual memory API, which CUDA IPC cannot share.)
+ * Under d's lock. */
 static int check_blocks_locked(tally_device_t *d, uint32_t id, tally_gpool_t *gp, char *why, size_t whylen)
 {
     for (tally_segment_t *s = d->segments; s; s = s->next) {
-        if (s->gp == gp && gp) {
-            if (s->exported) {
-                snprintf(why, whylen, "a segment of it at %p on device %d was exported for IPC (base_alloc): "
-                         "another process may map it", (void *)s->base, d->id);
-                return TALLY_ESTATE;
-            }
+        if (s->gp == gp && gp)
             continue;
-        }
         for (tally_block_t *b = s->head; b; b = b->next) {
             if (b->state == BLOCK_FREE || b->state == BLOCK_LENT || b->tag != id)
                 continue;

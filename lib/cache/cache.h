@@ -77,7 +77,6 @@ struct tally_segment {
         uint16_t slow_free; /* either: a small block's free takes the general path (the fast one
                              * reads both in one load; a run's merges may pass 2 MiB) */
     };
-    uint8_t exported;             /* its base was handed out for IPC (tally_torch_base_alloc) */
 };
 
 /* Small-pool free blocks of one stream, binned by exact size (tree.c), up

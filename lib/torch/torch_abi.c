@@ -217,11 +217,27 @@ void *tally_torch_base_alloc(void *ptr, size_t *size)
         tally_device_t *d = tally__g.dev[i];
         tally__dev_lock(&d->lock);
         tally_segment_t *s = tally__cache_segment_of_locked(d, (uintptr_t)ptr);
-        if (s)
-            s->exported = 1; /* another process may map it: a private tag's sleep is refused */
+        /* PyTorch asks for the base to pass it to cudaIpcGetMemHandle, which
+         * takes memory made by cudaMalloc (cuMemAlloc) only: not pages of
+         * CUDA's virtual memory API (expandable segments, their small pool's
+         * run or a segment lent from them, a private tag's segments: so no
+         * other process maps a tag that may sleep), nor a stream-ordered
+         * pool's memory (backend:async), which needs an IPC-capable pool and
+         * cuMemPoolExportPointer. Refused here with the reason, not there
+         * with a bare CUDA error. */
+        bool vmm = s && (s->ex || s->run_va || s->lender || s->vm), pool = s && tally__g.backend->passthrough;
         uintptr_t base = s ? s->base : 0;
         size_t bytes = s ? s->size : 0;
         tally__dev_unlock(&d->lock);
+        if (vmm || pool) {
+            tally__fail(TALLY_EINVAL,
+                        "tally_torch_base_alloc: %p is %s, which CUDA IPC (cudaIpcGetMemHandle) cannot share: it takes "
+                        "cudaMalloc memory only; share tensors between processes with %s",
+                        ptr, vmm ? "on pages of CUDA's virtual memory API (expandable segments or a private tag)"
+                                 : "memory of CUDA's stream-ordered pool (backend:async)",
+                        vmm ? "expandable_segments:false and a tag that is not private" : "backend:cuda");
+            return NULL;
+        }
         if (s) {
             *size = bytes;
             return (void *)base;

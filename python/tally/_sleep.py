@@ -43,8 +43,8 @@ def sleep(*tags: str, offload: bool = False, sync_device: bool = False) -> None:
     ``offload=True`` copy their live blocks to pinned host memory, then unmap
     their pages and keep the addresses. Without offload the contents are
     lost. Raises TallyError (nothing changed) for a tag that is not private,
-    has blocks in a CUDA graph's pool or exported for IPC, or when a capture
-    is under way."""
+    has blocks in a CUDA graph's pool or from before it became private, or
+    when a capture is under way."""
     arr, n = _names(tags, "sleep")
     call("tally_sleep", arr, n, (_OFFLOAD if offload else 0) | (_SYNC_DEVICE if sync_device else 0))
 
