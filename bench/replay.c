@@ -429,14 +429,7 @@ static int replay(const trace_t *t, int reps, bool check, figures_t *f, char *er
         tally_host_calls_t c1;
         if (counted && tally_host_calls(0, &c1) == 0) {
             f->have_calls = true;
-            f->calls = (tally_host_calls_t){
-                .alloc = c1.alloc - c0.alloc, .free = c1.free - c0.free, .reserve = c1.reserve - c0.reserve,
-                .unreserve = c1.unreserve - c0.unreserve, .map = c1.map - c0.map,
-                .map_pages = c1.map_pages - c0.map_pages, .unmap = c1.unmap - c0.unmap,
-                .unmap_pages = c1.unmap_pages - c0.unmap_pages, .unmap_runs = c1.unmap_runs - c0.unmap_runs,
-                .map_handles = c1.map_handles - c0.map_handles,
-                .unmap_handles = c1.unmap_handles - c0.unmap_handles,
-                .reused_handles = c1.reused_handles - c0.reused_handles};
+            f->calls = trace_calls_since(&c0, &c1);
         }
         tally_stats_t s;
         if (tally_get_stats(0, &s)) {

@@ -333,6 +333,23 @@ void trace_free(trace_t *t)
     t->nev = 0;
 }
 
+tally_host_calls_t trace_calls_since(const tally_host_calls_t *before, const tally_host_calls_t *after)
+{
+    const tally_host_calls_t *a = before, *b = after;
+    return (tally_host_calls_t){.alloc = b->alloc - a->alloc,
+                                .free = b->free - a->free,
+                                .reserve = b->reserve - a->reserve,
+                                .unreserve = b->unreserve - a->unreserve,
+                                .map = b->map - a->map,
+                                .map_pages = b->map_pages - a->map_pages,
+                                .unmap = b->unmap - a->unmap,
+                                .unmap_pages = b->unmap_pages - a->unmap_pages,
+                                .unmap_runs = b->unmap_runs - a->unmap_runs,
+                                .map_handles = b->map_handles - a->map_handles,
+                                .unmap_handles = b->unmap_handles - a->unmap_handles,
+                                .reused_handles = b->reused_handles - a->reused_handles};
+}
+
 long trace_run(const trace_t *t, void **ptrs, void (*after)(void *arg, size_t i), void *arg)
 {
     void *streams[sizeof t->stream_ids / sizeof t->stream_ids[0]];

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <tally.h>
+
 typedef struct trace_event {
     uint64_t size;   /* bytes asked for (allocations; frees carry their block's) */
     uint32_t slot;   /* dense allocation number: frees name the slot they release */
@@ -60,6 +62,10 @@ void trace_free(trace_t *t);
  * after(arg, i), when given, runs after event i. Returns the index of the
  * first allocation tally refused, or -1. */
 long trace_run(const trace_t *t, void **ptrs, void (*after)(void *arg, size_t i), void *arg);
+
+/* What the host backend was asked between two readings of tally_host_calls
+ * (after - before, field by field). */
+tally_host_calls_t trace_calls_since(const tally_host_calls_t *before, const tally_host_calls_t *after);
 
 /* Sizes of every allocation event of the .csv files in dir (sorted by file
  * name), appended to *sizes / *n (grown with realloc). Returns the number of

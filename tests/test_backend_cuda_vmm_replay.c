@@ -248,14 +248,7 @@ static void body_replay(int fd)
         if (!cuda) {
             tally_host_calls_t h1;
             NEED(tally_host_calls(0, &h1) == 0);
-            f.host = (tally_host_calls_t){.alloc = h1.alloc - h0.alloc, .free = h1.free - h0.free,
-                                          .reserve = h1.reserve - h0.reserve, .map = h1.map - h0.map,
-                                          .map_pages = h1.map_pages - h0.map_pages, .unmap = h1.unmap - h0.unmap,
-                                          .unmap_pages = h1.unmap_pages - h0.unmap_pages,
-                                          .unmap_runs = h1.unmap_runs - h0.unmap_runs,
-                                          .map_handles = h1.map_handles - h0.map_handles,
-                                          .unmap_handles = h1.unmap_handles - h0.unmap_handles,
-                                          .reused_handles = h1.reused_handles - h0.reused_handles};
+            f.host = trace_calls_since(&h0, &h1);
         }
         if (cuda) {
             /* The costs docs/architecture.md states: a handle is one create

@@ -44,25 +44,6 @@ static void sample(void *arg, size_t i)
     s->out[s->skip + i] = (int64_t)(total - free_b);
 }
 
-/* What the host backend was asked between a and b. */
-static tally_host_calls_t calls_between(const tally_host_calls_t *a, const tally_host_calls_t *b)
-{
-    return (tally_host_calls_t){
-        .alloc = b->alloc - a->alloc,
-        .free = b->free - a->free,
-        .reserve = b->reserve - a->reserve,
-        .unreserve = b->unreserve - a->unreserve,
-        .map = b->map - a->map,
-        .map_pages = b->map_pages - a->map_pages,
-        .unmap = b->unmap - a->unmap,
-        .unmap_pages = b->unmap_pages - a->unmap_pages,
-        .unmap_runs = b->unmap_runs - a->unmap_runs,
-        .map_handles = b->map_handles - a->map_handles,
-        .unmap_handles = b->unmap_handles - a->unmap_handles,
-        .reused_handles = b->reused_handles - a->reused_handles,
-    };
-}
-
 /* The replays' diagnostics (an OOM report when a candidate does not fit)
  * would bury the table: the row says it. */
 static void discard(void *arg, const char *text, size_t len)
@@ -289,7 +270,7 @@ void tune_replay_one(const trace_t *t, const tune_start_t *start, uint64_t capac
         snprintf(r->error, sizeof r->error, "tally_host_calls: %s", tally_last_error());
         return;
     }
-    r->host = calls_between(&c0, &c1);
+    r->host = trace_calls_since(&c0, &c1);
     for (size_t i = 0; series && i < skip; i++)
         series[i] = skip < t->nev ? series[skip] : 0;
     tally_stats_t st;
