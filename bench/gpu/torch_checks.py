@@ -1,8 +1,9 @@
 """tally's PyTorch checks for a GPU machine (issue 11), one per process:
 
-    python3 bench/gpu/torch_checks.py CHECK        # CHECK: contexts, last_error, graph, conv, train
+    python3 bench/gpu/torch_checks.py CHECK        # CHECK: contexts, last_error, graph, conv, train, ipc
     python3 bench/gpu/torch_checks.py train --native
     python3 bench/gpu/torch_checks.py graph --async  # the graph check on backend:async
+    python3 bench/gpu/torch_checks.py ipc --expandable  # base_alloc refuses expandable memory
 
 Each prints exactly one line, ``PASS name: figures``, ``FAIL name: why`` or
 ``SKIP name: why``, and exits 0 (PASS, SKIP) or 1 (FAIL). bench/gpu/run_all.sh
@@ -218,6 +219,62 @@ def check_train(native):
     return say("PASS", name, f"{rate:.1f} steps/s, peak reserved {peak / MiB:.0f} MiB, loss {float(loss):.3f}")
 
 
+def _ipc_child(conn):
+    """The receiving process of the ipc check: sums the tensor it was sent
+    (opened through CUDA IPC), adds one to it and sends the sum back."""
+    import torch
+
+    t = conn.recv()
+    total = float(t.sum())
+    t.add_(1)
+    torch.cuda.synchronize()
+    conn.send(total)
+    del t
+    conn.recv()  # the parent has read the change: the handle may close
+
+
+def check_ipc(expandable=False):
+    """A tensor in tally's memory sent to another process (torch.multiprocessing,
+    CUDA IPC through base_alloc): from the default segments it arrives and the
+    other process's write comes back; from expandable segments base_alloc
+    refuses it with tally's reason, since cudaIpcGetMemHandle takes cudaMalloc
+    memory only."""
+    name = "ipc-expandable" if expandable else "ipc"
+    if expandable:
+        os.environ["TALLY_CONF"] = ",".join(filter(None, [os.environ.get("TALLY_CONF", ""), "expandable_segments:true"]))
+    torch, tally = start()
+    if tally is None:
+        return say("SKIP", name, "no CUDA device")
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    p = ctx.Process(target=_ipc_child, args=(theirs,))
+    p.start()
+    x = torch.ones(1 << 20, device="cuda")  # 4 MiB: a large-pool block
+    try:
+        mine.send(x)  # pickled here: base_alloc runs in this thread
+    except Exception as e:
+        p.kill()
+        from tally._lib import last_error
+
+        if expandable and "cannot share" in last_error():
+            return say("PASS", name, f"refused by base_alloc: {last_error()[:90]}")
+        return say("FAIL", name, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    if expandable:
+        p.kill()
+        return say("FAIL", name, "a tensor of expandable segments was sent: base_alloc did not refuse it")
+    total = mine.recv()
+    torch.cuda.synchronize()
+    changed = float(x.sum())
+    mine.send(None)
+    p.join(30)
+    n = x.numel()
+    if total != n or changed != 2 * n:
+        return say("FAIL", name, f"the other process saw {total:.0f} (want {n}), its write gave {changed:.0f} (want {2 * n})")
+    return say("PASS", name, f"{n * 4 / MiB:.0f} MiB sent through CUDA IPC, read and written by another process")
+
+
 def main(argv):
     if not argv:
         print(__doc__)
@@ -225,7 +282,8 @@ def main(argv):
     name = argv[0]
     checks = {"contexts": check_contexts, "last_error": check_last_error,
               "graph": lambda: check_graph("--async" in argv[1:]),
-              "conv": check_conv, "train": lambda: check_train("--native" in argv[1:])}
+              "conv": check_conv, "train": lambda: check_train("--native" in argv[1:]),
+              "ipc": lambda: check_ipc("--expandable" in argv[1:])}
     if name not in checks:
         print(f"unknown check {name}; one of {', '.join(checks)}")
         return 2

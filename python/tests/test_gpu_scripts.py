@@ -15,7 +15,7 @@ from . import support
 
 GPU = support.REPO / "bench" / "gpu"
 STEPS = ("build", "make-test", "contexts", "last_error", "graph", "graph-async", "conv", "train-tally", "train-native",
-         "torch-workload")
+         "ipc", "ipc-expandable", "torch-workload")
 
 
 class GpuScriptsTest(unittest.TestCase):
