@@ -7,6 +7,7 @@
 
 #include <malloc.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +52,19 @@ char *tally__meta_strdup(const char *s)
     if (d)
         memcpy(d, s, n);
     return d;
+}
+
+void *tally__meta_grow(void *old, size_t n, size_t cap, size_t elem)
+{
+    if (n > cap || (elem && cap > SIZE_MAX / elem))
+        return NULL;
+    void *p = tally__meta_alloc(cap * elem);
+    if (!p)
+        return NULL;
+    if (n)
+        memcpy(p, old, n * elem);
+    tally__meta_free(old);
+    return p;
 }
 
 size_t tally__meta_bytes(void)
