@@ -347,6 +347,47 @@ static void test_vmm_idle_pages_and_release(void **state)
     expect_expandable_ok(body_idle_pages_and_release);
 }
 
+/* empty_cache unmaps each region's idle cells after a wait for its stream;
+ * a region whose stream cannot be waited for (destroyed while a block on it
+ * is live) keeps its pages, and the other regions' still go, whichever
+ * comes first in the device's list: each stream is the dead one once. Each
+ * region: a 100 MiB block (five 20 MiB handles) freed, then a 4 MiB block
+ * on its first cell, so four handles are idle. */
+static int dead_stream;
+
+static void body_empty_cache_past_a_dead_stream(int fd)
+{
+    (void)fd;
+    start_driver();
+    size_t base = driver_free();
+    CUstream s[2] = {primary_stream(), primary_stream()};
+    void *keep[2];
+    for (int i = 0; i < 2; i++) {
+        void *big = tally_malloc(100 * MiB, 0, s[i]);
+        NEED(big != NULL);
+        tally_free(big);
+        keep[i] = tally_malloc(4 * MiB, 0, s[i]);
+        NEED(keep[i] == big);
+    }
+    agree(base);
+    NEED(stats0().reserved_bytes[TALLY_POOL_LARGE].current == (int64_t)(200 * MiB));
+    NEED(cu.cuStreamDestroy(s[dead_stream]) == CUDA_SUCCESS);
+    tally_empty_cache(0);
+    agree(base);
+    /* The dead stream's region keeps its 100 MiB; the live one's 20. */
+    NEED(stats0().reserved_bytes[TALLY_POOL_LARGE].current == (int64_t)(120 * MiB));
+    tally_free(keep[0]);
+    tally_free(keep[1]);
+    NEED(tally_check() == 0);
+}
+
+static void test_vmm_empty_cache_past_a_dead_stream(void **state)
+{
+    (void)state;
+    for (dead_stream = 0; dead_stream < 2; dead_stream++)
+        expect_expandable_ok(body_empty_cache_past_a_dead_stream);
+}
+
 /* The device fills up inside the range: cuMemCreate's out of memory is an
  * OOM (counted, retried after releasing the cache, reported naming the
  * call), nothing of the failed map stays mapped, and the memory of a freed
@@ -540,6 +581,7 @@ int main(void)
         cmocka_unit_test(test_vmm_backend_accepted_by_cuda_only),
         cmocka_unit_test(test_vmm_peer_access),
         cmocka_unit_test(test_vmm_idle_pages_and_release),
+        cmocka_unit_test(test_vmm_empty_cache_past_a_dead_stream),
         cmocka_unit_test(test_vmm_oom_inside_range),
         cmocka_unit_test(test_vmm_unmap_waits_for_work),
         cmocka_unit_test(test_vmm_no_unmap_during_capture),

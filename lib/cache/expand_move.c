@@ -230,7 +230,7 @@ size_t tally__expand_unmap_idle_locked(tally_device_t *d, size_t want, const tal
                 continue;
             }
             if (!tally__expand_unmap_run_locked(d, s, p, n))
-                return done;
+                break; /* its stream could not be waited for: the next region's pages */
             done += n;
             p += n;
         }
@@ -283,8 +283,10 @@ static size_t take_runs(tally_device_t *d, const idle_run_t *runs, size_t nr, si
                 break;
             take += ex->hlen[q];
         }
-        if (!take || !tally__expand_unmap_run_locked(d, runs[i].s, p, take))
+        if (!take)
             break;
+        if (!tally__expand_unmap_run_locked(d, runs[i].s, p, take))
+            continue; /* its stream could not be waited for: another run */
         cap_us -= MOVE_RUN_US + (double)h * MOVE_HANDLE_US;
         m->runs++;
         m->handles += h;
