@@ -1,7 +1,9 @@
 /* Shared by the expandable-segment tests on the host backend
  * (test_cache_expand_pages, test_cache_expand_handles): their
- * configuration, the page size, a stream, statistics, the setup that puts
- * the runtime keys back before each test, and a sink that drops what it is
+ * configuration, the page size, a stream, statistics, the host backend's
+ * call counts, the setup that puts
+ * the runtime keys back before each test, the random workloads' draws,
+ * and a sink that drops what it is
  * given (the OOM reports of a full device). */
 #ifndef TALLY_TESTS_EXPANDUTIL_H
 #define TALLY_TESTS_EXPANDUTIL_H
@@ -30,6 +32,43 @@ static inline tally_stats_t stats(int dev)
     tally_stats_t s;
     assert_int_equal(tally_get_stats(dev, &s), 0);
     return s;
+}
+
+/* What the host backend has been asked for device 0 so far. */
+static inline tally_host_calls_t host_calls(void)
+{
+    tally_host_calls_t c;
+    assert_int_equal(tally_host_calls(0, &c), 0);
+    return c;
+}
+
+/* The random workloads' draws: the next value of seed, and a block size
+ * from it (a quarter of them 1 to 64 MiB and a bit, the rest up to 2 MiB). */
+static inline unsigned next_draw(unsigned *seed)
+{
+    *seed = *seed * 1103515245u + 12345u;
+    return *seed;
+}
+
+static inline size_t drawn_size(unsigned draw)
+{
+    return (draw >> 4) % 4 == 0 ? (size_t)((draw >> 12) % 64 + 1) * MiB + (draw & 0xfff)
+                                : (size_t)((draw >> 12) % (2 * MiB)) + 1;
+}
+
+/* One step of a random workload: the slot's block freed if it is live, else
+ * a block of drawn_size(draw) allocated there (NULL when refused). Returns
+ * the size asked, 0 for a free. */
+static inline size_t toggle_slot(void **slot, unsigned draw, int device, void *stream)
+{
+    if (*slot) {
+        tally_free(*slot);
+        *slot = NULL;
+        return 0;
+    }
+    size_t size = drawn_size(draw);
+    *slot = tally_malloc(size, device, stream);
+    return size;
 }
 
 /* Each test's setup. */

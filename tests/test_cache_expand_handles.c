@@ -48,16 +48,9 @@ static void test_random_workload_keeps_invariants(void **state)
     unsigned seed = 12345;
     long ops = tu_scaled(60000, 2000);
     for (long i = 0; i < ops; i++) {
-        seed = seed * 1103515245u + 12345u;
-        unsigned k = (seed >> 8) % SLOTS;
-        if (live[k]) {
-            tally_free(live[k]);
-            live[k] = NULL;
-        } else {
-            size_t size = (seed >> 4) % 4 == 0 ? (size_t)((seed >> 12) % 64 + 1) * MiB + (seed & 0xfff)
-                                                : (size_t)((seed >> 12) % (2 * MiB)) + 1;
-            live[k] = tally_malloc(size, (int)((seed >> 20) & 1), (void *)(uintptr_t)(0x100 + 0x100 * ((seed >> 21) & 1)));
-        }
+        unsigned draw = next_draw(&seed);
+        toggle_slot(&live[(draw >> 8) % SLOTS], draw, (int)((draw >> 20) & 1),
+                    (void *)(uintptr_t)(0x100 + 0x100 * ((draw >> 21) & 1)));
         if (i % 5000 == 0)
             tally_empty_cache(-1);
         if (i % 500 == 0)
@@ -69,13 +62,6 @@ static void test_random_workload_keeps_invariants(void **state)
     CHECK_OK();
     EQ(stats(0).allocation[0].current, 0);
     EQ(stats(1).allocation[0].current, 0);
-}
-
-static tally_host_calls_t host_calls(void)
-{
-    tally_host_calls_t c;
-    assert_int_equal(tally_host_calls(0, &c), 0);
-    return c;
 }
 
 /* What the host backend counts for a replay's driver calls: map calls and

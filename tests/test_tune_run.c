@@ -140,12 +140,13 @@ static tune_row_t replay_tally(const trace_t *t, const char *setting, int64_t pe
  * cuMemAlloc and 4 cuMemFree. Expandable segments: the small pool's run
  * reserves its range and maps pages 0, 1 and 2 (for blocks 1, 3 and 5) in
  * three calls, a handle per page; the 30 MiB block reserves the large
- * range and maps 20 pages (its growth chunk, 40 MiB) in one call and one
- * handle; empty_cache unmaps the run's 3 pages in one call (one run, 3
- * handles) and the large range's 20 pages (one run, one handle), and gives
- * both ranges back. 2 reserves and address frees, 4 handles created and
- * mapped, access over 4 mappings in 4 calls, 2 synchronises, cuMemUnmap of
- * 4 mappings, 4 releases. Counted as the reserved bytes' steps with a
+ * range and maps 20 pages (its growth chunk, 40 MiB) as two handles, one
+ * per 20 MiB cell of expandable_handle_grid_mb, in two calls; empty_cache
+ * unmaps the run's 3 pages in one call (one run, 3 handles) and the large
+ * range's 20 pages (one run, two handles), and gives both ranges back. 2
+ * reserves and address frees, 5 handles created and mapped, access over 5
+ * mappings in 5 calls, 2 synchronises, cuMemUnmap of 5 mappings, 5
+ * releases. Counted as the reserved bytes' steps with a
  * handle per map call and a range per stream, as tune did, it would be 2
  * releases, 2 mappings unmapped, 1 range and no address free.
  *
@@ -168,8 +169,8 @@ static void test_tally_driver_time_is_its_host_calls(void **state)
     tune_row_t r = replay_tally(&t, "", 36);
     expect_driver_us(&r, 4 * 230.45 + 4 * 51.2, 4 * 83.8 + 4 * 78.0);
     r = replay_tally(&t, "expandable_segments:True", 46);
-    expect_driver_us(&r, 38 + 38 + 4 * 193 + 4 * 1.45 + 4 * 36 + 40 + 4 * 25.6 + 4 * 25.6,
-                     38 + 38 + 4 * 13.8 + 4 * 1.0 + 4 * 69 + 40 + 4 * 39 + 4 * 39);
+    expect_driver_us(&r, 38 + 38 + 5 * 193 + 5 * 1.45 + 5 * 36 + 40 + 5 * 25.6 + 5 * 25.6,
+                     38 + 38 + 5 * 13.8 + 5 * 1.0 + 5 * 69 + 40 + 5 * 39 + 5 * 39);
     trace_free(&t);
     static const uint64_t move[][2] = {{1, 10 << 20}, {2, 10 << 20}, {1, 0}, {3, 14 << 20}};
     hand_trace(&t, "move", move, sizeof move / sizeof move[0], false);

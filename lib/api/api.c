@@ -271,6 +271,7 @@ static void publish_runtime(const tally_options_t *n)
     STORE(expandable_small_pages);
     STORE(trace);
     STORE(expandable_handle_mb);
+    STORE(expandable_handle_grid_mb);
     STORE(expandable_move_budget);
     STORE(sleep_alloc);
     STORE(sleep_pinned_cache);

@@ -33,9 +33,12 @@
  * and the steady-state detector), the modelled driver time a step
  * may spend on them; 0 (the default) makes none: reserved memory then grows
  * to what the step's placement touches, after which a step maps nothing.
- * Unless moves are unlimited (-1) each map call is one physical handle
- * (moves take whole idle handles), which also cuts the driver calls of
- * growth to one cuMemCreate per call.
+ * Unless moves are unlimited (-1) pages are mapped in large physical
+ * handles, which cuts the driver calls of growth to one cuMemCreate per
+ * handle: with no moves, a handle per 20 MiB cell of the region a run
+ * crosses (expandable_handle_grid_mb; map_cells), so empty_cache can unmap
+ * the cells no live block touches; within a finite budget one handle per
+ * map call (moves take whole idle handles).
  *
  * Physical handles: a map call lays its pages out in handles (backend.h),
  * and a handle can only be unmapped whole (CUDA's cuMemUnmap). Small blocks
@@ -232,6 +235,48 @@ static int map_run(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, si
     return 0;
 }
 
+/* Map pages [p, p + n) (the last `ahead` mapped ahead of need) when pages
+ * move rarely or never (expandable_move_budget >= 0). Pages never move (0,
+ * the default): one handle per cell of expandable_handle_grid_mb that the
+ * run crosses, cells counted from the region's base as PyTorch's 20 MiB
+ * pages are, a piece shorter than a cell at either end going with its
+ * neighbour (so a long run is handles of one to two cells, a run under two
+ * cells one handle). A handle is unmapped only whole, once no live block
+ * touches it: with a handle per map call a block later placed on part of a
+ * freed 256 MiB run kept all of it mapped through empty_cache
+ * (docs/benchmarks.md, run Z). One backend call per handle; a failure
+ * unmaps the handles this call mapped. Within a finite budget a run is one
+ * handle, as moves take whole handles: smaller ones let the moves of some
+ * budgets raise peaks above PyTorch's (run Z). */
+static int map_cells(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, size_t ahead, char *why,
+                     size_t whylen)
+{
+    size_t cell = TALLY_OPT(expandable_move_budget) == 0
+                      ? (size_t)TALLY_OPT(expandable_handle_grid_mb) * ((size_t)1 << 20) / PAGE
+                      : 0;
+    if (cell < 1 || n < 2 * cell)
+        return map_run(d, s, p, n, n, ahead, why, whylen);
+    for (size_t done = 0; done < n;) {
+        size_t k = (p + done) / cell * cell + cell - (p + done); /* to the next cell boundary */
+        if (done == 0 && k < cell)
+            k += cell; /* a short head joins the first whole cell */
+        if (n - done - k < cell)
+            k = n - done; /* a short tail joins the last */
+        /* Pages mapped ahead are the call's last: those mapped so far. */
+        size_t ahead_so_far = done + k > n - ahead ? done + k - (n - ahead) : 0;
+        int rc = map_run(d, s, p + done, k, k, ahead_so_far, why, whylen);
+        if (rc) {
+            for (size_t q = p, h; q < p + done && !tally__expand_unmap_held_locked(d); q += h) {
+                h = s->ex->hlen[q];
+                tally__expand_unmap_run_locked(d, s, q, h);
+            }
+            return rc;
+        }
+        done += k;
+    }
+    return 0;
+}
+
 /* Whether unmapping is held back: a capture is under way on the device. */
 bool tally__expand_unmap_held_locked(tally_device_t *d)
 {
@@ -273,7 +318,7 @@ bool tally__expand_unmap_run_locked(tally_device_t *d, tally_segment_t *s, size_
 
 /* Requests under this size get a 20 MiB segment in PyTorch's default
  * placement; here they grow the range by expandable_grow_chunk_mb. When
- * each map call is one handle (expandable_move_budget not -1), blocks
+ * pages go in large handles (expandable_move_budget not -1), blocks
  * under GROW_ONE_HANDLE do: fewer, larger handles, and on the recorded
  * traces the same peak (docs/benchmarks.md, run I: 10, 20, 40 and 64 MiB
  * measured; 64 raised resnet50's). */
@@ -359,9 +404,9 @@ static int map_pages(tally_device_t *d, tally_block_t *b, tally_segment_t *s, si
         int rc;
         if (TALLY_OPT(expandable_move_budget) >= 0) {
             /* Pages move rarely or never: the run and the pages ahead of it
-             * in one handle (one cuMemCreate); a move takes whole idle
+             * in large handles (map_cells); a move takes whole idle
              * handles. Without limit (-1), the handle policy below. */
-            rc = map_run(d, s, p, n + more, n + more, ahead, why, whylen);
+            rc = map_cells(d, s, p, n + more, ahead, why, whylen);
         } else if (hp > 1) {
             /* The block's pages in large handles; pages mapped ahead in a
              * call of their own, a handle per page (a failure there only

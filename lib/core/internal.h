@@ -280,6 +280,7 @@ typedef struct tally_options {
     int expandable_small_shared;        /* small-pool segments lent by expandable segments (segment.c) */
     int expandable_small_pages;         /* the small pool one run of pages per stream (small_run.c) */
     int expandable_grow_chunk_mb;       /* a small block growing its range maps up to this boundary */
+    int expandable_handle_grid_mb;      /* moves limited: a handle per cell of this many MiB a map crosses (0: one per call) */
     int expandable_handle_mb;           /* blocks at least this large map their new pages as one handle (0: off) */
     int expandable_move_budget;         /* us of driver time a step may spend moving pages (0: none, -1: no limit) */
     int async_private_pool;             /* async backend: own pool, not the device default */

@@ -89,6 +89,10 @@ static const option_row_t rows[] = {
     {"expandable_handle_mb", T_INT, OFF(expandable_handle_mb), 0, 1 << 20, NULL, true,
      "expandable segments: a block of at least this many MiB maps its new pages as one physical handle "
      "(0: a handle per 2 MiB page everywhere)"},
+    {"expandable_handle_grid_mb", T_INT, OFF(expandable_handle_grid_mb), 0, 1 << 20, NULL, true,
+     "expandable segments with no moves (expandable_move_budget:0): a run of new pages is one physical "
+     "handle per cell of this many MiB it crosses (short ends joining their neighbour), so empty_cache can "
+     "unmap what no live block touches (0: one handle per map call)"},
     {"expandable_move_budget", T_INT, OFF(expandable_move_budget), -1, 1 << 30, NULL, true,
      "expandable segments: modelled driver microseconds a step may spend moving idle pages to lower the "
      "peak (0: never move, no driver call in a steady step; -1: no limit, the least memory)"},
@@ -154,6 +158,7 @@ void tally__options_default(tally_options_t *o)
     o->expandable_grow_chunk_mb = 20;
     o->expandable_small_pages = 1;
     o->large_segment_size_mb = 20;
+    o->expandable_handle_grid_mb = 20; /* PyTorch's large page (docs/benchmarks.md, run Z) */
     o->expandable_handle_mb = 0; /* off: least memory (docs/benchmarks.md, run G) */
     o->expandable_move_budget = 0; /* no page moves: no driver call in a steady step (issue 21) */
     /* roundup_divisions stay 0 (the memset): PyTorch's default rounding. */
