@@ -28,7 +28,8 @@ TRACES=$(cd "$TRACES" && pwd)
 BIN=$BUILD/bench
 for f in "$BIN/hotpath-glibc" "$BIN/hotpath-jemalloc" "$BIN/hotpath-mimalloc" "$BUILD/bin/tally-replay" \
   "$BUILD/bin/tally-driver-cost" "$BUILD/standin/libcuda.so.1" \
-  "$BIN/torchpath-mimalloc" "$BIN/pt-expand-model" "$BIN/unwind" "$BIN/tally-steps" "$BIN/turns" "$BIN/pair-ab"; do
+  "$BIN/torchpath-mimalloc" "$BIN/pt-expand-model" "$BIN/unwind" "$BIN/tally-steps" "$BIN/turns" "$BIN/pair-ab" \
+  "$BIN/tally-empty-cache"; do
   if [ ! -x "$f" ]; then
     echo "run.sh: $f is missing; run: make -C bench BUILD=$BUILD" >&2
     exit 1
@@ -98,6 +99,10 @@ step "expandable segments step by step (tally-steps on the stand-in)"
 LD_LIBRARY_PATH="$BUILD/standin" CUDA_STANDIN_DEVICES=1 CUDA_STANDIN_MEMORY=80G \
   TALLY_CONF=backend:cuda,leak_report:off,expandable_segments:true "$BIN/tally-steps" "${replay_args[@]}" \
   >"$OUT/steps-expandable.txt"
+step "empty_cache mid-trace: what stays mapped, against PyTorch's expandable segments (tally-empty-cache)"
+LD_LIBRARY_PATH="$BUILD/standin" CUDA_STANDIN_DEVICES=1 CUDA_STANDIN_MEMORY=80G \
+  TALLY_CONF=backend:cuda,leak_report:off,expandable_segments:true "$BIN/tally-empty-cache" "${replay_args[@]}" \
+  >"$OUT/empty-cache.txt"
 step "hot path through PyTorch's entry points (batch of 64) against mimalloc"
 "$BIN/torchpath-mimalloc" "${TORCH_QUICK[@]}" >"$OUT/torchpath.txt"
 "$BIN/torchpath-mimalloc" "${TORCH_QUICK[@]}" --conf ledger:false | sed 's/^T pattern \([^ ]*\)/T pattern \1 (ledger off)/' >>"$OUT/torchpath.txt"
@@ -326,6 +331,14 @@ echo
 echo "| trace | peak live MiB | peak reserved MiB | res/live | memory calls per steady step | backend calls per steady step | A100 ms per steady step | Blackwell ms per steady step | memory calls, whole trace | A100 ms, whole trace | Blackwell ms, whole trace |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 grep '^  summary |' "$OUT/steps-expandable.txt" | sed 's/^  summary //'
+echo
+echo "## Expandable segments: what empty_cache leaves mapped mid-trace (bench/empty_cache.c on the CUDA stand-in)"
+echo
+echo "Each trace cut at 10%, 20%, ... 90% of its events; a fresh replay to the cut, then empty_cache: the reserved"
+echo "bytes left, summed over the cuts, against the model of PyTorch's expandable segments (20 MiB handles) with"
+echo "an empty_cache at the same point. A live block keeps its whole physical handle mapped."
+echo
+cat "$OUT/empty-cache.txt"
 echo
 echo "## Hot path through PyTorch's entry points (tally_torch_alloc / tally_torch_free against mimalloc)"
 echo
