@@ -61,36 +61,6 @@ static int standin_open(standin_t *s)
     return s->calls && s->mappings && s->driver_us && s->reset && s->write ? 0 : -1;
 }
 
-/* A real stream of device 0 for each trace stream id other than 0 (made
- * through the stand-in's own entry points, as a program would). */
-typedef int (*dev_get_fn)(int *, int);
-typedef int (*ctx_retain_fn)(void **, int);
-typedef int (*ctx_push_fn)(void *);
-typedef int (*ctx_pop_fn)(void **);
-typedef int (*stream_create_fn)(void **, unsigned);
-static void *make_stream(void)
-{
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    dev_get_fn dev_get;
-    ctx_retain_fn retain;
-    ctx_push_fn push;
-    ctx_pop_fn pop;
-    stream_create_fn create;
-    *(void **)&dev_get = h ? dlsym(h, "cuDeviceGet") : NULL;
-    *(void **)&retain = h ? dlsym(h, "cuDevicePrimaryCtxRetain") : NULL;
-    *(void **)&push = h ? dlsym(h, "cuCtxPushCurrent_v2") : NULL;
-    *(void **)&pop = h ? dlsym(h, "cuCtxPopCurrent_v2") : NULL;
-    *(void **)&create = h ? dlsym(h, "cuStreamCreate") : NULL;
-    int dev;
-    void *ctx, *popped, *stream = NULL;
-    if (!dev_get || !retain || !push || !pop || !create || dev_get(&dev, 0) || retain(&ctx, dev) || push(ctx))
-        return NULL;
-    if (create(&stream, 1 /* CU_STREAM_NON_BLOCKING */))
-        stream = NULL;
-    pop(&popped);
-    return stream;
-}
-
 static uint64_t peak_live(const trace_t *t)
 {
     uint64_t live = 0, peak = 0;
@@ -209,7 +179,7 @@ int main(int argc, char **argv)
         tally_reset_accumulated_stats(0);
         void *streams[64] = {0};
         for (size_t k = 0; k < t.nstreams && k < 64; k++)
-            if (t.stream_ids[k] != 0 && !(streams[k] = make_stream())) {
+            if (t.stream_ids[k] != 0 && !(streams[k] = trace_cuda_stream())) {
                 fprintf(stderr, "tally-driver-cost: %s: cannot make a stream on the stand-in\n", t.name);
                 return 1;
             }

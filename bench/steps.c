@@ -174,7 +174,7 @@ static size_t boundaries(const trace_t *t, size_t period, size_t **out)
 
 /* Stream of dense index i: the trace's stream 0 is NULL; others are
  * distinct pointers on the host backend and real streams of device 0 on
- * the stand-in (made once, through the driver's own entry points). */
+ * the stand-in (made once, trace_cuda_stream). */
 static void *cuda_lib;
 static void *stream_of(const trace_t *t, unsigned i)
 {
@@ -183,21 +183,9 @@ static void *stream_of(const trace_t *t, unsigned i)
         return NULL;
     if (!cuda_lib || !strstr(tally_backend_name(), "cuda"))
         return (void *)(uintptr_t)(0x1000u + i);
-    if (!made[i]) {
-        int (*dev_get)(int *, int), (*retain)(void **, int), (*push)(void *), (*pop)(void **),
-            (*create)(void **, unsigned);
-        *(void **)&dev_get = dlsym(cuda_lib, "cuDeviceGet");
-        *(void **)&retain = dlsym(cuda_lib, "cuDevicePrimaryCtxRetain");
-        *(void **)&push = dlsym(cuda_lib, "cuCtxPushCurrent_v2");
-        *(void **)&pop = dlsym(cuda_lib, "cuCtxPopCurrent_v2");
-        *(void **)&create = dlsym(cuda_lib, "cuStreamCreate");
-        int dev;
-        void *ctx, *popped;
-        if (!dev_get || !retain || !push || !pop || !create || dev_get(&dev, 0) || retain(&ctx, dev) || push(ctx) ||
-            create(&made[i], 1 /* CU_STREAM_NON_BLOCKING */) || pop(&popped)) {
-            fprintf(stderr, "tally-steps: cannot make a stream on device 0\n");
-            exit(1);
-        }
+    if (!made[i] && !(made[i] = trace_cuda_stream())) {
+        fprintf(stderr, "tally-steps: cannot make a stream on device 0\n");
+        exit(1);
     }
     return made[i];
 }

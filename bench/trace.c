@@ -5,6 +5,7 @@
 #include <tally.h>
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -350,11 +351,38 @@ tally_host_calls_t trace_calls_since(const tally_host_calls_t *before, const tal
                                 .reused_handles = b->reused_handles - a->reused_handles};
 }
 
+void *trace_cuda_stream(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    int (*dev_get)(int *, int) = NULL, (*retain)(void **, int) = NULL, (*push)(void *) = NULL,
+        (*pop)(void **) = NULL, (*create)(void **, unsigned) = NULL;
+    if (h) {
+        *(void **)&dev_get = dlsym(h, "cuDeviceGet");
+        *(void **)&retain = dlsym(h, "cuDevicePrimaryCtxRetain");
+        *(void **)&push = dlsym(h, "cuCtxPushCurrent_v2");
+        *(void **)&pop = dlsym(h, "cuCtxPopCurrent_v2");
+        *(void **)&create = dlsym(h, "cuStreamCreate");
+    }
+    int dev;
+    void *ctx, *popped, *stream = NULL;
+    if (!dev_get || !retain || !push || !pop || !create || dev_get(&dev, 0) || retain(&ctx, dev) || push(ctx))
+        return NULL;
+    if (create(&stream, 1 /* CU_STREAM_NON_BLOCKING */))
+        stream = NULL;
+    pop(&popped);
+    return stream;
+}
+
 long trace_run(const trace_t *t, void **ptrs, void (*after)(void *arg, size_t i), void *arg)
 {
+    static void *made[sizeof t->stream_ids / sizeof t->stream_ids[0]];
     void *streams[sizeof t->stream_ids / sizeof t->stream_ids[0]];
-    for (size_t s = 0; s < t->nstreams; s++)
+    bool cuda = strstr(tally_backend_name(), "cuda") != NULL;
+    for (size_t s = 0; s < t->nstreams; s++) {
         streams[s] = t->stream_ids[s] == 0 ? NULL : (void *)(uintptr_t)(0x100000u + 0x100u * (unsigned)s);
+        if (streams[s] && cuda && (made[s] || (made[s] = trace_cuda_stream())))
+            streams[s] = made[s];
+    }
     long oom = -1;
     for (size_t i = 0; i < t->nev; i++) {
         const trace_event_t *e = &t->ev[i];

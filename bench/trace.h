@@ -54,9 +54,17 @@ void trace_end(trace_builder_t *b);
 int trace_load(const char *path, trace_t *t, char *err, size_t errlen);
 void trace_free(trace_t *t);
 
+/* A new non-blocking stream of device 0, made in its primary context through
+ * the CUDA driver this process has loaded (the stand-in, or a real driver,
+ * under the cuda backend), as a program would make one; NULL when no
+ * driver is loaded or it refuses. */
+void *trace_cuda_stream(void);
+
 /* Replay t once through tally on device 0 (tally_replay and tally tune):
  * each 'a' is tally_malloc(size, 0, stream) (stream id 0 is the default
- * stream, NULL; others distinct fake pointers), each 'f' a tally_free, each
+ * stream, NULL; others distinct fake pointers, or under the cuda backend
+ * real streams, trace_cuda_stream, made once per index and process, so that
+ * tally can wait for them), each 'f' a tally_free, each
  * 'e' a tally_empty_cache(0).
  * ptrs holds t->nalloc pointers, NULL on entry; blocks left live stay in it.
  * after(arg, i), when given, runs after event i. Returns the index of the
