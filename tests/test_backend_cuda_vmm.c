@@ -384,6 +384,15 @@ static void body_empty_cache_past_a_dead_stream(int fd)
 static void test_vmm_empty_cache_past_a_dead_stream(void **state)
 {
     (void)state;
+    /* tally waits for the destroyed stream's handle: the stand-in refuses
+     * it, as CUDA documents the handle invalid; what a real driver does
+     * with it is not documented. (dlopen only: CUDA starts in the child.) */
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    bool standin = lib && dlsym(lib, "cuda_standin_version");
+    if (lib)
+        dlclose(lib);
+    if (!standin)
+        SKIP("a destroyed stream is waited for: checked on the CUDA stand-in only");
     for (dead_stream = 0; dead_stream < 2; dead_stream++)
         expect_expandable_ok(body_empty_cache_past_a_dead_stream);
 }
