@@ -86,7 +86,7 @@ torch_check() {
   fi
 }
 
-STEPS="build make-test contexts last_error graph graph-async conv train-tally train-native ipc ipc-expandable torch-workload"
+STEPS="build make-test contexts last_error graph graph-async conv train-tally train-native ipc ipc-expandable empty-cache torch-workload"
 gpu=""
 if [ "${1:-}" != "--dry-run" ] && command -v nvidia-smi >/dev/null 2>&1; then
   gpu=$(nvidia-smi -L 2>/dev/null | grep '^GPU ' || true)
@@ -124,13 +124,14 @@ if "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else
   torch_check train-native train --native
   torch_check ipc ipc
   torch_check ipc-expandable ipc --expandable
+  torch_check empty-cache empty-cache
   if [ "$(left)" -gt 200 ]; then
     step torch-workload 180 env TALLY_CHECK_STEPS=150 bash bench/gpu/torch_check.sh
   else
     line SKIP torch-workload "not enough time left ($(left) s)"
   fi
 else
-  for s in contexts last_error graph graph-async conv train-tally train-native ipc ipc-expandable torch-workload; do
+  for s in contexts last_error graph graph-async conv train-tally train-native ipc ipc-expandable empty-cache torch-workload; do
     line SKIP "$s" "PyTorch with CUDA is not importable by $PYTHON"
   done
 fi

@@ -4,6 +4,7 @@
     python3 bench/gpu/torch_checks.py train --native
     python3 bench/gpu/torch_checks.py graph --async  # the graph check on backend:async
     python3 bench/gpu/torch_checks.py ipc --expandable  # base_alloc refuses expandable memory
+    python3 bench/gpu/torch_checks.py empty-cache       # what empty_cache gives back (20 MiB cells)
 
 Each prints exactly one line, ``PASS name: figures``, ``FAIL name: why`` or
 ``SKIP name: why``, and exits 0 (PASS, SKIP) or 1 (FAIL). bench/gpu/run_all.sh
@@ -275,6 +276,44 @@ def check_ipc(expandable=False):
     return say("PASS", name, f"{n * 4 / MiB:.0f} MiB sent through CUDA IPC, read and written by another process")
 
 
+def check_empty_cache():
+    """What torch.cuda.empty_cache gives back to the driver under tally's
+    expandable segments (docs/benchmarks.md, run Z): a 200 MiB tensor freed,
+    a 4 MiB one placed at the start of its hole, then empty_cache. With one
+    physical handle per map call (expandable_handle_grid_mb:0) the whole
+    200 MiB stays mapped; with the default 20 MiB cells only the cell under
+    the 4 MiB tensor does. Measured as the driver's free memory
+    (torch.cuda.mem_get_info) and tally's reserved bytes."""
+    name = "empty-cache"
+    os.environ["TALLY_CONF"] = ",".join(filter(None, [os.environ.get("TALLY_CONF", ""), "expandable_segments:true"]))
+    torch, tally = start()
+    if tally is None:
+        return say("SKIP", name, "no CUDA device")
+    kept = {}
+    for grid in (0, 20):
+        tally.configure({"expandable_handle_grid_mb": grid})
+        torch.cuda.synchronize()
+        tally.empty_cache()
+        free0 = torch.cuda.mem_get_info()[0]
+        x = torch.empty(200 * MiB, dtype=torch.uint8, device="cuda")
+        x_ptr = x.data_ptr()
+        del x
+        y = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+        if y.data_ptr() != x_ptr:
+            return say("FAIL", name, f"grid {grid}: the 4 MiB tensor is not at the freed block's start")
+        torch.cuda.synchronize()
+        tally.empty_cache()
+        kept[grid] = (free0 - torch.cuda.mem_get_info()[0], tally.memory_reserved())
+        del y
+        tally.empty_cache()
+    (drv0, res0), (drv20, res20) = kept[0], kept[20]
+    text = (f"one handle per call keeps {drv0 / MiB:.0f} MiB of the driver's memory ({res0 / MiB:.0f} reserved), "
+            f"20 MiB cells {drv20 / MiB:.0f} ({res20 / MiB:.0f} reserved)")
+    if drv0 >= 190 * MiB and drv20 <= 24 * MiB and res20 <= 24 * MiB:
+        return say("PASS", name, text)
+    return say("FAIL", name, text + "; want at least 190 and at most 24")
+
+
 def main(argv):
     if not argv:
         print(__doc__)
@@ -283,7 +322,7 @@ def main(argv):
     checks = {"contexts": check_contexts, "last_error": check_last_error,
               "graph": lambda: check_graph("--async" in argv[1:]),
               "conv": check_conv, "train": lambda: check_train("--native" in argv[1:]),
-              "ipc": lambda: check_ipc("--expandable" in argv[1:])}
+              "ipc": lambda: check_ipc("--expandable" in argv[1:]), "empty-cache": check_empty_cache}
     if name not in checks:
         print(f"unknown check {name}; one of {', '.join(checks)}")
         return 2
