@@ -15,7 +15,7 @@ from . import support
 
 GPU = support.REPO / "bench" / "gpu"
 STEPS = ("build", "make-test", "contexts", "last_error", "graph", "graph-async", "conv", "train-tally", "train-native",
-         "ipc", "ipc-expandable", "torch-workload")
+         "ipc", "ipc-expandable", "empty-cache", "torch-workload")
 
 
 class GpuScriptsTest(unittest.TestCase):
