@@ -254,6 +254,8 @@ static int map_cells(tally_device_t *d, tally_segment_t *s, size_t p, size_t n, 
     size_t cell = TALLY_OPT(expandable_move_budget) == 0
                       ? (size_t)TALLY_OPT(expandable_handle_grid_mb) * ((size_t)1 << 20) / PAGE
                       : 0;
+    /* Under two cells the run is one handle, and from two cells up a head
+     * joined to its next cell (under two cells' pages) stays inside it. */
     if (cell < 1 || n < 2 * cell)
         return map_run(d, s, p, n, n, ahead, why, whylen);
     for (size_t done = 0; done < n;) {
