@@ -8,10 +8,10 @@
  * that are none (the command's --torch-version refusals are in
  * test_tune_table).
  *
- * The file is compiled in with the cost table it also uses; the two row
+ * The file is compiled in with the cost table it also uses; the row
  * helpers it would link against (tools/tune.c's tune_fits and
- * tools/tune_run_replay.c's tune_driver_us) are stubs below: never called
- * by these functions, they fail the test if they are. */
+ * tune_kept_ratio, tools/tune_run_replay.c's tune_driver_us) are stubs
+ * below: never called by these functions, they fail the test if they are. */
 #include "../tools/tune_output.c"
 #include "../tests/standin/cost.c"
 
@@ -29,6 +29,13 @@ bool tune_fits(const tune_row_t *r)
     (void)r;
     fail_msg("tune_fits was called");
     return false;
+}
+
+double tune_kept_ratio(const tune_row_t *r)
+{
+    (void)r;
+    fail_msg("tune_kept_ratio was called");
+    return 0;
 }
 
 double tune_driver_us(const tune_row_t *r, int column)

@@ -114,25 +114,55 @@ bool tune_fits(const tune_row_t *r)
     return r->ok && r->oom_event < 0;
 }
 
+double tune_kept_ratio(const tune_row_t *r)
+{
+    return r->kept_live > 0 ? (double)r->kept / (double)r->kept_live : 0.0;
+}
+
 /* A row a recommendation for PyTorch (pytorch) or for tally may take. */
 static bool eligible(const tune_row_t *r, bool pytorch)
 {
     return pytorch ? r->engine != TUNE_TALLY : r->engine != TUNE_PT_EXPAND;
 }
 
+/* Within this factor of the least a tied row keeps after empty_cache, a
+ * row counts as keeping as little (then calls decide): a difference under
+ * 1% of what stays is not worth doubling the driver calls for. */
+#define KEPT_SLACK 1.01
+
+static bool qualifies(const tune_row_t *r, int64_t budget, double max_us, int gpu, bool pytorch)
+{
+    return eligible(r, pytorch) && tune_fits(r) && r->backend_calls <= budget &&
+           (max_us < 0 || tune_driver_us(r, gpu) <= max_us);
+}
+
 /* The recommendation among the eligible rows that fit and keep within the
- * budget: the least peak reserved; ties go to fewer calls, then to the
- * earlier row (PyTorch's default first). -1 when no row qualifies. */
+ * budget: the least peak reserved; among the rows at that peak, those that
+ * keep within KEPT_SLACK of the least after an empty_cache (every one when
+ * none was measured); of them the fewest calls, then the earlier row
+ * (PyTorch's default first). -1 when no row qualifies. */
 static long recommend(const tune_row_t *rows, size_t n, int64_t budget, double max_us, int gpu, bool pytorch)
 {
     long best = -1;
+    double least_kept = 0;
+    for (size_t i = 0; i < n; i++)
+        if (qualifies(&rows[i], budget, max_us, gpu, pytorch) &&
+            (best < 0 || rows[i].peak_reserved < rows[best].peak_reserved))
+            best = (long)i;
+    if (best < 0)
+        return -1;
+    int64_t peak = rows[best].peak_reserved;
+    for (size_t i = 0; i < n; i++)
+        if (qualifies(&rows[i], budget, max_us, gpu, pytorch) && rows[i].peak_reserved == peak &&
+            rows[i].kept_live > 0 && (least_kept == 0 || tune_kept_ratio(&rows[i]) < least_kept))
+            least_kept = tune_kept_ratio(&rows[i]);
+    best = -1;
     for (size_t i = 0; i < n; i++) {
         const tune_row_t *r = &rows[i];
-        if (!eligible(r, pytorch) || !tune_fits(r) || r->backend_calls > budget ||
-            (max_us >= 0 && tune_driver_us(r, gpu) > max_us))
+        if (!qualifies(r, budget, max_us, gpu, pytorch) || r->peak_reserved != peak ||
+            (least_kept > 0 && (r->kept_live <= 0 || tune_kept_ratio(r) > least_kept * KEPT_SLACK)))
             continue;
-        if (best < 0 || r->peak_reserved < rows[best].peak_reserved ||
-            (r->peak_reserved == rows[best].peak_reserved && r->backend_calls < rows[best].backend_calls))
+        if (best < 0 || r->backend_calls < rows[best].backend_calls)
             best = (long)i;
     }
     return best;

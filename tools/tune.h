@@ -94,9 +94,21 @@ typedef struct tune_row {
     int64_t min_lower;
     int64_t out_capacity;
     long out_event;        /* -1: none known */
+    /* What empty_cache gives back (tune_run.c, measure_kept): the reserved
+     * bytes just after an empty_cache at each cut k/TUNE_KEPT_CUTS of the
+     * window (k = 1 .. TUNE_KEPT_CUTS - 1), each a replay of its own,
+     * summed; and the bytes live at those cuts, summed. kept_live 0: not
+     * measured (the row ran out of memory, or the window is too short). */
+    int64_t kept, kept_live;
+    int64_t reserved_end; /* reserved bytes after the replay's last event */
     double seconds;
     char error[200];
 } tune_row_t;
+
+#define TUNE_KEPT_CUTS 10
+
+/* A row's kept / kept_live, or 0 when not measured. */
+double tune_kept_ratio(const tune_row_t *r);
 
 /* The modelled driver time of r's calls in microseconds, on column
  * (SI_COST_A100 or SI_COST_BLACKWELL of tests/standin/cost.h). */
@@ -118,7 +130,8 @@ typedef struct tune_series {
 int tune_run(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t nrows, int jobs, bool quiet,
              const size_t *want, size_t nwant, tune_series_t *series, char *err, size_t errlen);
 /* As tune_run, with the recorded state for rows with from_start, and with
- * the least memory of each row searched for when search is set. */
+ * the least memory of each row searched for, and what empty_cache keeps
+ * measured (kept), when search is set. */
 int tune_run_ex(const trace_t *t, const tune_start_t *start, uint64_t capacity, bool search, tune_row_t *rows,
                 size_t nrows, int jobs, bool quiet, const size_t *want, size_t nwant, tune_series_t *series, char *err,
                 size_t errlen);

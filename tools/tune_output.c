@@ -173,6 +173,12 @@ void tune_print_json(const tune_outcome_t *o)
         if (r->ok)
             printf(",\"driver_us_a100\":%.1f,\"driver_us_blackwell\":%.1f", tune_driver_us(r, SI_COST_A100),
                    tune_driver_us(r, SI_COST_BLACKWELL));
+        if (r->kept_live > 0)
+            printf(",\"empty_cache_kept_bytes\":%" PRId64 ",\"empty_cache_live_bytes\":%" PRId64
+                   ",\"empty_cache_kept_ratio\":%.4f",
+                   r->kept, r->kept_live, tune_kept_ratio(r));
+        else if (r->ok)
+            printf(",\"empty_cache_kept_ratio\":null");
         if (r->min_bytes > 0)
             printf(",\"min_device_bytes\":%" PRId64, r->min_bytes);
         else if (r->ok && r->min_lower >= 0)
@@ -260,6 +266,8 @@ static void print_recommendation(const tune_outcome_t *o, bool pytorch)
            si_cost_column_name(o->gpu));
     if (r->min_bytes > 0)
         printf("; runs in %s", tune_size_text(r->min_bytes, c, sizeof c));
+    if (r->kept_live > 0 && def->kept_live > 0)
+        printf("; an empty_cache keeps %.3f x the live bytes (default %.3f)", tune_kept_ratio(r), tune_kept_ratio(def));
     printf("\n");
     if (pytorch) {
         print_pytorch_lines(r, o->torch);
@@ -293,8 +301,8 @@ void tune_print_table(const char *file, const tune_outcome_t *o)
         w = (int)strlen(rows[i].setting) > w ? (int)strlen(rows[i].setting) : w;
     char dh[32];
     snprintf(dh, sizeof dh, "driver ms (%s)", si_cost_column_name(o->gpu));
-    printf("%-*s %-15s %14s %9s %9s %*s %12s %4s  %s\n", w, "setting", "allocator", "peak reserved", "res/live", "calls",
-           (int)strlen(dh), dh, "needs", "fits", "runs out with less (event: size, live then)");
+    printf("%-*s %-15s %14s %9s %8s %9s %*s %12s %4s  %s\n", w, "setting", "allocator", "peak reserved", "res/live",
+           "kept", "calls", (int)strlen(dh), dh, "needs", "fits", "runs out with less (event: size, live then)");
     for (size_t i = 0; i < o->n; i++) {
         const tune_row_t *r = &rows[i];
         const char *name = r->setting[0] ? r->setting : "(default)";
@@ -313,14 +321,19 @@ void tune_print_table(const char *file, const tune_outcome_t *o)
             snprintf(out, sizeof out, "in %s at %ld: %s, %s", tune_size_text(r->out_capacity, c, sizeof c), r->out_event,
                      tune_size_text((int64_t)t->ev[r->out_event].size, d, sizeof d),
                      tune_size_text((int64_t)live_before(t, (size_t)r->out_event), a, sizeof a));
-        printf("%-*s %-15s %14s %9.3f %9" PRId64 " %*.1f %12s %4s  %s%s%s\n", w, name, tune_allocator_name(r),
-               mib(r->peak_reserved, b, sizeof b), o->live ? (double)r->peak_reserved / (double)o->live : 0.0,
+        char kept[16] = "-";
+        if (r->kept_live > 0)
+            snprintf(kept, sizeof kept, "%.3f", tune_kept_ratio(r));
+        printf("%-*s %-15s %14s %9.3f %8s %9" PRId64 " %*.1f %12s %4s  %s%s%s\n", w, name, tune_allocator_name(r),
+               mib(r->peak_reserved, b, sizeof b), o->live ? (double)r->peak_reserved / (double)o->live : 0.0, kept,
                r->backend_calls, (int)strlen(dh), tune_driver_us(r, o->gpu) / 1000.0, need, tune_fits(r) ? "yes" : "no", out,
                (long)i == o->rec_pt ? "  <- PyTorch" : "", (long)i == o->rec_tally ? "  <- tally" : "");
     }
     printf("\nneeds: the least device memory the setting runs in (replays bisected to 0.1%%; (fraction): a memory "
            "fraction caps at a share of the device, so it has no least); runs out: where a replay with less "
-           "memory than that refused an allocation; driver ms: the modelled time of the row's driver calls "
+           "memory than that refused an allocation; kept: what stays reserved just after an empty_cache, over the "
+           "bytes live then, summed over cuts at 10%%, 20%% ... 90%% of the events (a replay each; -: not "
+           "measured), which breaks ties of peak reserved; driver ms: the modelled time of the row's driver calls "
            "(tests/standin/cost.c's table, this GPU's column)\n");
     printf("allocator: PyTorch/tally = PyTorch's keys on the default placement, which both follow (tally replays "
            "it); tally = tally's own placement (TALLY_CONF only); PyTorch (model) = PyTorch's own expandable "

@@ -303,13 +303,61 @@ static void search_least(const trace_t *t, const tune_start_t *start, uint64_t c
     r->min_lower = (int64_t)lo;
 }
 
-/* In the child: the row's replay at capacity, then its least memory. */
+/* What an empty_cache in the middle of the job gives back under r's
+ * setting: at each cut k/TUNE_KEPT_CUTS of the window, a fresh replay of
+ * the events before it, then an empty_cache ('e'), and the reserved bytes
+ * left. What stays beyond the live bytes is memory a live block pins: a
+ * segment with one live block in it, a physical handle (tally's
+ * expandable segments unmap a handle only whole) or a page (PyTorch's
+ * expandable segments unmap 20 MiB pages) that a live block touches.
+ * Summed over the cuts, so that one cut does not decide; a row that runs
+ * out of memory at a cut is not measured. */
+static void measure_kept(const trace_t *t, const tune_start_t *start, uint64_t capacity, tune_row_t *r)
+{
+    size_t skip = r->from_start && start && start->known ? start->nlive : 0;
+    r->kept = r->kept_live = 0;
+    if (t->nev < skip + TUNE_KEPT_CUTS)
+        return;
+    trace_t cut = *t;
+    cut.ev = malloc((t->nev + 1) * sizeof *cut.ev);
+    if (!cut.ev)
+        return;
+    int64_t kept = 0, live_sum = 0, live = 0;
+    size_t done = 0;
+    for (int k = 1; k < TUNE_KEPT_CUTS; k++) {
+        size_t n = skip + (t->nev - skip) * (size_t)k / TUNE_KEPT_CUTS;
+        for (; done < n; done++)
+            live += t->ev[done].op == 'a' ? (int64_t)t->ev[done].size
+                    : t->ev[done].op == 'f' ? -(int64_t)t->ev[done].size : 0;
+        memcpy(cut.ev, t->ev, n * sizeof *cut.ev);
+        cut.ev[n] = (trace_event_t){0, UINT32_MAX, 0, 'e'};
+        cut.nev = n + 1;
+        tune_row_t p = *r;
+        p.error[0] = 0;
+        p.ok = false;
+        replay_fresh(&cut, start, capacity, &p, NULL);
+        if (!p.ok || p.oom_event >= 0) {
+            kept = live_sum = 0;
+            break;
+        }
+        kept += p.reserved_end;
+        live_sum += live;
+    }
+    free(cut.ev);
+    r->kept = kept;
+    r->kept_live = live_sum;
+}
+
+/* In the child: the row's replay at capacity, then (search: the table's
+ * replays) its least memory and what empty_cache keeps. */
 static void child(const trace_t *t, const tune_start_t *start, uint64_t capacity, bool search, tune_row_t *r,
                   int64_t *series)
 {
     replay_fresh(t, start, capacity, r, series);
     if (r->ok && search)
         search_least(t, start, capacity, r);
+    if (r->ok && search && r->oom_event < 0)
+        measure_kept(t, start, capacity, r);
 }
 
 int tune_run(const trace_t *t, uint64_t capacity, tune_row_t *rows, size_t nrows, int jobs, bool quiet,

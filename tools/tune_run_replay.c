@@ -211,7 +211,16 @@ void tune_replay_one(const trace_t *t, const tune_start_t *start, uint64_t capac
                           start ? start->nlive : 0, skip};
         ptx_result_t res;
         double t0 = tune_now_s();
-        if (ptx_replay(t, &o, seeded ? &ps : NULL, &res, series, r->error, sizeof r->error))
+        int64_t *mapped = series ? series : malloc((t->nev ? t->nev : 1) * sizeof *mapped);
+        if (!mapped) {
+            snprintf(r->error, sizeof r->error, "out of memory");
+            return;
+        }
+        int rc = ptx_replay(t, &o, seeded ? &ps : NULL, &res, mapped, r->error, sizeof r->error);
+        r->reserved_end = t->nev ? mapped[t->nev - 1] : 0;
+        if (mapped != series)
+            free(mapped);
+        if (rc)
             return;
         r->seconds = tune_now_s() - t0;
         r->oom_event = res.oom_event;
@@ -279,6 +288,7 @@ void tune_replay_one(const trace_t *t, const tune_start_t *start, uint64_t capac
         return;
     }
     r->peak_reserved = st.reserved_bytes[0].peak;
+    r->reserved_end = st.reserved_bytes[0].current;
     /* The recorded state's segments were PyTorch's calls before the window, not this replay's. */
     r->num_device_alloc = st.num_device_alloc - st0.num_device_alloc;
     r->backend_calls = r->num_device_alloc + st.num_device_free - st0.num_device_free;
