@@ -152,6 +152,17 @@ static inline tally_json_t *tune_json(const char *path, const char *extra)
         assert_int_equal(jint(row, "peak_live_bytes"), jint(def, "peak_live_bytes"));
         assert_true(jint(row, "peak_reserved_bytes") >= jint(row, "peak_live_bytes") || !jtrue(row, "fits"));
         assert_true(jint(row, "backend_calls") >= 1);
+        /* What stays after an empty_cache holds at least the bytes live then. */
+        const tally_json_t *kept = tally__json_get(row, "empty_cache_kept_ratio");
+        if (kept && kept->type != TALLY_JSON_NULL) {
+            int64_t kb = jint(row, "empty_cache_kept_bytes"), lb = jint(row, "empty_cache_live_bytes");
+            if (lb <= 0 || kb < lb || kept->d < 1.0 || kept->d > (double)kb / (double)lb + 1e-4 ||
+                kept->d < (double)kb / (double)lb - 1e-4)
+                fail_msg("row %zu (%s): kept %lld bytes over %lld live, ratio %g", i,
+                         tally__json_get(row, "setting")->s, (long long)kb, (long long)lb, kept->d);
+        } else if (!kept && jtrue(row, "fits")) {
+            fail_msg("row %zu (%s) fits but has no empty_cache_kept_ratio", i, tally__json_get(row, "setting")->s);
+        }
         const char *alloc = tally__json_get(row, "allocator")->s;
         if (strcmp(alloc, "PyTorch/tally") && strcmp(alloc, "tally") && strcmp(alloc, "PyTorch (model)"))
             fail_msg("row %zu: allocator '%s'", i, alloc);
