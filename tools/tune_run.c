@@ -11,8 +11,10 @@
  * tally's options are process-wide and most are fixed at initialisation, so
  * each configuration gets a fresh allocator in its own process; the trace is
  * shared copy-on-write. Children write their results into a shared
- * anonymous mapping and leave with _exit. Each replay itself, and the
- * driver time it models, is tune_run_replay.c's. */
+ * anonymous mapping and leave with _exit. Per row of the table: the replay
+ * at --capacity, its least memory (search_least, a bisection of replays)
+ * and what an empty_cache keeps (measure_kept, nine partial replays). Each
+ * replay itself, and the driver time it models, is tune_run_replay.c's. */
 #include "tune.h"
 
 #include <errno.h>
