@@ -128,10 +128,11 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a $(BUIL
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -o $@ $< $(TEST_LINK) $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
-# test_backend_cuda_vmm_replay replays the shared traces with bench/trace.c's reader.
-$(BUILD)/tests/test_backend_cuda_vmm_replay: tests/test_backend_cuda_vmm_replay.c bench/trace.c bench/trace.h $(wildcard tests/*.h) $(BUILD)/lib/libtally.a | $(SETUP)
+# test_backend_cuda_vmm_replay replays the shared traces with bench/trace.c's reader,
+# and the bench's synthetic traces, written by bench/gen_trace.c (its main left out).
+$(BUILD)/tests/test_backend_cuda_vmm_replay: tests/test_backend_cuda_vmm_replay.c bench/trace.c bench/trace.h bench/gen_trace.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a | $(SETUP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Wno-pedantic -Ibench -o $@ $< bench/trace.c $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
+	$(CC) $(CFLAGS) -Wno-pedantic -Ibench -DGEN_TRACE_NO_MAIN -o $@ $< bench/trace.c bench/gen_trace.c $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 
 # test_bench_alias_model checks bench/alias_model.c (tally-steps --alias-model), priced with the cost table.
 $(BUILD)/tests/test_bench_alias_model: tests/test_bench_alias_model.c bench/alias_model.c bench/alias_model.h tests/standin/cost.c tests/standin/cost.h | $(SETUP)

@@ -282,7 +282,11 @@ static uint64_t num(const char *s)
     return v;
 }
 
-int main(int argc, char **argv)
+/* The program, callable from a test (tests/test_backend_cuda_vmm_replay.c
+ * builds this file with GEN_TRACE_NO_MAIN and calls it in a child process:
+ * the writer's state is global and an error exits). */
+int gen_trace_run(int argc, char **argv);
+int gen_trace_run(int argc, char **argv)
 {
     run_t r;
     memset(&r, 0, sizeof r);
@@ -373,3 +377,10 @@ int main(int argc, char **argv)
     free(live);
     return 0;
 }
+
+#ifndef GEN_TRACE_NO_MAIN
+int main(int argc, char **argv)
+{
+    return gen_trace_run(argc, argv);
+}
+#endif
