@@ -210,6 +210,49 @@ def tune_bench_values(text):
     return have, (str(events), str(settings), f"{events:,}")
 
 
+GOAL_ROWS = [("tally", "expandable_segments:True", "tally's default"),
+             ("PyTorch (model)", "expandable_segments:True", "PyTorch's expandable segments"),
+             ("tally", "expandable_segments:True,expandable_move_budget:10000", "budget 10 ms"),
+             ("tally", "expandable_segments:True,expandable_move_budget:-1", "budget -1")]
+
+
+def issue21_goals():
+    """docs/benchmarks.md: issue 21's memory and driver-time goals (3 and 4)
+    on the nine shared CSV traces, from tally tune's rows: peak reserved over
+    peak live for tally's default expandable segments, PyTorch's (tune's
+    model of them), and the move budget at 10 ms and unlimited; the whole
+    trace's modelled driver time of the default against PyTorch's."""
+    need_traces()
+    names = sorted(f for f in os.listdir(TRACES) if f.endswith(".csv"))
+    out = ["`build/bin/tally tune -q --json TRACE` on each shared CSV trace (`tests/docs_figures.py` remakes this table "
+           "and `make test` compares it): peak reserved MiB (/ peak live), and the whole trace's modelled driver "
+           "time (A100 / Blackwell ms, the stand-in's cost table):", "",
+           "| trace | peak live | " + " | ".join(r[2] for r in GOAL_ROWS) +
+           " | driver ms, default | driver ms, PyTorch's |",
+           "|---|---:|" + "---:|" * len(GOAL_ROWS) + "---:|---:|"]
+    sums = [0.0] * len(GOAL_ROWS)
+    excess = {}
+    for name in names:
+        rows = {(r["allocator"], r["setting"]): r for r in tune_rows(name)}
+        live = rows[(GOAL_ROWS[0][0], GOAL_ROWS[0][1])]["peak_live_bytes"]
+        cells = []
+        for i, (alloc, setting, _) in enumerate(GOAL_ROWS):
+            r = rows[(alloc, setting)]
+            ratio = r["peak_reserved_bytes"] / live
+            sums[i] += ratio
+            cells.append(f"{r['peak_reserved_bytes'] / MIB:,.0f} ({ratio:.4f})")
+        d, p = rows[(GOAL_ROWS[0][0], GOAL_ROWS[0][1])], rows[(GOAL_ROWS[1][0], GOAL_ROWS[1][1])]
+        excess[name] = d["peak_reserved_bytes"] / live - 1
+        ms = lambda r: f"{r['driver_us_a100'] / 1000:.2f} / {r['driver_us_blackwell'] / 1000:.2f}"
+        out.append(f"| {name[:-4]} | {live / MIB:,.0f} | " + " | ".join(cells) + f" | {ms(d)} | {ms(p)} |")
+    n = len(names)
+    out.append(f"| mean over the {n} | | " + " | ".join(f"{s / n:.4f}" for s in sums) + " | | |")
+    worst = max(excess, key=excess.get)
+    out += ["", f"A mean of 1.01 over the {n} traces leaves {0.01 * n:.2f} of excess (peak reserved / peak live - 1) "
+            f"to share among them; tally's default has {sums[0] - n:.4f}, and {worst[:-4]} alone {excess[worst]:.4f}."]
+    return "\n".join(out)
+
+
 # Figures quoted as single values inside prose or a table of measurements:
 # NAME -> (doc, function(text) -> (what the doc says, what the program gives)).
 VALUES = {
@@ -222,6 +265,7 @@ FIGURES = {
     "tune-accuracy": ("docs/tune.md", tune_accuracy_table),
     "tune-budgets": ("docs/tune.md", tune_budgets),
     "tune-grid-size": ("docs/tune.md", tune_grid_size),
+    "issue21-goals": ("docs/benchmarks.md", issue21_goals),
 }
 
 REGION = re.compile(r"(<!-- figure: ([a-z0-9-]+) -->\n)(.*?)(\n<!-- /figure -->)", re.S)
