@@ -180,6 +180,10 @@ $(BUILD)/tests/test_tune_run: TEST_LINK := tools/tune_run_replay.c
 $(BUILD)/tests/test_tune_bad_input: $(TOOL_SRC) $(wildcard tools/*.h) bench/trace.h
 # test_tune_output compiles tools/tune_output.c in (its picture writer and torch-version reader), with the stand-in's cost table.
 $(BUILD)/tests/test_tune_output: tools/tune_output.c tools/tune.h tests/standin/cost.c tests/standin/cost.h
+# test_expand_vs_pytorch replays as test_tune_run does, with bench/gen_trace.c linked beside it (its main left out).
+$(BUILD)/tests/test_expand_vs_pytorch: tools/tune_run.c tools/tune_run_replay.c tools/pt_expand.c bench/trace.c bench/gen_trace.c tests/standin/cost.c $(wildcard tools/*.h) bench/trace.h tests/standin/cost.h
+$(BUILD)/tests/test_expand_vs_pytorch: TEST_LINK := tools/tune_run_replay.c bench/gen_trace.c
+$(BUILD)/tests/test_expand_vs_pytorch: CFLAGS += -DGEN_TRACE_NO_MAIN
 # test_tune_replay compiles the model of PyTorch's expandable segments in.
 $(BUILD)/tests/test_tune_replay: tools/pt_expand.c tools/pt_expand.h bench/trace.c bench/trace.h
 
