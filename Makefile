@@ -204,9 +204,12 @@ TEST_RESULTS := $(BUILD)/test-results
 test: export TEST_TOTAL := later
 test: test-c test-py test-sh
 	@bash tests/run.sh --total $(TEST_RESULTS)/c $(TEST_RESULTS)/py $(TEST_RESULTS)/sh
+# LEFT_OUT (a pattern of test names) and LEFT_OUT_WHY: suites test-c does not run, said first (make tsan).
+LEFT_OUT_TESTS = $(if $(LEFT_OUT),$(filter $(LEFT_OUT:%=$(BUILD)/tests/%),$(TESTS)))
 test-c: $(TESTS) $(BUILD)/lib/libtally.so $(CLI) $(STANDIN_LIB)
 	@bash tests/check_exports.sh $(BUILD)/lib/libtally.so
-	@$(STANDIN_ENV) BUILD=$(BUILD) TEST_RESULTS=$(TEST_RESULTS)/c bash tests/run.sh $(TESTS)
+	$(if $(LEFT_OUT_TESTS),@echo "left out: $(notdir $(LEFT_OUT_TESTS)) ($(LEFT_OUT_WHY))")
+	@$(STANDIN_ENV) BUILD=$(BUILD) TEST_RESULTS=$(TEST_RESULTS)/c bash tests/run.sh $(filter-out $(LEFT_OUT_TESTS),$(TESTS))
 test-py: lib $(STANDIN_LIB)
 	@$(STANDIN_ENV) TALLY_LIB=$(CURDIR)/$(BUILD)/lib/libtally.so PYTHONPATH=python TEST_RESULTS=$(TEST_RESULTS)/py bash tests/run.sh py:python/tests
 
@@ -274,8 +277,14 @@ asan:
 	$(MAKE) test-c BUILD=build-asan SAN="-fsanitize=address -fno-omit-frame-pointer" OPT=-O1
 ubsan:
 	$(MAKE) test-c BUILD=build-ubsan SAN="-fsanitize=undefined -fno-sanitize-recover=undefined" OPT=-O1
+# Under ThreadSanitizer the suites of tally tune are left out, saying so:
+# tools/ and the library start no thread (tune's workers are processes), so
+# each of those processes has one thread and nothing for ThreadSanitizer to
+# check, and they took about 700 of the step's 1,226 s in CI (2026-12-07).
+# make test, asan and ubsan run them.
 tsan:
-	$(MAKE) test-c BUILD=build-tsan SAN="-fsanitize=thread" OPT=-O1
+	$(MAKE) test-c BUILD=build-tsan SAN="-fsanitize=thread" OPT=-O1 LEFT_OUT='test_tune_%' \
+		LEFT_OUT_WHY="tally tune's suites: one thread per process, nothing for ThreadSanitizer to check"
 
 clean:
 	rm -rf build build-asan build-ubsan build-tsan build-aarch64 $(COV_BUILD)
