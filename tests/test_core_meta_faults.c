@@ -715,5 +715,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_metadata_from_jemalloc_counts_each_block_exactly),
         cmocka_unit_test(test_meta_grow_keeps_items_or_leaves_them),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    lu_tmpdir_cleanup(); /* the jemalloc child's output files */
+    return failed;
 }
