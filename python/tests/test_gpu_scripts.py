@@ -32,8 +32,9 @@ class GpuScriptsTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             for f in files:
                 py_compile.compile(str(f), cfile=os.path.join(d, f.name + "c"), doraise=True)
-        r = subprocess.run(["bash", str(GPU / "torch_check.sh"), "--compile-only"], capture_output=True, text=True,
-                           env=dict(os.environ, TALLY_CHECK_DIR=tempfile.mkdtemp()), timeout=120)
+        with tempfile.TemporaryDirectory() as work:
+            r = subprocess.run(["bash", str(GPU / "torch_check.sh"), "--compile-only"], capture_output=True,
+                               text=True, env=dict(os.environ, TALLY_CHECK_DIR=work), timeout=120)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
     def dry_run(self, *args):
