@@ -17,13 +17,9 @@
 
 #include <math.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
+#include "gentrace.h"
 #include "trace.h"
-
-/* bench/gen_trace.c, built into this test without its main. */
-int gen_trace_run(int argc, char **argv);
 
 /* ---- replay of the shared traces ---------------------------------------------------- */
 
@@ -497,18 +493,7 @@ static void write_generated(const char *dir)
     static const char *const models[] = {"7b", "13b"};
     for (int m = 0; m < 2; m++) {
         snprintf(path, sizeof path, "%s/synth-%s-train.csv", dir, models[m]);
-        fflush(NULL);
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            char *argv[] = {"gen_trace", "--model", (char *)models[m], "--out", path, NULL};
-            if (!freopen("/dev/null", "w", stderr))
-                _exit(3);
-            _exit(gen_trace_run(5, argv));
-        }
-        int st = 0;
-        assert_int_equal(waitpid(pid, &st, 0), pid);
-        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        gentrace_write(path, models[m]);
     }
 }
 

@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "gentrace.h"
 #include "skip.h"
 
 #include <dirent.h>
@@ -37,8 +38,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* bench/gen_trace.c, linked beside this test without its main. */
-int gen_trace_run(int argc, char **argv);
 
 static const char *traces_dir(void)
 {
@@ -130,24 +129,6 @@ static void test_shared_traces(void **state)
         fail_msg("%d goal(s) missed on the shared traces (above)", missed);
 }
 
-/* Writes path with gen_trace's arguments, in a child (the generator's
- * state is global and an error exits). */
-static void generate(const char *path, const char *model)
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        char *argv[] = {"gen_trace", "--model", (char *)model, "--out", (char *)path, NULL};
-        if (!freopen("/dev/null", "w", stderr))
-            _exit(3);
-        _exit(gen_trace_run(5, argv));
-    }
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-}
-
 /* Issue 21's attention shape: a 1 GiB live set of 64 MiB blocks, then
  * iterations that each take a 392 MiB block and a 16 MiB output kept until
  * the next one; the first also takes a 3.5 GiB workspace and frees it. */
@@ -184,8 +165,8 @@ static void test_generated_traces(void **state)
     snprintf(p7, sizeof p7, "%s/synth-7b-train.csv", dir);
     snprintf(p13, sizeof p13, "%s/synth-13b-train.csv", dir);
     snprintf(prep, sizeof prep, "%s/repeat-392.csv", dir);
-    generate(p7, "7b");
-    generate(p13, "13b");
+    gentrace_write(p7, "7b");
+    gentrace_write(p13, "13b");
     write_repeat(prep);
     double sum = 0;
     int missed = check_trace(p7, &sum) + check_trace(p13, &sum) + check_trace(prep, &sum);
