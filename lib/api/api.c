@@ -503,8 +503,7 @@ int tally_reset_accumulated_stats(int device)
     if (!d)
         return -TALLY_EINVAL;
     tally__dev_lock(&d->lock);
-    tally__stats_reset_accumulated(&d->stats);
-    d->accum_reset = true;
+    tally__stats_reset_accumulated(&d->stats, &d->stats_base);
     tally__dev_unlock(&d->lock);
     return 0;
 }

@@ -180,7 +180,7 @@ typedef struct tally_device {
     double fraction;
     uint64_t seq;
     uint64_t inherited_seq;             /* blocks numbered up to it came from the parent at fork (fork.c) */
-    bool accum_reset;                   /* allocated - freed no longer equals current */
+    tally_stats_t stats_base;           /* totals at the accumulated reset (tally__stats_read) */
     tally_freed_t freed[TALLY_FREED_RING];
     uint32_t freed_next;
     void *ledger;                       /* ledger.c's per-device counters */

@@ -19,17 +19,13 @@ typedef struct recount {
         return -1;                                                                                                 \
     } while (0)
 
-static int compare_stat(const char *name, int pool, const tally_stat_t *s, int64_t want, bool accum_ok, char *why,
-                        size_t whylen)
+static int compare_stat(const char *name, int pool, const tally_stat_t *s, int64_t want, char *why, size_t whylen)
 {
     static const char *const pools[] = {"all", "small_pool", "large_pool"};
     if (s->current != want)
         FAIL("%s.%s.current is %lld, recount says %lld", name, pools[pool], (long long)s->current, (long long)want);
     if (s->peak < s->current)
         FAIL("%s.%s.peak %lld is below current %lld", name, pools[pool], (long long)s->peak, (long long)s->current);
-    if (accum_ok && s->allocated - s->freed != s->current)
-        FAIL("%s.%s: allocated %lld - freed %lld != current %lld", name, pools[pool], (long long)s->allocated,
-             (long long)s->freed, (long long)s->current);
     return 0;
 }
 
@@ -58,9 +54,10 @@ static int check_ledger(tally_device_t *d, char *why, size_t whylen)
     }
     for (uint32_t r = 0; r < ld->count; r++) {
         const tally_ledger_entry_t *e = &ld->entries[r];
-        if (e->bytes.current != bytes[r] || e->blocks.current != blocks[r]) {
+        int64_t nb = tally__stat_now(&e->bytes), nk = tally__stat_now(&e->blocks);
+        if (nb != bytes[r] || nk != blocks[r]) {
             snprintf(why, whylen, "ledger row (tag %u, stage %u) holds %lld bytes in %lld blocks, recount %lld in %lld",
-                     e->tag, e->stage, (long long)e->bytes.current, (long long)e->blocks.current, (long long)bytes[r],
+                     e->tag, e->stage, (long long)nb, (long long)nk, (long long)bytes[r],
                      (long long)blocks[r]);
             rc = -1;
             goto out;
@@ -228,7 +225,6 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
         rc[0].inactive_split_bytes += rc[p].inactive_split_bytes;
         rc[0].requested_bytes += rc[p].requested_bytes;
     }
-    bool acc = !d->accum_reset;
     tally__cache_peaks_locked(d);
     tally__stats_sync_all(&d->stats);
     const tally_stats_t *st = &d->stats;
@@ -237,14 +233,14 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
     for (int k = 1; k <= 3; k++) {
         int p = k % 3;
 #define CMP(name)                                                                                                  \
-    if (compare_stat(#name, p, &st->name[p], rc[p].name, acc, why, whylen))                                        \
+    if (compare_stat(#name, p, &st->name[p], rc[p].name, why, whylen))                                        \
         return -1;
         CMP(allocation) CMP(allocated_bytes) CMP(active) CMP(active_bytes) CMP(segment) CMP(reserved_bytes)
         CMP(inactive_split) CMP(inactive_split_bytes) CMP(requested_bytes)
 #undef CMP
     }
-    if (compare_stat("oversize_allocations", 0, &st->oversize_allocations, over_alloc, acc, why, whylen) ||
-        compare_stat("oversize_segments", 0, &st->oversize_segments, over_seg, acc, why, whylen))
+    if (compare_stat("oversize_allocations", 0, &st->oversize_allocations, over_alloc, why, whylen) ||
+        compare_stat("oversize_segments", 0, &st->oversize_segments, over_seg, why, whylen))
         return -1;
     if ((int64_t)d->reserved != rc[0].reserved_bytes)
         FAIL("reserved total %llu differs from the segments' %lld", (unsigned long long)d->reserved,
@@ -264,7 +260,7 @@ void tally__cache_fill_derived_locked(tally_device_t *d, tally_stats_t *out)
 {
     tally__cache_peaks_locked(d);
     tally__stats_sync_all(&d->stats);
-    *out = d->stats;
+    tally__stats_read(&d->stats, &d->stats_base, out);
     out->largest_free_block = 0;
     tally__pool_walk(&d->small, largest, &out->largest_free_block);
     tally__pool_walk(&d->large, largest, &out->largest_free_block);

@@ -330,50 +330,62 @@ size_t tally__round_size(size_t size);
 size_t tally__segment_size(size_t rounded);
 
 /* ---- statistics (stats.c) ------------------------------------------------ */
+/* The statistics the library keeps (a device's tally_stats_t, the ledger's
+ * rows) hold two totals that only grow, allocated and freed, and the peak;
+ * the value now is their difference. The hot path adds to one total per
+ * update, where keeping current as well took a second read-modify-write of
+ * memory on every update (run AB in docs/benchmarks.md: 9% of PyTorch's
+ * pair). current is written in only by tally__stats_sync_all, for readers
+ * of the struct; PyTorch's accumulated reset is a base subtracted when the
+ * statistics are read (tally__stats_reset_accumulated). */
+static inline int64_t tally__stat_now(const tally_stat_t *s)
+{
+    return s->allocated - s->freed;
+}
+static inline void tally__stat_peak(tally_stat_t *s)
+{
+    int64_t now = tally__stat_now(s);
+    if (now > s->peak)
+        s->peak = now;
+}
+/* A signed change (amount may be 0), branch-free but for the peak: the sign
+ * follows the job's free order, which no predictor learns. */
 static inline void tally__stat_add(tally_stat_t *s, int64_t amount)
 {
-    s->current += amount;
-    if (s->current > s->peak)
-        s->peak = s->current;
-    if (amount > 0)
-        s->allocated += amount;
-    else
-        s->freed -= amount;
+    int64_t up = amount > 0 ? amount : 0;
+    s->allocated += up;
+    s->freed += up - amount;
+    tally__stat_peak(s);
 }
-/* Known-sign updates, branch-free apart from the peak. */
+/* Known-sign updates. */
 static inline void tally__stat_inc(tally_stat_t *s, int64_t n)
 {
-    s->current += n;
     s->allocated += n;
-    if (s->current > s->peak)
-        s->peak = s->current;
+    tally__stat_peak(s);
 }
 /* A rise whose peak is taken later (tally__cache_peaks_locked). */
 static inline void tally__stat_rise(tally_stat_t *s, int64_t n)
 {
-    s->current += n;
     s->allocated += n;
 }
 static inline void tally__stat_dec(tally_stat_t *s, int64_t n)
 {
-    s->current -= n;
     s->freed += n;
 }
 /* The pool-indexed statistics (the arrays of tally_stats_t) are kept per
  * pool: the small and large entries hold every field, the all entry only
- * its peak (kept live); its current, allocated and freed are the sums of the
- * two pools', written in by tally__stats_sync_all before anything reads
- * them. An update then touches one entry, not two. */
+ * its peak (kept live); its totals are the sums of the two pools', written
+ * in by tally__stats_sync_all before anything reads them. An update then
+ * touches one entry, not two. */
 static inline int64_t tally__stat_all_current(const tally_stat_t *arr)
 {
-    return arr[TALLY_POOL_SMALL].current + arr[TALLY_POOL_LARGE].current;
+    return tally__stat_now(&arr[TALLY_POOL_SMALL]) + tally__stat_now(&arr[TALLY_POOL_LARGE]);
 }
 /* The peaks of a pool's entry of the pool-indexed array arr and of its all
  * entry, taken now. */
 static inline void tally__stat_pool_peak(tally_stat_t *arr, int pool)
 {
-    if (arr[pool].current > arr[pool].peak)
-        arr[pool].peak = arr[pool].current;
+    tally__stat_peak(&arr[pool]);
     int64_t all = tally__stat_all_current(arr);
     if (all > arr[TALLY_POOL_ALL].peak)
         arr[TALLY_POOL_ALL].peak = all;
@@ -387,23 +399,26 @@ static inline void tally__stat_pool_dec(tally_stat_t *arr, int pool, int64_t n)
 {
     tally__stat_dec(&arr[pool], n);
 }
-/* A signed change of a pool's entry (amount may be 0), branch-free but for
- * the peaks: the sign follows the job's free order, which no predictor
- * learns. */
+/* A signed change of a pool's entry (amount may be 0), as tally__stat_add. */
 static inline void tally__stat_pool(tally_stat_t *arr, int pool, int64_t amount)
 {
     tally_stat_t *s = &arr[pool];
     int64_t up = amount > 0 ? amount : 0;
-    s->current += amount;
     s->allocated += up;
     s->freed += up - amount;
     tally__stat_pool_peak(arr, pool);
 }
-/* Write the all entries' current, allocated and freed (the sums of the
- * pools') into s, before s is read or reset. */
+/* Write the all entries' totals (the sums of the pools') and every
+ * entry's current into s, before s is read or reset. */
 void tally__stats_sync_all(tally_stats_t *s);
 void tally__stats_reset_peak(tally_stats_t *s);
-void tally__stats_reset_accumulated(tally_stats_t *s);
+/* PyTorch's accumulated reset: the totals now become base's, which
+ * tally__stats_read subtracts (the totals themselves never go back, since
+ * current is their difference); the event counters are zeroed. */
+void tally__stats_reset_accumulated(tally_stats_t *s, tally_stats_t *base);
+/* *out = s (synced) as PyTorch reports it: allocated and freed since the
+ * accumulated reset recorded in base. */
+void tally__stats_read(const tally_stats_t *s, const tally_stats_t *base, tally_stats_t *out);
 /* Flat JSON of memory_stats keys for s. */
 void tally__stats_json(const tally_stats_t *s, tally_out_t *o);
 

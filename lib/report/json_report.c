@@ -47,8 +47,8 @@ static void write_ledger(tally_out_t *o)
                               ",\"device\":%d,\"foreign\":%s,\"current_bytes\":%lld,\"peak_bytes\":%lld,"
                               "\"allocated_bytes\":%lld,\"freed_bytes\":%lld,\"live_blocks\":%lld,\"peak_blocks\":%lld,"
                               "\"allocated_blocks\":%lld}",
-                              i, is_foreign(i) ? "true" : "false", (long long)e->bytes.current, (long long)e->bytes.peak,
-                              (long long)e->bytes.allocated, (long long)e->bytes.freed, (long long)e->blocks.current,
+                              i, is_foreign(i) ? "true" : "false", (long long)tally__stat_now(&e->bytes), (long long)e->bytes.peak,
+                              (long long)e->bytes.allocated, (long long)e->bytes.freed, (long long)tally__stat_now(&e->blocks),
                               (long long)e->blocks.peak, (long long)e->blocks.allocated);
         }
         tally__dev_unlock(&d->lock);

@@ -60,6 +60,16 @@ void tally__report_stage(const tally_stage_rec_t *rec, tally_out_t *o)
 
 /* ---- OOM ----------------------------------------------------------------- */
 
+/* Copies of the ledger's rows keep totals only (internal.h): their current,
+ * which the reports read, is written in here. */
+static void rows_now(tally_ledger_entry_t *rows, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        rows[i].bytes.current = tally__stat_now(&rows[i].bytes);
+        rows[i].blocks.current = tally__stat_now(&rows[i].blocks);
+    }
+}
+
 static int row_cmp(const void *x, const void *y)
 {
     const tally_ledger_entry_t *a = x, *b = y;
@@ -94,6 +104,7 @@ void tally__report_oom_locked(tally_device_t *d, size_t asked, size_t rounded, s
         tally_ledger_entry_t *rows = tally__meta_alloc(ld->count * sizeof *rows);
         if (rows) {
             memcpy(rows, ld->entries, ld->count * sizeof *rows);
+            rows_now(rows, ld->count);
             qsort(rows, ld->count, sizeof *rows, row_cmp);
             tally__out_printf(&o, "tally:   who holds device %d:\n", d->id);
             for (uint32_t i = 0; i < ld->count && i < 10 && rows[i].bytes.current > 0; i++) {
@@ -142,8 +153,10 @@ void tally__report_ledger(tally_out_t *o)
         tally_ledger_dev_t *ld = d->ledger;
         tally_ledger_entry_t *rows = ld->count ? tally__meta_alloc(ld->count * sizeof *rows) : NULL;
         uint32_t n = rows ? ld->count : 0;
-        if (rows)
+        if (rows) {
             memcpy(rows, ld->entries, n * sizeof *rows);
+            rows_now(rows, n);
+        }
         tally__dev_unlock(&d->lock);
         if (n)
             qsort(rows, n, sizeof *rows, row_cmp);
