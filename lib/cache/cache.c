@@ -122,12 +122,22 @@ void tally__cache_block_delete_locked(tally_device_t *d, tally_block_t *b)
 
 /* ---- free ---------------------------------------------------------------- */
 
+void tally__cache_stats_sync_locked(tally_device_t *d)
+{
+    for (int p = TALLY_POOL_SMALL; p <= TALLY_POOL_LARGE; p++) {
+        d->stats.active[p].allocated = d->stats.allocation[p].allocated + d->held[p].allocated;
+        d->stats.active[p].freed = d->stats.allocation[p].freed + d->held[p].freed;
+        d->stats.active_bytes[p].allocated = d->stats.allocated_bytes[p].allocated + d->held_bytes[p].allocated;
+        d->stats.active_bytes[p].freed = d->stats.allocated_bytes[p].freed + d->held_bytes[p].freed;
+    }
+    tally__stats_sync_all(&d->stats);
+}
+
 void tally__cache_peaks_take_locked(tally_device_t *d)
 {
     tally__stat_pool_peak(d->stats.allocation, TALLY_POOL_SMALL);
     tally__stat_pool_peak(d->stats.allocated_bytes, TALLY_POOL_SMALL);
-    tally__stat_pool_peak(d->stats.active, TALLY_POOL_SMALL);
-    tally__stat_pool_peak(d->stats.active_bytes, TALLY_POOL_SMALL);
+    tally__cache_active_peak_locked(d, TALLY_POOL_SMALL);
     tally__stat_pool_peak(d->stats.requested_bytes, TALLY_POOL_SMALL);
     tally__cache_window_alloc_locked(d);
     d->peaks_pending = 0;
@@ -189,8 +199,7 @@ void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b)
         if (dbytes)
             tally__stat_pool(d->stats.inactive_split_bytes, b->pool, dbytes);
     }
-    tally__stat_pool_dec(d->stats.active, b->pool, 1);
-    tally__stat_pool_dec(d->stats.active_bytes, b->pool, (int64_t)original);
+    tally__cache_held_locked(d, b->pool, 1, (int64_t)original);
     tally__stat_pool_dec(d->stats.requested_bytes, b->pool, (int64_t)b->requested);
 }
 
@@ -213,8 +222,7 @@ void tally__cache_passthrough_free_locked(tally_device_t *d, tally_block_t *b)
         b->stream = fs; /* the free is queued on the free stream */
     b->nuses = 0;
     tally__cache_peaks_locked(d);
-    tally__stat_pool_dec(d->stats.active, b->pool, 1);
-    tally__stat_pool_dec(d->stats.active_bytes, b->pool, (int64_t)b->size);
+    tally__cache_held_locked(d, b->pool, 1, (int64_t)b->size);
     tally__stat_pool_dec(d->stats.requested_bytes, b->pool, (int64_t)b->requested);
     b->state = BLOCK_FREE;
     tally__cache_release_segment_locked(d, b, false);
@@ -223,6 +231,7 @@ void tally__cache_passthrough_free_locked(tally_device_t *d, tally_block_t *b)
 void tally__cache_free_general_locked(tally_device_t *d, tally_block_t *b)
 {
     tally__cache_free_begin_locked(d, b);
+    tally__cache_held_locked(d, b->pool, -1, (int64_t)b->size); /* active until it is back in its pool */
     if (TALLY_UNLIKELY(b->seg->asleep))
         tally__ppool_block_freed_locked(d, b);
     if (TALLY_UNLIKELY(tally__g.backend->passthrough)) {
@@ -409,8 +418,9 @@ static bool release_available_cached_blocks(tally_device_t *d, alloc_params_t *p
 void tally__cache_undo_take_locked(tally_device_t *d, tally_block_t *b)
 {
     b->requested = 0;
-    tally__stat_pool_inc(d->stats.active, b->pool, 1);
-    tally__stat_pool_inc(d->stats.active_bytes, b->pool, (int64_t)b->size);
+    d->held[b->pool].allocated += 1;
+    d->held_bytes[b->pool].allocated += (int64_t)b->size;
+    tally__cache_active_peak_locked(d, b->pool);
     tally__cache_free_block_locked(d, b);
 }
 

@@ -181,6 +181,16 @@ typedef struct tally_device {
     uint64_t seq;
     uint64_t inherited_seq;             /* blocks numbered up to it came from the parent at fork (fork.c) */
     tally_stats_t stats_base;           /* totals at the accumulated reset (tally__stats_read) */
+    /* stats.active and stats.active_bytes are allocation and allocated_bytes
+     * plus these (pool entries), which PyTorch's pair never touches: a block
+     * is active from its allocation until it is back in its pool, and on the
+     * fast paths that is its free. held counts what differs: a block freed
+     * by its user while it waits for events (freed goes down at the free,
+     * up when the block is back in its pool), and a block taken and handed
+     * back unused (tally__cache_undo_take_locked). Their totals are written
+     * into stats.active by tally__cache_stats_sync_locked; the peaks are
+     * stats.active's own. */
+    tally_stat_t held[TALLY_POOL_COUNT], held_bytes[TALLY_POOL_COUNT];
     tally_freed_t freed[TALLY_FREED_RING];
     uint32_t freed_next;
     void *ledger;                       /* ledger.c's per-device counters */
@@ -274,6 +284,35 @@ static inline void tally__cache_window_alloc_locked(tally_device_t *d)
     if (all > d->win_alloc)
         d->win_alloc = all;
 }
+/* The active statistics' peaks (pool and all), taken now: allocation plus
+ * held (above). */
+static inline void tally__cache_active_peak_one(tally_stat_t *act, const tally_stat_t *alloc, const tally_stat_t *held,
+                                                int pool)
+{
+    int64_t now = tally__stat_now(&alloc[pool]) + tally__stat_now(&held[pool]);
+    if (now > act[pool].peak)
+        act[pool].peak = now;
+    int64_t all = tally__stat_all_current(alloc) + tally__stat_all_current(held);
+    if (all > act[TALLY_POOL_ALL].peak)
+        act[TALLY_POOL_ALL].peak = all;
+}
+static inline void tally__cache_active_peak_locked(tally_device_t *d, int pool)
+{
+    tally__cache_active_peak_one(d->stats.active, d->stats.allocation, d->held, pool);
+    tally__cache_active_peak_one(d->stats.active_bytes, d->stats.allocated_bytes, d->held_bytes, pool);
+}
+/* A block of pool with bytes stops (n = -1) or goes on (n = 1) being
+ * active apart from its allocation: freed by its user while it waits, or
+ * back in its pool after that wait (or after an undone take). */
+static inline void tally__cache_held_locked(tally_device_t *d, int pool, int64_t n, int64_t bytes)
+{
+    d->held[pool].freed += n;
+    d->held_bytes[pool].freed += n * bytes;
+}
+/* Write the active statistics' totals (allocation plus held) and the all
+ * entries into d->stats (tally__stats_sync_all), before it is read or
+ * reset. */
+void tally__cache_stats_sync_locked(tally_device_t *d);
 /* Reserved bytes of pool rise by bytes (a segment made, pages mapped, a
  * sleeping tag woken): the statistic, its peaks and the window's. */
 static inline void tally__cache_reserved_rise_locked(tally_device_t *d, int pool, int64_t bytes)
@@ -297,15 +336,12 @@ static inline __attribute__((always_inline)) tally_block_t *tally__cache_hand_ou
     if (kind == TALLY_POOL_SMALL) {
         tally__stat_rise(&d->stats.allocation[TALLY_POOL_SMALL], 1);
         tally__stat_rise(&d->stats.allocated_bytes[TALLY_POOL_SMALL], (int64_t)b->size);
-        tally__stat_rise(&d->stats.active[TALLY_POOL_SMALL], 1);
-        tally__stat_rise(&d->stats.active_bytes[TALLY_POOL_SMALL], (int64_t)b->size);
         tally__stat_rise(&d->stats.requested_bytes[TALLY_POOL_SMALL], (int64_t)orig);
         d->peaks_pending = 1;
     } else {
         tally__stat_pool_inc(d->stats.allocation, kind, 1);
         tally__stat_pool_inc(d->stats.allocated_bytes, kind, (int64_t)b->size);
-        tally__stat_pool_inc(d->stats.active, kind, 1);
-        tally__stat_pool_inc(d->stats.active_bytes, kind, (int64_t)b->size);
+        tally__cache_active_peak_locked(d, kind);
         tally__stat_pool_inc(d->stats.requested_bytes, kind, (int64_t)orig);
         tally__cache_window_alloc_locked(d);
     }

@@ -226,7 +226,7 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
         rc[0].requested_bytes += rc[p].requested_bytes;
     }
     tally__cache_peaks_locked(d);
-    tally__stats_sync_all(&d->stats);
+    tally__cache_stats_sync_locked(d);
     const tally_stats_t *st = &d->stats;
     /* The pools first: a pool's error is named with its pool, not only
      * with the sum it is part of. */
@@ -259,7 +259,7 @@ static void largest(tally_block_t *b, void *arg)
 void tally__cache_fill_derived_locked(tally_device_t *d, tally_stats_t *out)
 {
     tally__cache_peaks_locked(d);
-    tally__stats_sync_all(&d->stats);
+    tally__cache_stats_sync_locked(d);
     tally__stats_read(&d->stats, &d->stats_base, out);
     out->largest_free_block = 0;
     tally__pool_walk(&d->small, largest, &out->largest_free_block);

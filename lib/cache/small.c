@@ -454,7 +454,6 @@ static inline __attribute__((always_inline)) void absorb(tally_device_t *d, tall
  * path's free); else it is not (the fast path's). */
 static inline __attribute__((always_inline)) void small_free(tally_device_t *d, tally_block_t *b, bool any)
 {
-    size_t original = b->size;
     tally_pool_t *pool = TALLY_UNLIKELY(b->seg->gp != NULL) ? &b->seg->gp->small : &d->small; /* tally__pool_for */
     tally_binset_t *set = b->seg->bins;
     tally_block_t *prev = b->prev, *next = b->next;
@@ -484,8 +483,6 @@ static inline __attribute__((always_inline)) void small_free(tally_device_t *d, 
     dbytes += (int64_t)b->size & -split;
     tally__stat_pool(d->stats.inactive_split, TALLY_POOL_SMALL, dblocks);
     tally__stat_pool(d->stats.inactive_split_bytes, TALLY_POOL_SMALL, dbytes);
-    tally__stat_dec(&d->stats.active[TALLY_POOL_SMALL], 1);
-    tally__stat_dec(&d->stats.active_bytes[TALLY_POOL_SMALL], (int64_t)original);
     tally__stat_dec(&d->stats.requested_bytes[TALLY_POOL_SMALL], (int64_t)b->requested);
     if (TALLY_UNLIKELY(whole) && b->seg->lender != NULL)
         tally__lend_idle_locked(d, b);
@@ -493,6 +490,7 @@ static inline __attribute__((always_inline)) void small_free(tally_device_t *d, 
 
 void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b)
 {
+    tally__cache_held_locked(d, TALLY_POOL_SMALL, 1, (int64_t)b->size); /* back in its pool */
     small_free(d, b, true); /* its callers took the pending peaks */
 }
 

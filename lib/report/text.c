@@ -85,7 +85,7 @@ void tally__report_oom_locked(tally_device_t *d, size_t asked, size_t rounded, s
     tally__out_init(&o, tally__sink_writer, NULL);
     size_t free_b = 0, total = 0;
     tally__g.backend->mem_info(d->id, &free_b, &total);
-    tally__stats_sync_all(&d->stats);
+    tally__cache_stats_sync_locked(d);
     const tally_stats_t *st = &d->stats;
     tally__fmt_bytes(asked, a, sizeof a);
     tally__fmt_bytes(segment, s, sizeof s);
