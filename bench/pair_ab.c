@@ -16,10 +16,22 @@
  * quartiles of the ratio to the first library:
  *   AB <path> mimalloc <ratio> first <median> q1 <q1> q3 <q3>
  * A change is measured by its ratio to the first library: the two builds
- * share every moment of the machine, so slow spells cancel out. */
+ * share every moment of the machine, so slow spells cancel out.
+ *
+ * Each library is opened from a fresh copy in memory (memfd_create), not
+ * from its file: the same bytes opened from two files once ran 19% apart,
+ * run after run, where fresh copies of one library run within 2% of each
+ * other (docs/benchmarks.md, run AB): where the page cache held a file's
+ * pages followed it into every run. A copy each time makes that a run's
+ * chance, which another run does not repeat; and the same library may be
+ * named twice, which gives the noise floor. */
 #include "pair_sets.h"
 
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -46,23 +58,55 @@ static void run_lib(alloc_fn a, free_fn f, long batches)
     }
 }
 
-static void *handles[MAXLIBS];
-
-static int open_lib(int k, const char *path, const char *conf, alloc_fn *a, free_fn *f)
+/* A copy of path in fresh memory, as a path dlopen takes (its descriptor
+ * stays open for the process); -1 with the reason said. */
+static int fresh_copy(const char *path, char *out, size_t outlen)
 {
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        fprintf(stderr, "pair-ab: %s\n", dlerror());
+    int in = open(path, O_RDONLY | O_CLOEXEC);
+    if (in < 0) {
+        fprintf(stderr, "pair-ab: %s: %s\n", path, strerror(errno));
         return -1;
     }
-    for (int i = 0; i < k; i++) {
-        if (handles[i] == h) {
-            fprintf(stderr, "pair-ab: %s is a library already opened (the same file): copy it to another path\n",
-                    path);
-            return -1;
+    int fd = memfd_create("pair-ab-lib", 0);
+    if (fd < 0) {
+        fprintf(stderr, "pair-ab: memfd_create: %s\n", strerror(errno));
+        close(in);
+        return -1;
+    }
+    char buf[1 << 16];
+    ssize_t got;
+    while ((got = read(in, buf, sizeof buf)) > 0) {
+        for (ssize_t off = 0; off < got;) {
+            ssize_t put = write(fd, buf + off, (size_t)(got - off));
+            if (put < 0) {
+                fprintf(stderr, "pair-ab: copying %s: %s\n", path, strerror(errno));
+                close(in);
+                close(fd);
+                return -1;
+            }
+            off += put;
         }
     }
-    handles[k] = h;
+    close(in);
+    if (got < 0) {
+        fprintf(stderr, "pair-ab: reading %s: %s\n", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    snprintf(out, outlen, "/proc/self/fd/%d", fd);
+    return 0;
+}
+
+static int open_lib(const char *path, const char *conf, alloc_fn *a, free_fn *f)
+{
+    char copy[64];
+    if (fresh_copy(path, copy, sizeof copy))
+        return -1;
+    void *h = dlopen(copy, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "pair-ab: %s: %s\n", path, dlerror());
+        return -1;
+    }
     /* dlsym gives object pointers; copied into function pointers. */
     void *sym[5] = {dlsym(h, "tally_configure"), dlsym(h, "tally_init"), dlsym(h, "tally_last_error"),
                     dlsym(h, "tally_torch_alloc"), dlsym(h, "tally_torch_free")};
@@ -111,7 +155,7 @@ int main(int argc, char **argv)
     alloc_fn A[MAXLIBS];
     free_fn F[MAXLIBS];
     for (int i = 0; i < n; i++)
-        if (open_lib(i, libs[i], conf, &A[i], &F[i]))
+        if (open_lib(libs[i], conf, &A[i], &F[i]))
             return 1;
     pair_make_sets(pattern);
     pair_run_malloc(PAIR_NSETS); /* warm-up: every cache holds the pattern's blocks */
