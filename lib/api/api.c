@@ -490,7 +490,7 @@ int tally_reset_peak_stats(int device)
     if (!d)
         return -TALLY_EINVAL;
     tally__dev_lock(&d->lock);
-    tally__cache_stats_sync_locked(d);
+    tally__cache_stats_sync_locked(d); /* the values the peaks take */
     tally__stats_reset_peak(&d->stats);
     if (tally__g.backend->pool_reset_peak)
         tally__g.backend->pool_reset_peak(d->id);
@@ -504,7 +504,7 @@ int tally_reset_accumulated_stats(int device)
     if (!d)
         return -TALLY_EINVAL;
     tally__dev_lock(&d->lock);
-    tally__cache_stats_sync_locked(d);
+    tally__cache_stats_sync_locked(d); /* the totals the base takes */
     tally__stats_reset_accumulated(&d->stats, &d->stats_base);
     tally__dev_unlock(&d->lock);
     return 0;

@@ -411,6 +411,7 @@ static inline void tally__stat_pool(tally_stat_t *arr, int pool, int64_t amount)
 /* Write the all entries' totals (the sums of the pools') and every
  * entry's current into s, before s is read or reset. */
 void tally__stats_sync_all(tally_stats_t *s);
+/* The resets take s synced (a device's: tally__cache_stats_sync_locked). */
 void tally__stats_reset_peak(tally_stats_t *s);
 /* PyTorch's accumulated reset: the totals now become base's, which
  * tally__stats_read subtracts (the totals themselves never go back, since

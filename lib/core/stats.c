@@ -60,13 +60,11 @@ void tally__stats_sync_all(tally_stats_t *s)
 
 void tally__stats_reset_peak(tally_stats_t *s)
 {
-    tally__stats_sync_all(s);
     each_stat(s, NULL, peak_to_current);
 }
 
 void tally__stats_reset_accumulated(tally_stats_t *s, tally_stats_t *base)
 {
-    tally__stats_sync_all(s);
     each_stat(base, s, base_from);
     s->num_alloc_retries = 0;
     s->num_ooms = 0;
