@@ -130,7 +130,7 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a $(BUIL
 
 # test_backend_cuda_vmm_replay replays the shared traces with bench/trace.c's reader,
 # and the bench's synthetic traces, written by bench/gen_trace.c (its main left out).
-$(BUILD)/tests/test_backend_cuda_vmm_replay: tests/test_backend_cuda_vmm_replay.c bench/trace.c bench/trace.h bench/gen_trace.c tests/gentrace.h $(wildcard tests/*.h) $(BUILD)/lib/libtally.a | $(SETUP)
+$(BUILD)/tests/test_backend_cuda_vmm_replay: tests/test_backend_cuda_vmm_replay.c bench/trace.c bench/trace.h bench/gen_trace.c $(wildcard tests/*.h) $(BUILD)/lib/libtally.a | $(SETUP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Wno-pedantic -Ibench -DGEN_TRACE_NO_MAIN -o $@ $< bench/trace.c bench/gen_trace.c $(BUILD)/lib/libtally.a -lcmocka $(LDLIBS)
 

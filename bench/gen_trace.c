@@ -283,8 +283,9 @@ static uint64_t num(const char *s)
 }
 
 /* The program, callable from a test (tests/test_backend_cuda_vmm_replay.c
- * builds this file with GEN_TRACE_NO_MAIN and calls it in a child process:
- * the writer's state is global and an error exits). */
+ * and tests/test_expand_vs_pytorch.c build this file with GEN_TRACE_NO_MAIN
+ * and call it in a child process, tests/gentrace.h: the writer's state is
+ * global and an error exits). */
 int gen_trace_run(int argc, char **argv);
 int gen_trace_run(int argc, char **argv)
 {

@@ -348,15 +348,6 @@ static inline void tally__stat_peak(tally_stat_t *s)
     if (now > s->peak)
         s->peak = now;
 }
-/* A signed change (amount may be 0), branch-free but for the peak: the sign
- * follows the job's free order, which no predictor learns. */
-static inline void tally__stat_add(tally_stat_t *s, int64_t amount)
-{
-    int64_t up = amount > 0 ? amount : 0;
-    s->allocated += up;
-    s->freed += up - amount;
-    tally__stat_peak(s);
-}
 /* Known-sign updates. */
 static inline void tally__stat_inc(tally_stat_t *s, int64_t n)
 {
@@ -399,7 +390,9 @@ static inline void tally__stat_pool_dec(tally_stat_t *arr, int pool, int64_t n)
 {
     tally__stat_dec(&arr[pool], n);
 }
-/* A signed change of a pool's entry (amount may be 0), as tally__stat_add. */
+/* A signed change of a pool's entry (amount may be 0), branch-free but for
+ * the peaks: the sign follows the job's free order, which no predictor
+ * learns. */
 static inline void tally__stat_pool(tally_stat_t *arr, int pool, int64_t amount)
 {
     tally_stat_t *s = &arr[pool];
