@@ -118,6 +118,13 @@ fi
 end=$(date +%s)
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+# A virtual machine's model name may say only "AMD EPYC": the family and
+# model say which generation, and the hot path's ratio to mimalloc moves
+# with it (docs/benchmarks.md, run AB: 1.97x on one VM, 2.23x on a Zen 4 one).
+family=$(awk -F': *' '$1 ~ /^cpu family/ { print $2; exit }' /proc/cpuinfo)
+model=$(awk -F': *' '$1 ~ /^model[ \t]*$/ { print $2; exit }' /proc/cpuinfo)
+l2=$(cat /sys/devices/system/cpu/cpu0/cache/index2/size 2>/dev/null || true)
+[ -z "$family" ] || cpu="${cpu:-unknown CPU} (family $family, model ${model:-?}${l2:+, L2 $l2 per core})"
 echo "# tally benchmarks"
 echo
 [ $quick = 0 ] || echo "- QUICK MODE (bash bench/run.sh --quick): every program ran on a small budget; the figures are not measurements."
