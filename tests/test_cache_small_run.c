@@ -8,9 +8,13 @@
  * no map call once a repeating job has run a step, empty_cache giving back
  * a wholly free run and the whole free pages at the end of a used one,
  * out of memory at capacity and under a memory fraction (no run left
- * behind), a run per stream, and expandable_small_shared taking precedence.
+ * behind), a run per stream, expandable_small_shared taking precedence, and
+ * a run grown past max_split_size counted as no oversize segment.
  * Every invariant (tally_check) holds throughout. */
 #include "expandutil.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 static tally_host_calls_t calls(int dev)
 {
@@ -291,6 +295,35 @@ static void test_small_shared_takes_precedence(void **state)
     CHECK_OK();
 }
 
+/* A run that grows past max_split_size is still no oversize segment (PyTorch
+ * counts those only for segments cudaMalloc made, never an expandable one),
+ * and tally_check's recount agrees: found by fuzz_api_expand, whose recount
+ * counted a run of 26 MiB as one (tests/fuzz/regressions/fuzz_api_expand/).
+ * Run in a child configured with max_split_size_mb:20 (main). */
+static void test_a_run_past_max_split_size_is_no_oversize_segment(void **state)
+{
+    (void)state;
+    enum { N = 40 };
+    void *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = tally_malloc(768 * KiB, 0, stream_a);
+        assert_non_null(p[i]);
+    }
+    tally_stats_t s = stats(0);
+    EQ(s.segment[TALLY_POOL_SMALL].current, 1);
+    assert_true(s.reserved_bytes[TALLY_POOL_SMALL].current >= (int64_t)(30 * MiB));
+    EQ(s.oversize_segments.current, 0);
+    CHECK_OK();
+    for (int i = 0; i < N; i++)
+        tally_free(p[i]);
+    CHECK_OK();
+    tally_empty_cache(0);
+    s = stats(0);
+    EQ(s.oversize_segments.current, 0);
+    EQ(s.reserved_bytes[TALLY_POOL_SMALL].current, 0);
+    CHECK_OK();
+}
+
 static void test_options_show_the_key(void **state)
 {
     (void)state;
@@ -304,8 +337,30 @@ static void test_options_show_the_key(void **state)
     tally_set_sink(NULL, NULL);
 }
 
+/* max_split_size is set only before initialisation: the oversize test runs
+ * in a child of its own, configured with it. */
+static int run_with_max_split(void)
+{
+    tu_conf(EXPAND_TEST_CONF ",max_split_size_mb:20");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_a_run_past_max_split_size_is_no_oversize_segment, setup),
+    };
+    return cmocka_run_group_tests_name("small_run_max_split", tests, NULL, NULL);
+}
+
 int main(void)
 {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return 1;
+    if (pid == 0)
+        _exit(run_with_max_split() ? 1 : 0);
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid)
+        return 1;
+    int child_failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+
     tu_conf(EXPAND_TEST_CONF);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_blocks_span_pages_where_segments_would_not, setup),
@@ -317,5 +372,6 @@ int main(void)
         cmocka_unit_test_setup(test_small_shared_takes_precedence, setup),
         cmocka_unit_test_setup(test_options_show_the_key, setup),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    return failed || child_failed ? 1 : 0;
 }

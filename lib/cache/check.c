@@ -102,7 +102,12 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
         } else {
             /* A sleeping private segment keeps its addresses, not its bytes. */
             r->reserved_bytes += s->asleep ? 0 : (int64_t)s->size;
-            if (s->size >= msplit)
+            /* A run of pages (small_run.c) is PyTorch's small expandable
+             * segment, which is never an oversize segment however far it
+             * grows: PyTorch counts oversize_segments only for a segment
+             * cudaMalloc made, its expandable path returning before the
+             * count, and tally's run grows by pages, never counted. */
+            if (s->size >= msplit && !s->run_va)
                 over_seg++;
         }
         if (!s->head || s->head->prev || s->head->addr != s->base)
