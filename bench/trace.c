@@ -354,22 +354,23 @@ tally_host_calls_t trace_calls_since(const tally_host_calls_t *before, const tal
 void *trace_cuda_stream(void)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    int (*dev_get)(int *, int) = NULL, (*retain)(void **, int) = NULL, (*push)(void *) = NULL,
-        (*pop)(void **) = NULL, (*create)(void **, unsigned) = NULL;
+    int (*dev_get)(int *, int) = NULL, (*retain)(void **, int) = NULL, (*ctx_push)(void *) = NULL,
+        (*ctx_pop)(void **) = NULL, (*create)(void **, unsigned) = NULL;
     if (h) {
         *(void **)&dev_get = dlsym(h, "cuDeviceGet");
         *(void **)&retain = dlsym(h, "cuDevicePrimaryCtxRetain");
-        *(void **)&push = dlsym(h, "cuCtxPushCurrent_v2");
-        *(void **)&pop = dlsym(h, "cuCtxPopCurrent_v2");
+        *(void **)&ctx_push = dlsym(h, "cuCtxPushCurrent_v2");
+        *(void **)&ctx_pop = dlsym(h, "cuCtxPopCurrent_v2");
         *(void **)&create = dlsym(h, "cuStreamCreate");
     }
     int dev;
     void *ctx, *popped, *stream = NULL;
-    if (!dev_get || !retain || !push || !pop || !create || dev_get(&dev, 0) || retain(&ctx, dev) || push(ctx))
+    if (!dev_get || !retain || !ctx_push || !ctx_pop || !create || dev_get(&dev, 0) || retain(&ctx, dev) ||
+        ctx_push(ctx))
         return NULL;
     if (create(&stream, 1 /* CU_STREAM_NON_BLOCKING */))
         stream = NULL;
-    pop(&popped);
+    ctx_pop(&popped);
     return stream;
 }
 

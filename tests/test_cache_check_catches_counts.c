@@ -409,16 +409,7 @@ static int run_expandable(void)
 
 int main(void)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0)
-        return 1;
-    if (pid == 0)
-        _exit(run_expandable() ? 1 : 0);
-    int status = 0;
-    if (waitpid(pid, &status, 0) != pid)
-        return 1;
-    int child_failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    int child_failed = tu_run_child(run_expandable);
 
     tu_conf(CONF);
     tally_set_sink(quiet, NULL);

@@ -13,9 +13,6 @@
  * Every invariant (tally_check) holds throughout. */
 #include "expandutil.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 static tally_host_calls_t calls(int dev)
 {
     tally_host_calls_t c;
@@ -350,16 +347,7 @@ static int run_with_max_split(void)
 
 int main(void)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0)
-        return 1;
-    if (pid == 0)
-        _exit(run_with_max_split() ? 1 : 0);
-    int status = 0;
-    if (waitpid(pid, &status, 0) != pid)
-        return 1;
-    int child_failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    int child_failed = tu_run_child(run_with_max_split);
 
     tu_conf(EXPAND_TEST_CONF);
     const struct CMUnitTest tests[] = {

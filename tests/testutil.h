@@ -24,6 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "tally.h"
 
@@ -76,6 +78,23 @@ static char tu_context[160];
 static inline void tu_conf(const char *conf)
 {
     setenv("TALLY_CONF", conf, 1);
+}
+
+/* Run fn in a child process, before this process initialises tally (for
+ * tests that need a configuration only initialisation reads); whether the
+ * child failed (fn non-zero, a crash, or no child). */
+static inline int tu_run_child(int (*fn)(void))
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return 1;
+    if (pid == 0)
+        _exit(fn() ? 1 : 0);
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid)
+        return 1;
+    return !WIFEXITED(status) || WEXITSTATUS(status) != 0;
 }
 
 /* Repeat count scaled by TALLY_TEST_SCALE (a factor in (0, 1], default 1),
