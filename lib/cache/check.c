@@ -238,7 +238,7 @@ int tally__cache_check_locked(tally_device_t *d, char *why, size_t whylen)
     for (int k = 1; k <= 3; k++) {
         int p = k % 3;
 #define CMP(name)                                                                                                  \
-    if (compare_stat(#name, p, &st->name[p], rc[p].name, why, whylen))                                        \
+    if (compare_stat(#name, p, &st->name[p], rc[p].name, why, whylen))                                             \
         return -1;
         CMP(allocation) CMP(allocated_bytes) CMP(active) CMP(active_bytes) CMP(segment) CMP(reserved_bytes)
         CMP(inactive_split) CMP(inactive_split_bytes) CMP(requested_bytes)

@@ -334,8 +334,7 @@ size_t tally__segment_size(size_t rounded);
  * rows) hold two totals that only grow, allocated and freed, and the peak;
  * the value now is their difference. The hot path adds to one total per
  * update, where keeping current as well took a second read-modify-write of
- * memory on every update (run AB in docs/benchmarks.md: 9% of PyTorch's
- * pair). current is written in only by tally__stats_sync_all, for readers
+ * memory on every update (docs/benchmarks.md, run AB). current is written in only by tally__stats_sync_all, for readers
  * of the struct; PyTorch's accumulated reset is a base subtracted when the
  * statistics are read (tally__stats_reset_accumulated). */
 static inline int64_t tally__stat_now(const tally_stat_t *s)
