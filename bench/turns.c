@@ -1,4 +1,4 @@
-/* turns: the cost and the gain of the device lock's bias (lib/core/bias.c)
+/* turns: the cost and the gain of the device lock's bias (lib/core/lock.c)
  * when threads take turns on one device, as PyTorch's forward pass (the
  * Python thread) and backward pass (the autograd engine's device thread) do.
  *
@@ -33,7 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Internal counters (lib/core/bias.c), linked from libtally.a. */
+/* Internal counters (lib/core/lock.c), linked from libtally.a. */
 void tally__bias_counts(uint64_t *grants, uint64_t *revokes);
 
 #define BATCH 16

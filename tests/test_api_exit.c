@@ -8,7 +8,7 @@
  * last test calls the exit path (tally__exit_report) in this process. */
 #include "ledgerutil.h"
 
-/* The exit path (lib/api/exit.c; internal, not in tally.h). */
+/* The exit path (lib/api/process.c; internal, not in tally.h). */
 int tally__exit_report(void);
 
 #define MB LU_MiB

@@ -1,4 +1,4 @@
-/* fork and tally (lib/api/fork.c): pthread_atfork handlers take every lock of
+/* fork and tally (lib/api/process.c): pthread_atfork handlers take every lock of
  * the library around fork, so a child never inherits a lock held by another
  * thread; the child's leak report leaves out the blocks it inherited; a
  * child whose parent started a device backend (cuda, async) is refused the

@@ -1,4 +1,4 @@
-/* The device lock's bias (lib/core/bias.c): a thread that keeps taking a
+/* The device lock's bias (lib/core/lock.c): a thread that keeps taking a
  * device's lock earns it and then takes it with no locked instruction;
  * another thread revokes it; the policy grows the run that earns one when
  * biases are revoked before they pay; a dead thread's record goes to the
@@ -9,7 +9,7 @@
  * stamp overwritten, a failed tally_check or statistics off zero.
  *
  * Blocks come from the host backend (backed), so they can be written.
- * ThreadSanitizer builds have no bias (bias.c); the tests that need one
+ * ThreadSanitizer builds have no bias (lock.c); the tests that need one
  * skip there. */
 #include "testutil.h"
 #include "cache/cache.h" /* tally__g and the device lock's fields (tests link libtally.a) */

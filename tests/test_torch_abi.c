@@ -213,7 +213,7 @@ static void test_free_trusts_the_record(void **state)
     assert_non_null(f);
 
     /* Device 0's lock earns its bias (64 takes in a row by one thread,
-     * lib/core/bias.c), so that g's free below goes through the fast path,
+     * lib/core/lock.c), so that g's free below goes through the fast path,
      * whose size check must send it to the slow path that reports it. */
     for (int i = 0; i < 256; i++)
         t.free(t.alloc(512, 0, NULL), 512, 0, NULL);
@@ -419,7 +419,7 @@ static void test_after_exit_report(void **state)
         close(fds[0]);
         dup2(fds[1], 2);
         /* The child's own block: a forked child's leak report leaves out
-         * what it inherited (lib/api/fork.c). */
+         * what it inherited (lib/api/process.c). */
         void *kept = t.alloc(12345, 1, NULL);
         if (!kept)
             _exit(5);

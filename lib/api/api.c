@@ -219,7 +219,7 @@ int tally__ensure_init_slow(void)
     return 0;
 }
 
-/* fork.c, in the child: memory and streams of a device backend belong to the
+/* process.c, in the child: memory and streams of a device backend belong to the
  * parent's CUDA context, which the child cannot use; every call that needs
  * the backend fails from now on, saying so once. */
 void tally__after_fork_child(void)

@@ -57,7 +57,7 @@ static inline int tally__private_any(void)
 {
     return atomic_load_explicit(&tally__nprivate, memory_order_relaxed);
 }
-/* The lock of the private tags' list and notes (fork.c takes it; never
+/* The lock of the private tags' list and notes (process.c takes it; never
  * held with a device lock; taken before the names and sink locks). */
 tally_mutex_t *tally__private_lock(void);
 int tally__private_for_alloc(int device, uint32_t *id);
@@ -73,11 +73,11 @@ void tally__private_write_notes(tally_out_t *o, const char *stage, uint64_t from
  * removes it from the map. */
 tally_block_t *tally__find_live_from(int start, uintptr_t a, bool take, tally_device_t **out);
 
-/* exit.c: the report file and the leak report at process exit. */
+/* process.c: the report file and the leak report at process exit. */
 void tally__exit_register(void);
 int tally__exit_report(void);
 
-/* fork.c: registers the pthread_atfork handlers (once). api.c: in a forked
+/* process.c: registers the pthread_atfork handlers (once). api.c: in a forked
  * child, refuse a device backend the parent started. */
 void tally__fork_register(void);
 void tally__after_fork_child(void);

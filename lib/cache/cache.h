@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "core/internal.h"
+#include "cache/ptrmap.h"
 
 /* BLOCK_LENT: a piece of an expandable segment that the small pool holds
  * as one of its 2 MiB segments (segment.c): its pages stay mapped, it is
@@ -104,18 +105,6 @@ typedef struct tally_pool {
     uint8_t kind;
 } tally_pool_t;
 
-/* Open-addressing map from block address to block (handed-out blocks). A
- * key and its block share a slot, so a look-up reads one cache line. */
-typedef struct tally_ptrslot {
-    uintptr_t key; /* 0: empty */
-    tally_block_t *val;
-} tally_ptrslot_t;
-typedef struct tally_ptrmap {
-    tally_ptrslot_t *slots;
-    size_t mask; /* capacity - 1 */
-    size_t count;
-} tally_ptrmap_t;
-
 typedef struct tally_event_entry {
     void *event;
     void *stream;   /* the stream it was recorded on */
@@ -179,7 +168,7 @@ typedef struct tally_device {
     uint64_t allowed_max;               /* memory-fraction cap, UINT64_MAX if none */
     double fraction;
     uint64_t seq;
-    uint64_t inherited_seq;             /* blocks numbered up to it came from the parent at fork (fork.c) */
+    uint64_t inherited_seq;             /* blocks numbered up to it came from the parent at fork (process.c) */
     tally_stats_t stats_base;           /* totals at the accumulated reset (tally__stats_read) */
     /* stats.active and stats.active_bytes are allocation and allocated_bytes
      * plus these (pool entries), which PyTorch's pair never touches: a block
@@ -396,67 +385,6 @@ long tally__bins_verify(const tally_pool_t *p); /* free blocks in the bins, or -
  * whose user and events are done: merged, put in its bin and counted
  * (tally__cache_free_block_locked for the small pool). */
 void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b);
-
-/* ptrmap.c */
-int tally__ptrmap_init(tally_ptrmap_t *m, size_t capacity);
-int tally__ptrmap_put(tally_ptrmap_t *m, uintptr_t key, tally_block_t *b);
-tally_block_t *tally__ptrmap_get(const tally_ptrmap_t *m, uintptr_t key);
-tally_block_t *tally__ptrmap_take(tally_ptrmap_t *m, uintptr_t key);
-void tally__ptrmap_free(tally_ptrmap_t *m);
-/* The home slot of key. Addresses are at least 512-byte aligned, so the
- * hash drops the low bits before mixing. */
-static inline size_t tally__ptrmap_slot(uintptr_t key, size_t mask)
-{
-    uint64_t x = (uint64_t)(key >> 9) * 0x9E3779B97F4A7C15ull;
-    return (size_t)(x >> 20) & mask;
-}
-/* The two halves of PyTorch's pair, inline there: a put into a map with
- * room for one more entry (the caller checked, so it cannot fail), and a
- * take from an allocated map (key not 0), whose backward shift, when the
- * probe run goes on after the entry, is out of line. */
-static inline void tally__ptrmap_put_room(tally_ptrmap_t *m, uintptr_t key, tally_block_t *b)
-{
-    size_t i = tally__ptrmap_slot(key, m->mask);
-    while (m->slots[i].key) {
-        if (m->slots[i].key == key) {
-            m->slots[i].val = b;
-            return;
-        }
-        i = (i + 1) & m->mask;
-    }
-    m->slots[i].key = key;
-    m->slots[i].val = b;
-    m->count++;
-}
-void tally__ptrmap_shift_back(tally_ptrmap_t *m, size_t hole);
-/* A take in two steps, for a caller that checks the block before taking
- * it: the slot of key (an allocated map, key not 0), or NULL; then the
- * removal of that slot's entry. */
-static inline tally_ptrslot_t *tally__ptrmap_find_inline(tally_ptrmap_t *m, uintptr_t key)
-{
-    size_t i = tally__ptrmap_slot(key, m->mask);
-    while (m->slots[i].key && m->slots[i].key != key)
-        i = (i + 1) & m->mask;
-    return m->slots[i].key ? &m->slots[i] : NULL;
-}
-static inline void tally__ptrmap_remove_inline(tally_ptrmap_t *m, tally_ptrslot_t *slot)
-{
-    size_t i = (size_t)(slot - m->slots);
-    m->count--;
-    if (TALLY_LIKELY(!m->slots[(i + 1) & m->mask].key))
-        slot->key = 0; /* the run ends here: nothing to shift */
-    else
-        tally__ptrmap_shift_back(m, i);
-}
-static inline tally_block_t *tally__ptrmap_take_inline(tally_ptrmap_t *m, uintptr_t key)
-{
-    tally_ptrslot_t *slot = tally__ptrmap_find_inline(m, key);
-    if (!slot)
-        return NULL;
-    tally_block_t *b = slot->val;
-    tally__ptrmap_remove_inline(m, slot);
-    return b;
-}
 
 /* small.c: an allocation, through the small pool's fast path when it
  * applies (issue 21, item 7), else cache.c's general path; a free, the same

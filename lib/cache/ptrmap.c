@@ -2,7 +2,7 @@
  * linear probing, backward-shift deletion (no tombstones), doubling at half
  * load. A slot holds the key and the record together. The hash and the two
  * operations of PyTorch's pair (a put with room, a take) are inline in
- * cache.h; here are the rest. Guarded by the owning device's lock. */
+ * ptrmap.h; here are the rest. Guarded by the owning device's lock. */
 #include "cache/cache.h"
 
 #include <string.h>

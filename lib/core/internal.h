@@ -58,7 +58,7 @@ static inline void tally__mutex_unlock(tally_mutex_t *m)
         tally__mutex_wake(m);
 }
 
-/* ---- the device lock: the futex lock above, biased to one thread (bias.c) --
+/* ---- the device lock: the futex lock above, biased to one thread (lock.c) --
  * A device lock is usually taken over and over by one thread (the thread of
  * a training loop, then PyTorch's autograd thread for a while). After a run
  * of uncontended takes by one thread, the lock is biased to it: that thread
@@ -105,7 +105,7 @@ static inline uintptr_t tally__thread_id(void)
 }
 void tally__devlock_init(tally_devlock_t *l);
 void tally__devlock_slow(tally_devlock_t *l);
-/* The child of fork: the lock free and unbiased (fork.c). */
+/* The child of fork: the lock free and unbiased (process.c). */
 void tally__devlock_reset(tally_devlock_t *l);
 void tally__bias_after_fork(void);
 /* Biases granted and revoked since the start (tests). */
@@ -140,11 +140,11 @@ static inline bool tally__dev_lock_biased(tally_devlock_t *l)
 {
     tally_bias_t *o = atomic_load_explicit(&l->owner, memory_order_relaxed);
     /* A record whose thread is this one is this thread's own: a record
-     * changes thread only when its thread exits (bias.c). */
+     * changes thread only when its thread exits (lock.c). */
     if (o && TALLY_LIKELY(atomic_load_explicit(&o->thread, memory_order_relaxed) == tally__thread_id())) {
         atomic_store_explicit(&o->busy, 1, memory_order_relaxed);
         /* The compiler may not move the check above the store; the CPU may,
-         * and the revoker's membarrier is what orders the two (bias.c). */
+         * and the revoker's membarrier is what orders the two (lock.c). */
         atomic_signal_fence(memory_order_seq_cst);
         if (TALLY_LIKELY(atomic_load_explicit(&l->m.state, memory_order_acquire) == 0) &&
             TALLY_LIKELY(atomic_load_explicit(&l->owner, memory_order_relaxed) == o)) {
@@ -172,7 +172,7 @@ static inline void tally__dev_unlock(tally_devlock_t *l)
     tally__mutex_unlock(&l->m);
 }
 
-/* The library's other locks, for the fork handlers (fork.c), which take
+/* The library's other locks, for the fork handlers (process.c), which take
  * them all in this order: stage, config, every device, names, site, host,
  * sink, heap. */
 tally_mutex_t *tally__stage_lock(void);
@@ -262,7 +262,7 @@ typedef struct tally_options {
     uint32_t roundup_divisions[TALLY_ROUNDUP_INTERVALS];
     double memory_fraction;             /* 0: none; applies to every device */
     int ledger;                         /* record tags / stages per block */
-    int lock_bias;                      /* device locks may be biased to one thread (bias.c) */
+    int lock_bias;                      /* device locks may be biased to one thread (lock.c) */
     int backtrace_depth;
     int python_stack;                   /* Python frames per allocation site */
     int unwinder;                       /* TALLY_UNWIND_* (unwind.c) */

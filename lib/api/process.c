@@ -1,14 +1,24 @@
-/* fork: pthread_atfork handlers, so that a child forked while other threads
- * were inside tally starts with every lock free and a consistent state.
+/* The process's two edges, which reach across every layer: its exit and
+ * its forks.
  *
+ * Exit: the JSON report (report_path), the leak report (leak_report) and the
+ * leak exit code (leak_exitcode). They are written by a library destructor,
+ * so after the program's atexit handlers and after Python's finalisation;
+ * it reads only tally's own metadata and never calls the backend (CUDA may
+ * be gone). Metadata is never torn down, so frees that arrive later still
+ * work.
+ *
+ * Fork: pthread_atfork handlers, so that a child forked while other threads
+ * were inside tally starts with every lock free and a consistent state.
  * prepare takes every lock of the library in the documented lock order
  * (lib/core/internal.h: stage, config, each device in turn (through the
  * futex lock, revoking any other thread's bias), names, site, Python
- * frames, host backend, sink, heap; the private tags' lock after the devices). No other thread ever holds two device locks, so
- * holding all of them here cannot deadlock; once prepare returns, no other
- * thread is half-way through changing tally's state. The parent then
- * releases them in reverse order; the child, whose only thread is the one
- * that forked, resets them (their waiters are not in the child).
+ * frames, host backend, sink, heap; the private tags' lock after the
+ * devices). No other thread ever holds two device locks, so holding all of
+ * them here cannot deadlock; once prepare returns, no other thread is
+ * half-way through changing tally's state. The parent then releases them in
+ * reverse order; the child, whose only thread is the one that forked,
+ * resets them (their waiters are not in the child).
  *
  * The child also:
  *  - notes each device's allocation count at fork: blocks numbered up to it
@@ -25,6 +35,50 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <unistd.h>
+
+/* ---- exit ---------------------------------------------------------------- */
+
+static _Atomic int exit_registered, exit_done;
+
+void tally__exit_register(void)
+{
+    atomic_store(&exit_registered, 1);
+}
+
+int tally__exit_report(void)
+{
+    if (!atomic_load(&exit_registered) || atomic_exchange(&exit_done, 1))
+        return 0;
+    char path[512];
+    tally__opt_string(tally__opt.report_path, path);
+    if (path[0])
+        tally_write_report(path);
+    int leak_report = TALLY_OPT(leak_report), leak_exitcode = TALLY_OPT(leak_exitcode);
+    uint64_t blocks = 0, bytes = 0;
+    tally_out_t o;
+    tally__out_init(&o, tally__sink_writer, NULL);
+    if (leak_report != TALLY_LEAK_OFF || leak_exitcode) {
+        tally_out_t quiet;
+        tally__out_init(&quiet, NULL, NULL);
+        bytes = tally__report_leaks(leak_report == TALLY_LEAK_OFF ? &quiet : &o, leak_report == TALLY_LEAK_FULL, true,
+                                    &blocks);
+        tally__out_flush(&o);
+    }
+    return bytes && leak_exitcode ? leak_exitcode : 0;
+}
+
+__attribute__((destructor)) static void at_exit(void)
+{
+    int code = tally__exit_report();
+    if (code) {
+        fflush(NULL);
+        _exit(code);
+    }
+}
+
+/* ---- fork ---------------------------------------------------------------- */
 
 static int locked_devices;
 
@@ -86,7 +140,7 @@ static void child(void)
     tally__after_fork_child();
 }
 
-static pthread_once_t registered = PTHREAD_ONCE_INIT;
+static pthread_once_t handlers_registered = PTHREAD_ONCE_INIT;
 
 static void register_handlers(void)
 {
@@ -95,5 +149,5 @@ static void register_handlers(void)
 
 void tally__fork_register(void)
 {
-    pthread_once(&registered, register_handlers);
+    pthread_once(&handlers_registered, register_handlers);
 }
