@@ -522,7 +522,7 @@ static void test_plot_time_unit_changes_at_an_axis_of_2000_of_it(void **state)
     plot_time_unit(1960785, "s", "0 0.5 1 1.5 2");
 }
 
-/* The timeline's clock is the wall clock (lib/ledger/timeline.c), which a
+/* The timeline's clock is the wall clock (lib/ledger/recorders.c), which a
  * clock step can set back, and a report read back may hold any int64 as a
  * time: events stamped far before the first (and one far after the last)
  * are drawn at the latest time so far, so the plot by time stays inside its

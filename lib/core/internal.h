@@ -274,7 +274,7 @@ typedef struct tally_options {
     int home_setting;                   /* as configured: -2 auto, -1 none, or a number */
     int timeline;
     int timeline_events;
-    int trace;                          /* record every alloc and free (alloc_trace.c) */
+    int trace;                          /* record every alloc and free (recorders.c) */
     int expandable_segments;            /* large pool in one growing range per stream */
     int large_segment_size_mb;          /* large pool segment for requests under 10 MiB */
     int expandable_small_shared;        /* small-pool segments lent by expandable segments (segment.c) */

@@ -56,7 +56,7 @@ bool tally__tag_is_persistent(uint32_t id);
 /* Allocation sites, interned; NULL when off (site.h). */
 typedef struct tally_site tally_site_t;
 
-/* Timeline (timeline.c): a bounded ring of events per device. */
+/* Timeline (recorders.c): a bounded ring of events per device. */
 typedef struct tally_event_rec {
     uint64_t time_us;
     uintptr_t addr;
@@ -83,7 +83,7 @@ static inline void tally__timeline_block_locked(tally_device_t *d, int action, c
         tally__timeline_record_locked(d, action, b->addr, b->size, b->stream, b->tag, b->stage,
                                       (const tally_site_t *)b->site);
 }
-/* Allocation trace (alloc_trace.c, trace:true): every alloc and free in full. */
+/* Allocation trace (recorders.c, trace:true): every alloc and free in full. */
 void tally__trace_record_locked(tally_device_t *d, int alloc, const tally_block_t *b);
 void tally__trace_write_locked(tally_device_t *d, tally_out_t *o, bool *first);
 static inline void tally__trace_block_locked(tally_device_t *d, int alloc, const tally_block_t *b)
