@@ -503,30 +503,36 @@ static void test_out_of_host_memory_through_pytorch_raises_an_oom(void **state)
     in_fork(torch_child);
 }
 
-/* A private tag's segment (reserved and mapped whole) whose block record
- * cannot be had goes back at once: unmapped, unreserved, nothing counted.
- * The spare block records are dropped first so that the record is
- * allocated; from each metadata allocation of the attempt in turn, every
- * one fails. The
- * tag's small pool keeps its cached segment (private pools are not emptied
- * by empty_cache), so the requests are large ones. */
-static void private_segment_child(void)
+/* A segment whose block record cannot be had goes back at once, the way it
+ * came: a private tag's (reserved and mapped whole) unmapped and
+ * unreserved, a plain one freed through the backend: nothing counted, the
+ * backend's capacity whole again, and every backend allocation (and address
+ * range) given back by its own kind of call. The spare block records are
+ * dropped first so that the record is allocated; from each metadata
+ * allocation of the attempt in turn, every one fails. The tag's small pool keeps its
+ * cached segment (private pools are not emptied by empty_cache), so the
+ * requests are large ones. */
+static void segment_record_child(bool tagged)
 {
-    tu_conf("backend:host,host_capacity:1GiB,host_mode:virtual,leak_report:off,private_tags:seg-priv");
+    tu_conf(tagged ? "backend:host,host_capacity:1GiB,host_mode:virtual,leak_report:off,private_tags:seg-priv"
+                   : "backend:host,host_capacity:1GiB,host_mode:virtual,leak_report:off");
     tally_set_sink(discard, NULL);
-    if (tally_tag_push("seg-priv") != 0)
+    if (tagged && tally_tag_push("seg-priv") != 0)
         _exit(2);
     void *warm = tally_malloc(4096, 0, NULL); /* the tag's pool exists from here */
     if (!warm)
         _exit(2);
     tally_free(warm);
     tally_empty_cache(0);
+    tally_host_calls_t before; /* a private pool keeps its small segment */
+    if (tally_host_calls(0, &before) != 0)
+        _exit(2);
     tally_device_t *d = tally__g.dev[0];
     int failures = 0;
     for (uint64_t nth = 1; nth < 64; nth++) {
         d->spare_blocks = NULL; /* the next block record needs metadata */
         tally__meta_fail(nth, 1); /* from the nth on: the retry after release fails too */
-        void *p = tally_malloc(30 << 20, 0, NULL); /* a new segment of the tag's large pool */
+        void *p = tally_malloc(30 << 20, 0, NULL); /* a new segment of the large pool */
         tally__meta_fail(0, 0);
         if (p) {
             tally_free(p);
@@ -535,9 +541,17 @@ static void private_segment_child(void)
         failures++;
         tally_stats_t st;
         size_t free_b = 0, total = 0;
+        tally_host_calls_t c;
         if (tally_check() != 0 || tally_get_stats(0, &st) != 0 || st.reserved_bytes[0].current != 0 ||
-            st.segment[0].current != 0 || tally_mem_get_info(0, &free_b, &total) != 0 || free_b != total) {
-            fprintf(stderr, "failure %llu left state behind: %s\n", (unsigned long long)nth, tally_last_error());
+            st.segment[0].current != 0 || tally_mem_get_info(0, &free_b, &total) != 0 || free_b != total ||
+            tally_host_calls(0, &c) != 0 || c.alloc - before.alloc != c.free - before.free ||
+            c.reserve - before.reserve != c.unreserve - before.unreserve) {
+            fprintf(stderr,
+                    "failure %llu left state behind (%zu of %zu bytes free; backend since the loop: %llu allocs, "
+                    "%llu frees, %llu reserves, %llu unreserves): %s\n",
+                    (unsigned long long)nth, free_b, total, (unsigned long long)(c.alloc - before.alloc),
+                    (unsigned long long)(c.free - before.free), (unsigned long long)(c.reserve - before.reserve),
+                    (unsigned long long)(c.unreserve - before.unreserve), tally_last_error());
             _exit(3);
         }
     }
@@ -549,10 +563,26 @@ static void private_segment_child(void)
     _exit(0);
 }
 
+static void private_segment_child(void)
+{
+    segment_record_child(true);
+}
+
+static void plain_segment_child(void)
+{
+    segment_record_child(false);
+}
+
 static void test_private_segment_whose_record_cannot_be_had_goes_back(void **state)
 {
     (void)state;
     in_fork(private_segment_child);
+}
+
+static void test_plain_segment_whose_record_cannot_be_had_goes_back(void **state)
+{
+    (void)state;
+    in_fork(plain_segment_child);
 }
 
 /* Initialisation without memory: each of its metadata allocations in turn
@@ -711,6 +741,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cached_block_refused_cleanly_when_the_pointer_map_cannot_grow),
         cmocka_unit_test(test_out_of_host_memory_through_pytorch_raises_an_oom),
         cmocka_unit_test(test_private_segment_whose_record_cannot_be_had_goes_back),
+        cmocka_unit_test(test_plain_segment_whose_record_cannot_be_had_goes_back),
         cmocka_unit_test(test_initialisation_without_memory_fails_cleanly),
         cmocka_unit_test(test_metadata_from_jemalloc_counts_each_block_exactly),
         cmocka_unit_test(test_meta_grow_keeps_items_or_leaves_them),

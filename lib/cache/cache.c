@@ -344,10 +344,11 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
     tally_segment_t *s = tally__meta_calloc(sizeof *s);
     tally_block_t *b = s ? tally__cache_block_new(d) : NULL;
     if (!b) {
-        if (s && vm) {
-            s->base = (uintptr_t)ptr;
-            s->size = size;
-            tally__vm_segment_free_locked(d, s);
+        /* Back the way it came, with or without its record: a private
+         * pool's segment unmapped and unreserved, any other freed. */
+        if (vm) {
+            tally_segment_t gone = {.base = (uintptr_t)ptr, .size = size, .stream = p->stream};
+            tally__vm_segment_free_locked(d, &gone);
         } else {
             tally__g.backend->free(d->id, ptr, size, p->stream);
         }
