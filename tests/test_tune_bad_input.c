@@ -208,6 +208,13 @@ static void test_snapshot_names_each_bad_segment_field(void **state)
     expect_snapshot_error("{'segments': [{'total_size': 2097152, 'blocks': [{'state': 'active_allocated', "
                           "'address': 0, 'requested_size': 8, 'size': 'big'}]}], " TRACE_OF(ONE_ALLOC),
                           "segments[].blocks[0]: 'size' is a str, not an integer");
+    /* A block smaller than what was asked for (PyTorch's never is). */
+    expect_snapshot_error("{'segments': [{'total_size': 2097152, 'blocks': [{'state': 'active_allocated', "
+                          "'address': 0, 'requested_size': 8, 'size': 1}]}], " TRACE_OF(ONE_ALLOC),
+                          "segments[].blocks[0]: 'size' 1 is smaller than its 'requested_size' 8");
+    expect_snapshot_error("{'segments': [{'total_size': 2097152, 'blocks': [{'state': 'active_allocated', "
+                          "'address': 0, 'requested_size': 1024, 'size': 512}]}], " TRACE_OF(ONE_ALLOC),
+                          "segments[].blocks[0]: 'size' 512 is smaller than its 'requested_size' 1024");
     /* A segment of another device is not read. */
     expect_snapshot_error("{'segments': [{'device': 1}], " TRACE_OF(ONE_ALLOC ", {'action': 'alloc'}"),
                           "device_traces event[1]: 'addr' is missing");

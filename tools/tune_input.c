@@ -233,6 +233,11 @@ static int snap_segments(const snap_ctx_t *c, const pk_value_t *segs, int device
                 return -1;
             if (pk_get(blk, "size") && snap_int(c, blk, "size", "segments[].blocks", k, &bsize))
                 return -1;
+            if (pk_get(blk, "size") && bsize < req) /* a block holds at least what was asked */
+                return tune_fail(c->err, c->errlen,
+                                 "%s: PyTorch snapshot: segments[].blocks[%zu]: 'size' %lld is smaller than its "
+                                 "'requested_size' %lld",
+                                 c->path, k, (long long)bsize, (long long)req);
             if (!trace_is_live(b, (uint64_t)addr)) {
                 if (tune_add_prelive(s, (uint64_t)addr, (uint64_t)req, (uint64_t)stream))
                     return tune_fail(c->err, c->errlen, "%s: out of memory", c->path);

@@ -109,13 +109,12 @@ void tally__cache_release_block_locked(tally_device_t *d, tally_block_t *b)
 typedef struct collect {
     tally_block_t **items;
     size_t n, cap;
-    size_t min_size;
 } collect_t;
 
 static void collect_whole(tally_block_t *b, void *arg)
 {
     collect_t *c = arg;
-    if (b->prev || b->next || b->size < c->min_size)
+    if (b->prev || b->next)
         return;
     if (c->n < c->cap)
         c->items[c->n++] = b;
@@ -129,7 +128,7 @@ static size_t release_pool(tally_device_t *d, tally_pool_t *p, size_t want)
      * synchronise (PyTorch releases nothing then either). */
     if (!p->count || tally__capture_on_locked(d))
         return 0;
-    collect_t c = {tally__meta_alloc(p->count * sizeof(tally_block_t *)), 0, p->count, 0};
+    collect_t c = {tally__meta_alloc(p->count * sizeof(tally_block_t *)), 0, p->count};
     if (!c.items)
         return 0;
     tally__pool_walk(p, collect_whole, &c);
@@ -172,7 +171,7 @@ void tally__cache_garbage_collect_locked(tally_device_t *d)
         return; /* nothing is released during a capture (release_pool) */
     uint64_t target = d->reserved - threshold, reclaimed = 0;
     tally_pool_t *pool = &d->large;
-    collect_t c = {tally__meta_alloc((pool->count + 1) * sizeof(tally_block_t *)), 0, pool->count, 0};
+    collect_t c = {tally__meta_alloc((pool->count + 1) * sizeof(tally_block_t *)), 0, pool->count};
     if (!c.items)
         return;
     tally__pool_walk(pool, collect_whole, &c);
