@@ -183,6 +183,19 @@ static void settle(work_t *w, int round, const char *what)
                     (long long)s.reserved_bytes[0].current);
             _exit(5);
         }
+        /* Nothing reserved: so every backend allocation was freed, every
+         * address range unreserved and every page mapped unmapped. */
+        tally_host_calls_t c;
+        if (tally_host_calls(d, &c) != 0 || c.alloc != c.free || c.reserve != c.unreserve ||
+            c.map_pages != c.unmap_pages) {
+            fprintf(stderr,
+                    "round %d (%s): device %d's backend calls do not balance: %llu allocs, %llu frees, %llu "
+                    "reserves, %llu unreserves, %llu pages mapped, %llu unmapped\n",
+                    round, what, d, (unsigned long long)c.alloc, (unsigned long long)c.free,
+                    (unsigned long long)c.reserve, (unsigned long long)c.unreserve, (unsigned long long)c.map_pages,
+                    (unsigned long long)c.unmap_pages);
+            _exit(5);
+        }
     }
     if (sink_bad_lines) {
         fprintf(stderr, "round %d (%s): the sink got a diagnostic that is not one 'tally: ' line:\n%.*s\n", round,
@@ -509,9 +522,8 @@ static void test_out_of_host_memory_through_pytorch_raises_an_oom(void **state)
  * backend's capacity whole again, and every backend allocation (and address
  * range) given back by its own kind of call. The spare block records are
  * dropped first so that the record is allocated; from each metadata
- * allocation of the attempt in turn, every one fails. The tag's small pool keeps its
- * cached segment (private pools are not emptied by empty_cache), so the
- * requests are large ones. */
+ * allocation of the attempt in turn, every one fails. The requests are
+ * large ones (30 MiB), each of which needs a segment of its own. */
 static void segment_record_child(bool tagged)
 {
     tu_conf(tagged ? "backend:host,host_capacity:1GiB,host_mode:virtual,leak_report:off,private_tags:seg-priv"
@@ -524,7 +536,7 @@ static void segment_record_child(bool tagged)
         _exit(2);
     tally_free(warm);
     tally_empty_cache(0);
-    tally_host_calls_t before; /* a private pool keeps its small segment */
+    tally_host_calls_t before; /* the warm-up's calls */
     if (tally_host_calls(0, &before) != 0)
         _exit(2);
     tally_device_t *d = tally__g.dev[0];
