@@ -17,7 +17,10 @@
  *    "out of memory on device" report on the sink, and the reverse;
  *  - after freeing everything, releasing the streams and empty_cache, the
  *    host backend has all its memory back (tally_mem_get_info: free ==
- *    total), so no segment leaked or was given back twice.
+ *    total), so no segment leaked or was given back twice, and its calls
+ *    balance (tally_host_calls: allocations and frees, reserves and
+ *    unreserves, pages mapped and unmapped), so no address range was left
+ *    reserved with nothing mapped.
  * A second test mixes injected failures with requests larger than the
  * device (real OOMs) and one-shot failures (tally_host_fail_alloc(k, 0)).
  *
@@ -221,6 +224,14 @@ static void expect_empty_devices(const char *when)
         assert_int_equal(tally_mem_get_info(d, &fr, &total), 0);
         EQ(total, CAPACITY);
         EQ(fr, total);
+        /* The backend's own count: every allocation freed, every range
+         * unreserved, every page mapped unmapped (failed calls are not
+         * counted there). */
+        tally_host_calls_t c;
+        assert_int_equal(tally_host_calls(d, &c), 0);
+        EQ(c.alloc, c.free);
+        EQ(c.reserve, c.unreserve);
+        EQ(c.map_pages, c.unmap_pages);
     }
     tu_ctx("%s", "");
 }
