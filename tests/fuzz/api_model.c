@@ -222,5 +222,15 @@ void cleanup(void)
         RC(tally_mem_get_info(d, &fr, &total), 0);
         REQUIRE(fr == total, "device %d: the backend has %zu of %zu bytes free after everything went back", d, fr,
                 total);
+        /* Since the process began: every allocation freed, every range
+         * unreserved, every page mapped unmapped (free memory alone misses
+         * a range left reserved with nothing mapped). */
+        tally_host_calls_t c;
+        RC(tally_host_calls(d, &c), 0);
+        REQUIRE(c.alloc == c.free && c.reserve == c.unreserve && c.map_pages == c.unmap_pages,
+                "device %d: the backend's calls do not balance after everything went back: %llu allocs, %llu frees, "
+                "%llu reserves, %llu unreserves, %llu pages mapped, %llu unmapped",
+                d, (unsigned long long)c.alloc, (unsigned long long)c.free, (unsigned long long)c.reserve,
+                (unsigned long long)c.unreserve, (unsigned long long)c.map_pages, (unsigned long long)c.unmap_pages);
     }
 }

@@ -23,7 +23,9 @@
  * 512-aligned and overlaps no live block; block_info gives its size, device,
  * stream, tag and stage. At the end of each input everything is freed and
  * undone, and each device must be empty: no allocation, no active block, no
- * reserved byte, and the backend's free memory equal to its total.
+ * reserved byte, the backend's free memory equal to its total, and its
+ * calls balanced (allocations and frees, reserves and unreserves, pages
+ * mapped and unmapped).
  *
  * tally_check() (every segment, every non-empty pool bin, every ledger row)
  * runs after every CHECK_EVERY-th call, after the last call of an input and
