@@ -1,12 +1,12 @@
 /* Tests for what tally tune prints, run as a user runs it (the built
  * ../bin/tally) on CSV traces written here and the fixtures: the table
  * (sizes in the "runs out" column, the heading's count of the trace, the
- * note on what a CSV cannot carry, each row's peak reserved), the JSON rows,
- * the two recommendations (PyTorch's and tally's; a tie goes to fewer
- * backend calls), the least memory the recommendation runs in, the name of
- * PyTorch's line by torch version, the --plot picture and its layout, and
- * one-line errors for bad input. Expected figures are worked out by hand in
- * the comments. */
+ * note on what a CSV cannot carry, each row's peak reserved, the needs of
+ * memory-fraction rows), the JSON rows, the two recommendations (PyTorch's
+ * and tally's; a tie goes to fewer backend calls), the least memory the
+ * recommendation runs in, the name of PyTorch's line by torch version, the
+ * --plot picture and its layout, and one-line errors for bad input.
+ * Expected figures are worked out by hand in the comments. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -88,6 +88,22 @@ static void test_rows_give_peak_reserved(void **state)
     run_t t = tune("--capacity 1GiB '%s'", path);
     if (t.rc != 0 || !strstr(t.out, "(CSV trace: 6 events, 3 allocations, 1 stream)"))
         fail_msg("status %d, stdout:\n%s", t.rc, t.out);
+    /* A memory-fraction row has no least memory (its cap is a share of the
+     * device): its "needs" column says so, every other row's does not. */
+    int fraction_rows = 0;
+    for (const char *line = t.out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        char row[512];
+        snprintf(row, sizeof row, "%.*s", (int)(len < sizeof row ? len : sizeof row - 1), line);
+        bool fraction_setting = strstr(row, "memory_fraction:") != NULL;
+        if (fraction_setting != (strstr(row, " (fraction) ") != NULL))
+            fail_msg("row '%s': a memory_fraction setting %s (fraction) in its needs column", row,
+                     fraction_setting ? "without" : "is the only one with");
+        fraction_rows += fraction_setting;
+    }
+    if (fraction_rows < 1)
+        fail_msg("no memory_fraction row in:\n%s", t.out);
     run_free(&t);
     /* A CSV trace has no devices to pick from: --device is refused, not ignored. */
     expect_one_line_error(tune("--device 0 '%s'", path), 2,
