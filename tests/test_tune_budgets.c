@@ -305,6 +305,10 @@ static void test_max_calls(void **state)
         if (jtrue(&rows->items[k], "recommended") || jtrue(&rows->items[k], "recommended_tally"))
             assert_true(jint(&rows->items[k], "backend_calls") <= 3);
     tally__json_free(rows);
+    /* The count is decimal: 19 is nineteen, not refused for its 9. */
+    rows = tune_json(path, "--capacity 1GiB --max-calls 19");
+    assert_true(rows->len > 0);
+    tally__json_free(rows);
 }
 
 /* When several rows tie at the least calls or the least driver time, the
