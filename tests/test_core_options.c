@@ -125,7 +125,8 @@ static void test_host_capacity_units_in_children(void **state)
 
 /* An entry of 64 GiB or more sets the last of the 16 slots, the one for
  * every size of 32 GiB and up (as PyTorch clamps its interval index):
- * [1:2,65536:4] rounds 3000 B with 2 divisions and 33 GiB + 1 with 4. */
+ * [1:2,65536:4] rounds 3000 B with 2 divisions, and 33 GiB + 1 and 65 GiB
+ * + 1 (past the slot's own interval) with 4. */
 static void test_divisions_entry_past_the_last_slot_sets_the_last(void **state)
 {
     (void)state;
@@ -133,6 +134,7 @@ static void test_divisions_entry_past_the_last_slot_sets_the_last(void **state)
         {3000, 3072},             /* slot 0 = 2: step 1024 */
         {3 * MiB + 1, 3 * MiB + 512}, /* slot 1 untouched: off */
         {33 * GiB + 1, 40 * GiB}, /* slot 15 = 4: step 8 GiB */
+        {65 * GiB + 1, 80 * GiB}, /* still slot 15 (slot 14 is off): step 16 GiB */
     };
     static const unsigned d[16] = {[0] = 2, [15] = 4};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -140,7 +142,7 @@ static void test_divisions_entry_past_the_last_slot_sets_the_last(void **state)
         EQ(tu_round(cases[i].request, d), cases[i].block);
     }
     tu_ctx("%s", "");
-    child_rounding("backend:host,host_mode:virtual,roundup_power2_divisions:[1:2,65536:4]", cases,
+    child_rounding("backend:host,host_mode:virtual,host_capacity:128GiB,roundup_power2_divisions:[1:2,65536:4]", cases,
                    sizeof cases / sizeof cases[0]);
 }
 

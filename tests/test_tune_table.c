@@ -197,6 +197,31 @@ static void test_plot(void **state)
     assert_int_equal(paths, 2);
     if (!strstr(text, ">PyTorch's default</text>") || !strstr(text, "</svg>"))
         fail_msg("svg:\n%s", text);
+    /* Each curve is a staircase: M x y, then a step (H x V y) only where
+     * reserved memory changes, to a new height each time, and a last H.
+     * small.pickle's reserved memory changes, so each curve steps. */
+    for (const char *p = text; (p = strstr(p, "<path fill=\"none\"")); p++) {
+        const char *d = strstr(p, " d=\"");
+        assert_non_null(d);
+        d += 4;
+        double x, y, prev;
+        int n = 0, steps = 0;
+        if (sscanf(d, "M%lf %lf%n", &x, &prev, &n) != 2)
+            fail_msg("a curve does not start with M x y: %.60s", d);
+        d += n;
+        while (sscanf(d, "H%lfV%lf%n", &x, &y, &n) == 2) {
+            if (y == prev)
+                fail_msg("a step of a curve to the height it is at (%.1f): %.80s", y, d);
+            prev = y;
+            steps++;
+            d += n;
+        }
+        n = 0;
+        if (sscanf(d, "H%lf\"%n", &x, &n) != 1 || n == 0)
+            fail_msg("a curve does not end with one H x: %.60s", d);
+        if (steps < 1)
+            fail_msg("a curve of small.pickle has no step");
+    }
     check_plot_layout(text);
     free(text);
     expect_one_line_error(tune("--plot /nonexistent/dir/x.svg '%s/small.pickle'", fixtures), 1, "cannot write");
