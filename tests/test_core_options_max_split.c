@@ -239,6 +239,32 @@ static void test_release_available_frees_several_largest_blocks(void **state)
     CHECK_OK();
 }
 
+/* The largest blocks go only until together they are enough: under a
+ * 200 MiB cap with 42, 44 and 46 MiB cached, 80 MiB more (212 > 200) frees
+ * 46 and 44 (90 >= 80), and 42 stays cached, as PyTorch's loop stops. */
+static void test_release_available_stops_when_enough(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_set_memory_fraction(2 * FRACTION_100MiB, 0), 0);
+    void *a = tu_malloc(42 * MiB, 0, S1);
+    void *b = tu_malloc(44 * MiB, 0, S1);
+    void *c = tu_malloc(46 * MiB, 0, S1);
+    tu_free(a);
+    tu_free(b);
+    tu_free(c);
+    tally_stats_t s0 = tu_stats(0);
+    EQ(s0.reserved_bytes[0].current, 132 * MiB);
+    void *d = tu_malloc(80 * MiB, 0, S1);
+    assert_non_null(d);
+    tally_stats_t s1 = tu_stats(0);
+    EQ(s1.num_device_free - s0.num_device_free, 2);
+    EQ(s1.num_sync_all_streams - s0.num_sync_all_streams, 0);
+    EQ(s1.num_alloc_retries - s0.num_alloc_retries, 0);
+    EQ(s1.reserved_bytes[0].current, (42 + 80) * MiB);
+    tu_free(d);
+    CHECK_OK();
+}
+
 /* Not enough oversize blocks: they are released anyway, then the full
  * release_cached_blocks (sync) and the counted retry, then the OOM. */
 static void test_release_available_not_enough_then_oom(void **state)
@@ -334,6 +360,7 @@ int main(void)
         cmocka_unit_test_setup(test_oversize_reuse_allowance_is_20MiB, tu_setup_clean),
         cmocka_unit_test_setup(test_release_available_frees_one_oversize_block, tu_setup_clean),
         cmocka_unit_test_setup(test_release_available_frees_several_largest_blocks, tu_setup_clean),
+        cmocka_unit_test_setup(test_release_available_stops_when_enough, tu_setup_clean),
         cmocka_unit_test_setup(test_release_available_not_enough_then_oom, tu_setup_clean),
         cmocka_unit_test_setup(test_release_available_ignores_other_streams, tu_setup_clean),
         cmocka_unit_test_setup(test_release_available_short_goes_on_to_full_release, tu_setup_clean),
