@@ -119,6 +119,13 @@ static void test_error_wrong_schema(void **state)
     HAS(r.err, "stats_bad_value.json: not a valid memory_stats object: byte 66: memory_stats: "
                "\"allocated_bytes.all.peak\" should be an integer, not string\n");
     run_free(&r);
+    /* The first of the statistics' names is one too: a file whose only key
+     * is allocation's is a memory_stats object with a bad value. */
+    r = tally_run("summary '%s/stats_bad_allocation.json'", fixtures);
+    EXPECT_RC(r, 1);
+    HAS(r.err, "stats_bad_allocation.json: not a valid memory_stats object: byte 27: memory_stats: "
+               "\"allocation.all.current\" should be an integer, not string\n");
+    run_free(&r);
     r = tally_run("ledger '%s/bad_report.json'", fixtures);
     EXPECT_RC(r, 1);
     HAS(r.err, "bad_report.json: not a valid tally report: byte 235: ledger[0]: \"current_bytes\" should be an "
