@@ -285,6 +285,56 @@ static void test_plot_free_takes_the_latest_alloc_at_its_address(void **state)
     free(svg);
 }
 
+/* The plot finds each freed block's tag in a map from address to tag
+ * (open addressing, entries shifted back over a freed slot). With 300
+ * blocks live under one tag, at addresses as an allocator gives them
+ * (each block as long as a pseudo-random multiple of 512 B, the next right
+ * after it), many addresses share a home slot; each free must still find
+ * its block, or the tag keeps bytes it gave back. Freed in the order they
+ * came, then one 400 MiB block under the same tag, whose peak is that
+ * block alone: a free that missed would have gone to "(before timeline)"
+ * and lifted the tag's peak past 400 MiB. */
+static void test_plot_frees_find_their_tags_among_hundreds_live(void **state)
+{
+    (void)state;
+    enum { N = 300 };
+    char path[PATH_MAX + 16], out[PATH_MAX + 16];
+    FILE *f = open_timeline_report("crowd", path, out);
+    static const char ev[] = "%s{\"device\":0,\"time_us\":%d,\"action\":\"%s\",\"addr\":%zu,\"size\":%zu,"
+                             "\"stream\":0,\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"a\",\"stage\":\"s\"}\n";
+    static size_t addr[N], size[N];
+    const size_t reserved = 1024 * MiB;
+    size_t at = (size_t)0x7f0000000000ull, live = 0;
+    uint32_t x = 12345;
+    for (size_t i = 0; i < N; i++) {
+        x = (x * 1103515245u + 12345u) & 0x7fffffffu;
+        addr[i] = at;
+        size[i] = ((x >> 8) % 2048 + 1) * 512; /* 512 B to 1 MiB */
+        at += size[i];
+    }
+    int t = 1000;
+    for (size_t i = 0; i < N; i++) {
+        live += size[i];
+        fprintf(f, ev, i ? "," : "", t++, "alloc", addr[i], size[i], live, reserved);
+    }
+    for (size_t i = 0; i < N; i++) {
+        live -= size[i];
+        fprintf(f, ev, ",", t++, "free_requested", addr[i], size[i], live, reserved);
+    }
+    assert_true(at - addr[0] < 400 * MiB); /* so the last block sets the peak */
+    fprintf(f, ev, ",", t++, "alloc", at, 400 * MiB, 400 * MiB, reserved);
+    fputs("]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("plot '%s' -o '%s'", path, out);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "crowd.svg: device 0, 601 events, 1 tag group, peak allocated 400.0 MiB");
+    run_free(&r);
+    double zero_y;
+    char *svg = slurp_plot(out, &zero_y);
+    HAS(svg, ">a (peak 400.0 MiB)<");
+    free(svg);
+}
+
 /* The x of a legend key (a rect's or path's first coordinate) just before
  * the label text, and the label's own x: 20 px apart in every entry. */
 static void expect_label_beside_key(const char *svg, const char *label)
@@ -571,6 +621,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_other_tags_on_top_of_nine),
         cmocka_unit_test(test_plot_legend_shortens_names_past_24_characters),
         cmocka_unit_test(test_plot_free_takes_the_latest_alloc_at_its_address),
+        cmocka_unit_test(test_plot_frees_find_their_tags_among_hundreds_live),
         cmocka_unit_test(test_plot_marks_each_out_of_memory),
         cmocka_unit_test(test_plot_events_at_one_time_stay_finite),
         cmocka_unit_test(test_plot_by_time_when_the_clock_steps_back),

@@ -102,6 +102,13 @@ static void test_json_strings(void **state)
     assert_string_equal(v->s, "\x7f|\xc2\x80|\xdf\xbf|\xe0\xa0\x80|\xef\xbf\xbf|\xf0\x90\x80\x80");
     tally__json_free(v);
 
+    /* The edges of the surrogate ranges: U+D7FF and U+E000 stand alone;
+     * \udbff, the last high surrogate, pairs with \udfff, the last low
+     * one, into U+10FFFF, the last code point. */
+    v = parse_ok("\"\\ud7ff|\\ue000|\\udbff\\udfff|\\udbff\\udc00|\\ud800\\udfff\"");
+    assert_string_equal(v->s, "\xed\x9f\xbf|\xee\x80\x80|\xf4\x8f\xbf\xbf|\xf4\x8f\xb0\x80|\xf0\x90\x8f\xbf");
+    tally__json_free(v);
+
     /* A key holding a NUL is found only through the length-taking lookup. */
     v = parse_ok("{\"k\\u0000z\": 1}");
     assert_null(tally__json_get(v, "k"));
@@ -351,6 +358,10 @@ static void test_json_errors(void **state)
     JSON_ERR("\"\\ud800\"", 1, "byte 1: unpaired high surrogate \\ud800");
     JSON_ERR("\"\\ud800\\u0041\"", 1, "byte 1: unpaired high surrogate \\ud800");
     JSON_ERR("\"\\udc00\"", 1, "byte 1: unpaired low surrogate \\udc00");
+    JSON_ERR("\"\\udbff\"", 1, "byte 1: unpaired high surrogate \\udbff");
+    JSON_ERR("\"\\udfff\"", 1, "byte 1: unpaired low surrogate \\udfff");
+    JSON_ERR("\"\\udbff\\ue000\"", 1, "byte 1: unpaired high surrogate \\udbff");
+    JSON_ERR("\"\\ud800\\udbff\"", 1, "byte 1: unpaired high surrogate \\ud800");
     JSON_ERR("\"a\tb\"", 2, "byte 2: control character 0x09 in a string (it must be escaped)");
     JSON_ERR("\"a\0b\"", 2, "byte 2: control character 0x00 in a string (it must be escaped)");
     JSON_ERR("01", 0, "byte 0: invalid number (leading zero)");

@@ -186,6 +186,9 @@ static void test_pickle_refuses_bad_input(void **state)
     expect_pickle_error(truncated, sizeof truncated, "truncated");
     static const unsigned char no_stop[] = {0x80, 0x04, ']'};
     expect_pickle_error(no_stop, sizeof no_stop, "before the STOP opcode");
+    /* An argument that ends the file is read whole: what is missing is the STOP. */
+    static const unsigned char arg_at_end[] = {0x80, 0x04, 'J', 1, 2, 3, 4};
+    expect_pickle_error(arg_at_end, sizeof arg_at_end, "before the STOP opcode");
     static const unsigned char long_str[] = {0x80, 0x04, 'X', 0xff, 0xff, 0, 0, 'a', '.'};
     expect_pickle_error(long_str, sizeof long_str, "runs past the end");
     static const unsigned char bad_memo[] = {0x80, 0x04, 'h', 7, '.'};

@@ -323,6 +323,30 @@ static tally_json_t *tune_rows(const char *path, const char *extra)
 
 
 
+/* The model's best fit takes blocks in PyTorch's order of free blocks,
+ * (size, address): of two mapped free blocks of the same size, the lower
+ * address, when the one after it in that order is no larger with its
+ * unmapped tail. Here A (4 MiB at 0) and B (4 MiB at 6 MiB), each followed
+ * by an allocated block: A is the fit for 3 MiB; with B's tail unmapped it
+ * still is (B's reach, 14 MiB, is larger), and a request over 4 MiB gets
+ * none. */
+static void test_best_fit_of_equal_sizes_takes_the_lower_address(void **state)
+{
+    (void)state;
+    const uint64_t M = 1ull << 20;
+    seg_t s = {.pool = 1, .page = 2 * M};
+    blk_t a = {.addr = 0, .size = 4 * M, .mapped = true};
+    blk_t x = {.addr = 4 * M, .size = 2 * M, .mapped = true, .allocated = true, .seg = &s};
+    blk_t b = {.addr = 6 * M, .size = 4 * M, .mapped = true};
+    blk_t y = {.addr = 10 * M, .size = 10 * M, .mapped = true, .allocated = true, .seg = &s};
+    s.head = &a;
+    a.next = &x, x.prev = &a, x.next = &b, b.prev = &x, b.next = &y, y.prev = &b;
+    assert_ptr_equal(best_fit(&s, 3 * M), &a);
+    assert_null(best_fit(&s, 5 * M));
+    y.allocated = false, y.mapped = false; /* B's tail, unmapped: B reaches 14 MiB */
+    assert_ptr_equal(best_fit(&s, 3 * M), &a);
+}
+
 /* The row whose idle pages may move (expandable_move_budget:-1) is priced
  * a physical handle per 2 MiB page it maps, counted from the steps of its
  * reserved bytes: 10 MiB then 4 MiB, 10 MiB freed, on a 1 GiB device,
@@ -430,6 +454,7 @@ int main(void)
         cmocka_unit_test(test_recorded_range_past_the_device_is_refused),
         cmocka_unit_test(test_out_of_host_memory_while_seeding_is_an_error),
         cmocka_unit_test(test_grow_counts_every_page_past_a_mapped_remainder),
+        cmocka_unit_test(test_best_fit_of_equal_sizes_takes_the_lower_address),
         cmocka_unit_test(test_tally_row_prices_the_pages_it_maps),
         cmocka_unit_test(test_recorded_state_keeps_a_512_byte_remainder_free),
         cmocka_unit_test(test_split_candidates_are_quantiles_of_the_large_allocations),
