@@ -136,6 +136,32 @@ static void test_host_backend_counts_unmap_runs_over_holes(void **state)
     assert_int_equal(b->map(1, at, 5 * PAGE, 2 * PAGE, why, sizeof why), 0); /* handles of 2, 2, 1 pages */
     assert_int_equal(b->map(1, at + 6 * PAGE, PAGE, 3 * PAGE / 2, why, sizeof why), TALLY_EBACKEND);
     HAS(why, "not a whole number of 2 MiB pages");
+    /* As CUDA (and lib/backend/cuda/vmm.c), maps and unmaps of whole pages
+     * inside the reservation only: past its end, off a page boundary, a part
+     * of a page, nothing, or outside any reservation are refused, and
+     * nothing is mapped, unmapped or counted. */
+    tally_host_calls_t cr;
+    assert_int_equal(tally_host_calls(1, &cr), 0);
+    assert_int_equal(b->map(1, at + 7 * PAGE, 2 * PAGE, PAGE, why, sizeof why), TALLY_EBACKEND);
+    HAS(why, "is not inside a reservation of device 1");
+    assert_int_equal(b->map(1, at + 8 * PAGE, PAGE, PAGE, why, sizeof why), TALLY_EBACKEND);
+    assert_int_equal(b->map(1, at + 4096, PAGE, PAGE, why, sizeof why), TALLY_EBACKEND);
+    HAS(why, "is not a whole number of 2 MiB pages");
+    assert_int_equal(b->map(1, at + 6 * PAGE, PAGE / 2, PAGE, why, sizeof why), TALLY_EBACKEND);
+    assert_int_equal(b->map(1, at + 6 * PAGE, 0, PAGE, why, sizeof why), TALLY_EBACKEND);
+    static char outside[64];
+    assert_int_equal(b->map(1, outside, PAGE, PAGE, why, sizeof why), TALLY_EBACKEND);
+    assert_int_equal(b->unmap(1, at + 4 * PAGE, 5 * PAGE), TALLY_EBACKEND);
+    HAS(tally_last_error(), "is not inside a reservation of device 1");
+    assert_int_equal(b->unmap(1, at + 4096, PAGE), TALLY_EBACKEND);
+    HAS(tally_last_error(), "is not a whole number of 2 MiB pages");
+    assert_int_equal(b->unmap(1, outside, PAGE), TALLY_EBACKEND);
+    tally_host_calls_t cr1;
+    assert_int_equal(tally_host_calls(1, &cr1), 0);
+    EQ(cr1.map - cr.map, 0);
+    EQ(cr1.map_pages - cr.map_pages, 0);
+    EQ(cr1.unmap - cr.unmap, 0);
+    EQ(cr1.unmap_pages - cr.unmap_pages, 0);
     tally_host_calls_t c1;
     assert_int_equal(tally_host_calls(1, &c1), 0);
     EQ(c1.map_handles - c.map_handles, 3);

@@ -17,8 +17,9 @@
  * `handle` bytes). Per reservation it knows which pages are mapped and the
  * handle each belongs to, so unmap counts what lib/backend/cuda/vmm.c would do for
  * the same call (one cuMemUnmap per run) and refuses, as CUDA does, an
- * unmap that would cut a handle: a replay on this backend gives the driver
- * calls of the cuda one. */
+ * unmap that would cut a handle, and a map or unmap that is not whole pages
+ * inside one reservation: a replay on this backend gives the driver calls of
+ * the cuda one. */
 #include "backend/backend.h"
 
 #include <errno.h>
@@ -267,6 +268,25 @@ static int host_reserve(int device, size_t size, void **ptr, char *why, size_t w
     return 0;
 }
 
+/* Whether [ptr, ptr + size) is whole pages inside one reservation of
+ * device; if not, why says so as lib/backend/cuda/vmm.c does (CUDA maps and
+ * unmaps only inside a reservation: cuMemMap and cuMemUnmap refuse any other
+ * range with CUDA_ERROR_INVALID_VALUE). */
+static bool inside_reservation(int device, void *ptr, size_t size, const char *what, char *why, size_t whylen)
+{
+    tally__mutex_lock(&host_lock);
+    uintptr_t a = (uintptr_t)ptr;
+    host_range_t *r = range_locked(device, a);
+    bool inside = r && size && size <= (r->npages * HOST_PAGE) - (a - r->base);
+    bool whole = r && size % HOST_PAGE == 0 && (a - r->base) % HOST_PAGE == 0;
+    tally__mutex_unlock(&host_lock);
+    if (!inside)
+        snprintf(why, whylen, "%s: [%p, +%zu) is not inside a reservation of device %d", what, ptr, size, device);
+    else if (!whole)
+        snprintf(why, whylen, "%s: [%p, +%zu) is not a whole number of 2 MiB pages", what, ptr, size);
+    return inside && whole;
+}
+
 /* Mapping counts against the device's capacity, as an allocation does; in
  * backed mode the pages become usable. */
 static int host_map(int device, void *ptr, size_t size, size_t handle, char *why, size_t whylen)
@@ -275,6 +295,8 @@ static int host_map(int device, void *ptr, size_t size, size_t handle, char *why
         snprintf(why, whylen, "map: handle size %zu is not a whole number of 2 MiB pages", handle);
         return TALLY_EBACKEND;
     }
+    if (!inside_reservation(device, ptr, size, "map", why, whylen))
+        return TALLY_EBACKEND;
     int rc = charge(device, size, why, whylen);
     if (rc)
         return rc;
@@ -291,6 +313,11 @@ static int host_map(int device, void *ptr, size_t size, size_t handle, char *why
 
 static int host_unmap(int device, void *ptr, size_t size)
 {
+    char why[200];
+    if (!inside_reservation(device, ptr, size, "unmap", why, sizeof why)) {
+        tally__fail(TALLY_EBACKEND, "device %d: %s", device, why);
+        return TALLY_EBACKEND;
+    }
     if (cuts_handle(device, ptr, size)) {
         tally__fail(TALLY_EBACKEND, "device %d: unmap of [%p, +%zu) would cut a physical handle", device, ptr, size);
         return TALLY_EBACKEND;
