@@ -342,15 +342,17 @@ static void *report_main(void *arg)
 /* Runtime keys change while allocations, frees, stage ends and reports read
  * them: they are stored and read as relaxed atomics, and the two strings
  * (persistent_tags, report_path) are copied under the configuration lock
- * (lib/core/internal.h, TALLY_OPT). Meaningful under `make tsan`. */
+ * (lib/core/internal.h, TALLY_OPT). Meaningful under `make tsan`. The
+ * memory fraction is applied under each device's lock in turn, which the
+ * allocating thread takes too: a lock left held stops it. */
 static atomic_int configure_stop;
 
 static void *configure_main(void *arg)
 {
     (void)arg;
     for (long i = 0; !atomic_load(&configure_stop); i++) {
-        if (tally_configure(i % 2 ? "persistent_tags:weights|act,stage_report:false,backtrace_depth:0"
-                                  : "persistent_tags:optimizer,stage_report:true,backtrace_depth:0"))
+        if (tally_configure(i % 2 ? "persistent_tags:weights|act,stage_report:false,backtrace_depth:0,memory_fraction:0.9"
+                                  : "persistent_tags:optimizer,stage_report:true,backtrace_depth:0,memory_fraction:0"))
             return (void *)1;
     }
     return NULL;

@@ -102,6 +102,22 @@ static int child_configured_only(void)
     return 3;
 }
 
+/* Started (one block allocated and freed), then a new report path given
+ * at run time through tally_configure (report_path is a runtime key): exit
+ * writes the report there. */
+static int child_path_at_run_time(void)
+{
+    void *p = tally_malloc(MB, 0, NULL);
+    LU_REQUIRE(p != NULL);
+    tally_free(p);
+    if (tally_configure(getenv("RUNTIME_CONF")) != 0) {
+        printf("refused: %s\n", tally_last_error());
+        return 1;
+    }
+    printf("report path set at run time\n");
+    return 0;
+}
+
 /* Blocks freed by a destructor that runs after the library's exit report
  * (a destructor with a priority runs after the default-priority ones). */
 static void *late[2];
@@ -338,6 +354,31 @@ static void test_report_path_with_pid_is_written_at_exit(void **state)
     lu_child_free(&c);
 }
 
+/* A report path given after the library started replaces the one it
+ * started with: the report is written at the new path only. */
+static void test_report_path_set_at_run_time_is_the_one_written(void **state)
+{
+    (void)state;
+    char conf[600], first[400], second[400], env0[500];
+    snprintf(first, sizeof first, "%s/first-path.json", lu_tmpdir());
+    snprintf(second, sizeof second, "%s/second-path.json", lu_tmpdir());
+    snprintf(conf, sizeof conf, BASE ",leak_report:off,report_path:%s", first);
+    snprintf(env0, sizeof env0, "RUNTIME_CONF=report_path:%s", second);
+    const char *const env[] = {env0, NULL};
+    lu_child_t c;
+    lu_child_run(&c, "path-at-run-time", conf, env);
+    LU_CHILD_EXIT(&c, 0);
+    LU_HAS(c.out, "report path set at run time\n");
+    if (!lu_exists(second))
+        fail_msg("no report at %s, the path given at run time; child stderr:\n%s", second, c.err);
+    if (lu_exists(first))
+        fail_msg("a report at %s, the path replaced at run time", first);
+    tally_json_t *root = lu_json_file(second);
+    LU_EQ(lu_jint(root, "pid"), c.pid);
+    tally__json_free(root);
+    lu_child_free(&c);
+}
+
 /* ---- the exit path in this process --------------------------------------------------- */
 
 static void test_exit_report_then_free_in_process(void **state)
@@ -389,6 +430,7 @@ static const lu_role_t roles[] = {
     {"no-tally", child_no_tally},
     {"configured-only", child_configured_only},
     {"late-free", child_late_free},
+    {"path-at-run-time", child_path_at_run_time},
     {NULL, NULL},
 };
 
@@ -409,6 +451,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_no_leaks_keep_the_programs_status),
         cmocka_unit_test(test_frees_after_the_exit_report_are_safe),
         cmocka_unit_test(test_report_path_with_pid_is_written_at_exit),
+        cmocka_unit_test(test_report_path_set_at_run_time_is_the_one_written),
         /* Last: it uses up this process's one exit report. */
         cmocka_unit_test(test_exit_report_then_free_in_process),
     };

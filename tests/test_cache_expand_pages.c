@@ -166,6 +166,53 @@ static void test_mapped_larger_block_preferred_to_a_best_fit_needing_pages(void 
     tally_empty_cache(0);
 }
 
+/* How far the preference for mapped pages looks: the next four free blocks
+ * after the best fit in (size, address) order (docs/architecture.md).
+ * Holes of 2, 4, 6 ... MiB (whole pages, an allocated block after each),
+ * all but the largest unmapped by empty_cache; a 2 MiB request. With holes
+ * up to 10 MiB the mapped one is fourth after the best fit and is taken, no
+ * page mapped; with one more hole it is fifth, and the request maps a page
+ * of the best fit. Returns the hole taken (0: the best fit; -1: another)
+ * and the map calls made for it. */
+static int lookahead_case(void *stream, int nholes, int64_t *maps)
+{
+    void *hole[8], *sep[8];
+    for (int i = 0; i < nholes; i++) {
+        hole[i] = tally_malloc((size_t)(i + 1) * 2 * MiB, 0, stream);
+        sep[i] = tally_malloc(2 * MiB, 0, stream);
+        assert_non_null(hole[i]);
+        assert_non_null(sep[i]);
+    }
+    for (int i = 0; i < nholes - 1; i++)
+        tally_free(hole[i]);
+    tally_empty_cache(0);
+    tally_free(hole[nholes - 1]); /* its pages stay mapped */
+    tally_stats_t before = stats(0);
+    void *q = tally_malloc(2 * MiB, 0, stream);
+    assert_non_null(q);
+    *maps = stats(0).num_device_alloc - before.num_device_alloc;
+    int took = -1;
+    for (int i = 0; i < nholes; i++)
+        if (q == hole[i])
+            took = i;
+    CHECK_OK();
+    tally_free(q);
+    for (int i = 0; i < nholes; i++)
+        tally_free(sep[i]);
+    tally_empty_cache(0);
+    return took;
+}
+
+static void test_mapped_block_preferred_up_to_four_past_the_best_fit(void **state)
+{
+    (void)state;
+    int64_t maps;
+    EQ(lookahead_case((void *)0x880, 5, &maps), 4); /* the 10 MiB hole, fourth after the best fit */
+    EQ(maps, 0);
+    EQ(lookahead_case((void *)0x890, 6, &maps), 0); /* the 12 MiB hole is fifth: the best fit */
+    EQ(maps, 1);
+}
+
 /* Among holes whose pages are all mapped, the best fit is the smallest that
  * fits: A 4 MiB, B 2 MiB, C 6 MiB, D 2 MiB, A and C freed (their pages stay
  * mapped): a 3 MiB request takes A's hole, not C's. */
@@ -311,14 +358,11 @@ static void test_idle_pages_below_the_mark_cost_no_call(void **state)
     tally_free(c);
 }
 
-static void test_every_idle_run_goes_when_all_are_needed(void **state)
+/* Blocks of 2, 16 and 4 MiB between live 2 MiB guards g[0..3], the three
+ * freed: idle runs of 1, 8 and 2 pages on stream_a. */
+static void idle_runs_between_guards(void *g[4])
 {
-    (void)state;
-    /* Blocks of 2, 16 and 4 MiB between live 2 MiB guards; free the three:
-     * idle runs of 1, 8 and 2 pages. A block that needs 12 new pages at the
-     * mark takes all three runs back (one unmap call each) and raises the
-     * peak by the one page still missing. */
-    void *g[4], *x[3];
+    void *x[3];
     size_t sizes[3] = {2 * MiB, 16 * MiB, 4 * MiB};
     g[0] = tally_malloc(2 * MiB, 0, stream_a);
     for (int i = 0; i < 3; i++) {
@@ -329,6 +373,17 @@ static void test_every_idle_run_goes_when_all_are_needed(void **state)
     }
     for (int i = 0; i < 3; i++)
         tally_free(x[i]);
+}
+
+static void test_every_idle_run_goes_when_all_are_needed(void **state)
+{
+    (void)state;
+    /* Blocks of 2, 16 and 4 MiB between live 2 MiB guards; free the three:
+     * idle runs of 1, 8 and 2 pages. A block that needs 12 new pages at the
+     * mark takes all three runs back (one unmap call each) and raises the
+     * peak by the one page still missing. */
+    void *g[4];
+    idle_runs_between_guards(g);
     tally_stats_t before = stats(0);
     void *big = tally_malloc(24 * MiB, 0, stream_a); /* fits no hole: 12 new pages, 11 idle */
     assert_non_null(big);
@@ -341,6 +396,33 @@ static void test_every_idle_run_goes_when_all_are_needed(void **state)
     for (int i = 0; i < 4; i++)
         tally_free(g[i]);
     CHECK_OK();
+}
+
+/* A budget lowered to 0 at run time stops moves at once, though the step's
+ * budget was given while it was 10 ms: after 1,001 allocations under
+ * expandable_move_budget:10000 (the budget comes back every 1,000), the
+ * budget is set to 0, and a block that needs new pages beside idle runs
+ * maps them and unmaps nothing. */
+static void test_budget_set_to_zero_at_run_time_moves_nothing(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_configure("expandable_move_budget:10000"), 0);
+    for (int i = 0; i < 1001; i++)
+        tally_free(tally_malloc(4 * MiB, 0, stream_a));
+    void *g[4];
+    idle_runs_between_guards(g);
+    assert_int_equal(tally_configure("expandable_move_budget:0"), 0);
+    tally_stats_t before = stats(0);
+    void *big = tally_malloc(24 * MiB, 0, stream_a); /* fits no hole: 12 new pages, 11 idle */
+    assert_non_null(big);
+    tally_stats_t s = stats(0);
+    EQ(s.num_device_free, before.num_device_free); /* no idle run unmapped */
+    EQ(s.num_device_alloc - before.num_device_alloc, 1);
+    tally_free(big);
+    for (int i = 0; i < 4; i++)
+        tally_free(g[i]);
+    CHECK_OK();
+    assert_int_equal(tally_configure("expandable_move_budget:-1"), 0);
 }
 
 static void test_steal_takes_the_longest_run_first(void **state)
@@ -679,6 +761,8 @@ int main(void)
         cmocka_unit_test_setup(test_block_past_a_moved_hole_finds_addresses_in_the_range, reset),
         cmocka_unit_test_setup(test_mapped_larger_block_preferred_to_a_best_fit_needing_pages, reset),
         cmocka_unit_test_setup(test_best_fit_among_mapped_holes_is_the_smallest, reset),
+        cmocka_unit_test_setup(test_mapped_block_preferred_up_to_four_past_the_best_fit, reset),
+        cmocka_unit_test_setup(test_budget_set_to_zero_at_run_time_moves_nothing, reset),
         cmocka_unit_test_setup(test_empty_cache_during_a_capture_keeps_idle_pages_mapped, reset),
         cmocka_unit_test_setup(test_holes_are_reused_without_raising_the_peak, reset),
         cmocka_unit_test_setup(test_empty_cache_unmaps_idle_pages, reset),

@@ -332,7 +332,40 @@ static void test_plot_frees_find_their_tags_among_hundreds_live(void **state)
     double zero_y;
     char *svg = slurp_plot(out, &zero_y);
     HAS(svg, ">a (peak 400.0 MiB)<");
+    /* Every event is there: the subtitle says nothing of dropped ones. */
+    if (strstr(svg, "older events dropped"))
+        fail_msg("a timeline with no event dropped is said to have dropped some (%s)", out);
     free(svg);
+}
+
+/* A report from before stages said what they released (no
+ * "released_bytes"): the page's stage table says 0 B released, not a byte
+ * more, beside the figures the stage has. */
+static void test_plot_html_stage_without_released_bytes_released_nothing(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16], out[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/old-stage.json", dir);
+    snprintf(out, sizeof out, "%s/old-stage.html", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
+          "\"devices\":[],\"ledger\":[],\"stages\":[{\"name\":\"load\",\"wall_us\":1500000,"
+          "\"peak_allocated_bytes\":1048576,\"peak_reserved_bytes\":2097152,\"survivor_bytes\":0,"
+          "\"survivor_blocks\":0,\"survivors\":[]}],\"leaks\":[],\"timeline\":[\n"
+          "{\"device\":0,\"time_us\":1000,\"action\":\"alloc\",\"addr\":67108864,\"size\":1048576,\"stream\":0,"
+          "\"allocated\":1048576,\"reserved\":2097152,\"tag\":\"a\",\"stage\":\"load\"},\n"
+          "{\"device\":0,\"time_us\":2000,\"action\":\"free_requested\",\"addr\":67108864,\"size\":1048576,"
+          "\"stream\":0,\"allocated\":0,\"reserved\":2097152,\"tag\":\"a\",\"stage\":\"load\"}]}\n",
+          f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("plot '%s' -o '%s'", path, out);
+    EXPECT_RC(r, 0);
+    run_free(&r);
+    char *html = slurp(out);
+    assert_non_null(html);
+    HAS(html, "<tr><td>load</td><td>1.500</td><td>1.0 MiB</td><td>2.0 MiB</td><td>0 B</td><td>0 B</td></tr>");
+    free(html);
 }
 
 /* The x of a legend key (a rect's or path's first coordinate) just before
@@ -622,6 +655,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_legend_shortens_names_past_24_characters),
         cmocka_unit_test(test_plot_free_takes_the_latest_alloc_at_its_address),
         cmocka_unit_test(test_plot_frees_find_their_tags_among_hundreds_live),
+        cmocka_unit_test(test_plot_html_stage_without_released_bytes_released_nothing),
         cmocka_unit_test(test_plot_marks_each_out_of_memory),
         cmocka_unit_test(test_plot_events_at_one_time_stay_finite),
         cmocka_unit_test(test_plot_by_time_when_the_clock_steps_back),

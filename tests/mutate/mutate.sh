@@ -70,6 +70,13 @@ equivalent_list=${MUTATE_EQUIVALENT:-$root/tests/mutate/equivalent.txt}
 sanitize=${MUTATE_SANITIZE:-1}
 san_flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 
+# The shared traces sit beside the repository (../shared/traces), not
+# beside the scratch tree: without this the suites that replay them (the
+# placement and goal checks of issue 21) would skip under every mutant.
+if [ -z "${TALLY_TRACES:-}" ] && [ -d "$root/../shared/traces" ]; then
+    export TALLY_TRACES=$(cd "$root/../shared/traces" && pwd)
+fi
+
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/tally-mutate.XXXXXX")
 cleanup() { [ "${MUTATE_KEEP:-0}" = 1 ] || rm -rf "$scratch"; }
 trap cleanup EXIT
