@@ -65,6 +65,16 @@ static void test_plot_by_events_axis_counts_the_devices_events(void **state)
     char *svg = slurp(out);
     assert_non_null(svg);
     HAS(svg, ">event number (of 2000 on this device)</text>");
+    /* Bucketed by column: the area's edge has at most two points a column
+     * each way (870 columns), not two for every one of the 2000 changes. */
+    const char *area = strstr(svg, "<path class=\"tag\"");
+    assert_non_null(area);
+    area = strstr(area, " d=\"");
+    assert_non_null(area);
+    static pts_t pts;
+    read_pts(area + 4, &pts);
+    if (pts.n < 4 || pts.n > 4 * 870 + 8)
+        fail_msg("the area's edge has %d points: want at most two per column each way", pts.n);
     free(svg);
     assert_int_equal(xml_check(out), 0);
 }
@@ -368,6 +378,39 @@ static void test_plot_html_stage_without_released_bytes_released_nothing(void **
     free(html);
 }
 
+/* Without --device and with a home device that has no events, the plot
+ * draws the busiest device, counting what it drew, not stage marks: device
+ * 0 has three stages begun and ended (its ring kept them, device 1's did
+ * not) and one allocation, device 1 two allocations: device 1 it is. */
+static void test_plot_busiest_device_counts_no_stage_marks(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16], out[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/marks.json", dir);
+    snprintf(out, sizeof out, "%s/marks.svg", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":5,\"backend\":\"host\","
+          "\"devices\":[],\"ledger\":[],\"stages\":[],\"leaks\":[],\"timeline\":[\n",
+          f);
+    static const char ev[] = "%s{\"device\":%d,\"time_us\":%d,\"action\":\"%s\",\"addr\":%zu,\"size\":%zu,"
+                             "\"stream\":0,\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"a\",\"stage\":\"s%d\"}\n";
+    int t = 1000;
+    for (int k = 0; k < 3; k++) {
+        fprintf(f, ev, k ? "," : "", 0, t++, "stage_begin", (size_t)0, (size_t)0, (size_t)0, 2 * MiB, k);
+        fprintf(f, ev, ",", 0, t++, "stage_end", (size_t)0, (size_t)0, (size_t)0, 2 * MiB, k);
+    }
+    fprintf(f, ev, ",", 0, t++, "alloc", 64 * MiB, MiB, MiB, 2 * MiB, 0);
+    fprintf(f, ev, ",", 1, t++, "alloc", 96 * MiB, MiB, MiB, 2 * MiB, 0);
+    fprintf(f, ev, ",", 1, t++, "alloc", 97 * MiB, MiB, 2 * MiB, 2 * MiB, 0);
+    fputs("]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("plot '%s' -o '%s'", path, out);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "marks.svg: device 1, 2 events");
+    run_free(&r);
+}
+
 /* The x of a legend key (a rect's or path's first coordinate) just before
  * the label text, and the label's own x: 20 px apart in every entry. */
 static void expect_label_beside_key(const char *svg, const char *label)
@@ -656,6 +699,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plot_free_takes_the_latest_alloc_at_its_address),
         cmocka_unit_test(test_plot_frees_find_their_tags_among_hundreds_live),
         cmocka_unit_test(test_plot_html_stage_without_released_bytes_released_nothing),
+        cmocka_unit_test(test_plot_busiest_device_counts_no_stage_marks),
         cmocka_unit_test(test_plot_marks_each_out_of_memory),
         cmocka_unit_test(test_plot_events_at_one_time_stay_finite),
         cmocka_unit_test(test_plot_by_time_when_the_clock_steps_back),

@@ -65,6 +65,16 @@ static int child_symbolizer(void)
                  (unsigned long long)(pc - (uintptr_t)info.dli_fbase));
         LU_REQUIRE(strcmp(text, want) == 0);
     }
+    /* A C library function's frame keeps its function but gets no line (with
+     * libdw or without): the offset shown is the return address's from the
+     * function's start, 5, not the call's (4). */
+    void *qs = dlsym(RTLD_DEFAULT, "qsort");
+    LU_REQUIRE(qs != NULL);
+    LU_REQUIRE(tally__symbolize((uintptr_t)qs + 5, f, TALLY_INLINE_MAX) >= 1);
+    tally__frame_format(&f[0], text, sizeof text);
+    printf("libc: %s\n", text);
+    LU_REQUIRE(f[0].func[0] && f[0].line == 0);
+    LU_REQUIRE(f[0].func_offset == 5);
     /* An address in the library's own ELF header: in the module, in no
      * function (libdw's symbol lookup finds nothing there): the module and
      * its offset, no function. */

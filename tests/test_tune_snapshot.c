@@ -215,6 +215,40 @@ static void test_snapshot_live_block_without_size_is_rounded(void **state)
     tune_input_free(&in);
 }
 
+/* Blocks live before recording inside a segment the window itself
+ * allocated (its segment_alloc event undoes it: it was not there before)
+ * lie outside the recorded state, so the replay starts from an empty cache
+ * and says how many, as one line: "1 block ... lies", "2 blocks ... lie". */
+static void test_snapshot_blocks_outside_the_recorded_segments_are_counted(void **state)
+{
+    (void)state;
+    static const char *const bodies[2] = {
+        "def blk(a):\n"
+        "    return dict(address=a, size=512, requested_size=512, state=\"active_allocated\")\n"
+        "d = {\"device_traces\": [[{\"action\": \"segment_alloc\", \"addr\": S, \"size\": 2 * M, \"stream\": 0}]],\n"
+        " \"segments\": [{\"address\": S, \"device\": 0, \"segment_type\": \"small\", \"total_size\": 2 * M,\n"
+        "   \"blocks\": [blk(S)]}]}",
+        "def blk(a):\n"
+        "    return dict(address=a, size=512, requested_size=512, state=\"active_allocated\")\n"
+        "d = {\"device_traces\": [[{\"action\": \"segment_alloc\", \"addr\": S, \"size\": 2 * M, \"stream\": 0}]],\n"
+        " \"segments\": [{\"address\": S, \"device\": 0, \"segment_type\": \"small\", \"total_size\": 2 * M,\n"
+        "   \"blocks\": [blk(S), blk(S + 512)]}]}",
+    };
+    static const char *const want[2] = {
+        "1 block live before recording lies outside the segments it had then; the replay starts from an empty cache",
+        "2 blocks live before recording lie outside the segments it had then; the replay starts from an empty cache",
+    };
+    for (int k = 0; k < 2; k++) {
+        char path[PATH_MAX + 32], name[32];
+        tune_input_t in;
+        snprintf(name, sizeof name, "outside%d.pickle", k + 1);
+        load_snapshot(name, bodies[k], path, &in);
+        assert_false(in.start.known);
+        assert_string_equal(in.start.gap, want[k]);
+        tune_input_free(&in);
+    }
+}
+
 /* A live block whose size the snapshot gives as 513 bytes (no PyTorch block
  * has it: they are multiples of 512) with the next live block 511 bytes
  * after its end: the remainder is too small to split off, so the replay from
@@ -434,6 +468,7 @@ int main(void)
         cmocka_unit_test(test_snapshot_without_streams_is_stream_0),
         cmocka_unit_test(test_snapshot_busiest_device_ties_go_to_the_first),
         cmocka_unit_test(test_snapshot_live_block_without_size_is_rounded),
+        cmocka_unit_test(test_snapshot_blocks_outside_the_recorded_segments_are_counted),
         cmocka_unit_test(test_snapshot_remainder_under_512_stays_with_its_block),
         cmocka_unit_test(test_snapshot_freed_segments_join_their_pool),
         cmocka_unit_test(test_shared_snapshots),

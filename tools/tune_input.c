@@ -414,8 +414,8 @@ static int snap_start(const snap_ctx_t *c, const pk_value_t *segs, int device, c
     st->known = outside == 0;
     if (outside)
         snprintf(st->gap, sizeof st->gap,
-                 "%zu block%s live before recording lie outside the segments it had then; the replay starts from an "
-                 "empty cache", outside, outside == 1 ? "" : "s");
+                 "%zu block%s live before recording lie%s outside the segments it had then; the replay starts from "
+                 "an empty cache", outside, outside == 1 ? "" : "s", outside == 1 ? "s" : "");
     else if (expandable && mapped_in_window)
         snprintf(st->gap, sizeof st->gap,
                  "the pages mapped at the start are the dump's less the %zu map event%s of the window", mapped_in_window,
