@@ -24,19 +24,27 @@
 #include "plotutil.h"
 
 /* Open DIR/NAME.json for a report written by hand, up to the start of its
- * timeline array (home device 0, no devices, ledger, stages or leaks); out
- * gets DIR/NAME.svg, where the plot goes. The caller writes the events and
- * closes the array and the file. */
-static FILE *open_timeline_report(const char *name, char path[PATH_MAX + 16], char out[PATH_MAX + 16])
+ * timeline array: home device home, the stages array stages (JSON), no
+ * devices, ledger or leaks; out gets DIR/NAME.EXT, where the plot goes. The
+ * caller writes the events and closes the array and the file. */
+static FILE *open_report_with(const char *name, const char *ext, int home, const char *stages,
+                              char path[PATH_MAX + 16], char out[PATH_MAX + 16])
 {
     snprintf(path, PATH_MAX + 16, "%s/%s.json", dir, name);
-    snprintf(out, PATH_MAX + 16, "%s/%s.svg", dir, name);
+    snprintf(out, PATH_MAX + 16, "%s/%s.%s", dir, name, ext);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
-          "\"devices\":[],\"ledger\":[],\"stages\":[],\"leaks\":[],\"timeline\":[\n",
-          f);
+    fprintf(f,
+            "{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":%d,\"backend\":\"host\","
+            "\"devices\":[],\"ledger\":[],\"stages\":%s,\"leaks\":[],\"timeline\":[\n",
+            home, stages);
     return f;
+}
+
+/* The same with home device 0, no stages, and an SVG. */
+static FILE *open_timeline_report(const char *name, char path[PATH_MAX + 16], char out[PATH_MAX + 16])
+{
+    return open_report_with(name, "svg", 0, "[]", path, out);
 }
 
 /* By event number the x axis says how many events the device has, the
@@ -355,15 +363,12 @@ static void test_plot_html_stage_without_released_bytes_released_nothing(void **
 {
     (void)state;
     char path[PATH_MAX + 16], out[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/old-stage.json", dir);
-    snprintf(out, sizeof out, "%s/old-stage.html", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":0,\"backend\":\"host\","
-          "\"devices\":[],\"ledger\":[],\"stages\":[{\"name\":\"load\",\"wall_us\":1500000,"
-          "\"peak_allocated_bytes\":1048576,\"peak_reserved_bytes\":2097152,\"survivor_bytes\":0,"
-          "\"survivor_blocks\":0,\"survivors\":[]}],\"leaks\":[],\"timeline\":[\n"
-          "{\"device\":0,\"time_us\":1000,\"action\":\"alloc\",\"addr\":67108864,\"size\":1048576,\"stream\":0,"
+    FILE *f = open_report_with("old-stage", "html", 0,
+                               "[{\"name\":\"load\",\"wall_us\":1500000,\"peak_allocated_bytes\":1048576,"
+                               "\"peak_reserved_bytes\":2097152,\"survivor_bytes\":0,\"survivor_blocks\":0,"
+                               "\"survivors\":[]}]",
+                               path, out);
+    fputs("{\"device\":0,\"time_us\":1000,\"action\":\"alloc\",\"addr\":67108864,\"size\":1048576,\"stream\":0,"
           "\"allocated\":1048576,\"reserved\":2097152,\"tag\":\"a\",\"stage\":\"load\"},\n"
           "{\"device\":0,\"time_us\":2000,\"action\":\"free_requested\",\"addr\":67108864,\"size\":1048576,"
           "\"stream\":0,\"allocated\":0,\"reserved\":2097152,\"tag\":\"a\",\"stage\":\"load\"}]}\n",
@@ -386,13 +391,7 @@ static void test_plot_busiest_device_counts_no_stage_marks(void **state)
 {
     (void)state;
     char path[PATH_MAX + 16], out[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/marks.json", dir);
-    snprintf(out, sizeof out, "%s/marks.svg", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("{\"format\":\"tally-report\",\"version\":\"" TALLY_VERSION "\",\"home_device\":5,\"backend\":\"host\","
-          "\"devices\":[],\"ledger\":[],\"stages\":[],\"leaks\":[],\"timeline\":[\n",
-          f);
+    FILE *f = open_report_with("marks", "svg", 5, "[]", path, out);
     static const char ev[] = "%s{\"device\":%d,\"time_us\":%d,\"action\":\"%s\",\"addr\":%zu,\"size\":%zu,"
                              "\"stream\":0,\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"a\",\"stage\":\"s%d\"}\n";
     int t = 1000;
