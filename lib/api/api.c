@@ -203,6 +203,7 @@ static void do_init_locked(void)
     tally__exit_register();
     set_small_fast(&tally__opt);
     tally__alloc_extra_update();
+    tally__ledger_options_update();
     atomic_store(&initialised, 1);
 }
 
@@ -286,6 +287,7 @@ static void publish_runtime(const tally_options_t *n)
     memcpy(tally__opt.leak_suppressions, n->leak_suppressions, sizeof tally__opt.leak_suppressions);
     set_small_fast(n);
     tally__alloc_extra_update();
+    tally__ledger_options_update();
 }
 
 int tally_configure(const char *conf)
@@ -370,12 +372,21 @@ tally_device_t *tally__device(int device, const char *fn)
  * compile, GCC makes no tail calls, and a call to an out-of-line slow half
  * would leave tally_malloc's own frame on the stack, to be taken for the
  * site). */
+/* The slow half in a function of its own (the allocation site is captured
+ * in it), reached by a tail call; or, from the fast half, the cache's
+ * failure, already reported. */
+__attribute__((noinline)) static void *malloc_slow(size_t size, int device, void *stream, bool failed)
+{
+    if (failed)
+        return NULL;
+    return tally__malloc_slow_inline(size, device, stream);
+}
+
 void *tally_malloc(size_t size, int device, void *stream)
 {
-    void *p;
-    if (TALLY_LIKELY(tally__malloc_fast(size, device, stream, &p)))
-        return p;
-    return tally__malloc_slow_inline(size, device, stream);
+    if (TALLY_LIKELY(tally__malloc_fast_ok(size, device)))
+        return tally__cache_malloc_biased(tally__g.dev[device], size, device, stream, malloc_slow);
+    return malloc_slow(size, device, stream, false);
 }
 
 size_t tally_empty_cache(int device)

@@ -26,18 +26,17 @@ tally_device_t *tally__device(int device, const char *fn);
 
 /* tally_malloc's body, in two halves, shared with tally_torch_alloc
  * (PyTorch's entry point, lib/torch/torch_abi.c), whose errors name
- * tally_malloc too. The fast half, inline in both: a plain allocation
- * (initialised, a device in range, no site to capture and no private tag)
- * whose device lock is this thread's by bias; true when it handled the
- * call, with *p the address or NULL when the cache failed (the error set).
- * Everything else is the slow half's: inline in tally_malloc, and for
- * PyTorch's entry point inline in a function of its own that the entry
- * point reaches by a tail call, so that its fast half keeps one register
- * across its one call (issue 21, item 7). The allocation site is captured
- * in the function that holds the slow half: the frame above it is the
- * caller's, or (without tail calls, as at -O1) the entry point's, in
- * libtally.so, which the capture skips. */
-static inline __attribute__((always_inline)) bool tally__malloc_fast(size_t size, int device, void *stream, void **p);
+ * tally_malloc too. The fast half: a plain allocation (initialised, a
+ * device in range, no site to capture and no private tag: fast_ok, inline
+ * in both) goes to the cache's fast half (tally__cache_malloc_biased: the
+ * lock by bias, the allocation, the unlock) by a tail call, so that the
+ * entry point keeps nothing across a call (issue 21, item 7); that function
+ * ends in the entry point's miss where it cannot finish. Everything else is
+ * the slow half's (slow_inline), inline in a function of its own in each
+ * entry point, which captures the allocation site: the frame above it is
+ * the caller's, or (without tail calls, as at -O1) one in libtally.so,
+ * which the capture skips. */
+static inline __attribute__((always_inline)) bool tally__malloc_fast_ok(size_t size, int device);
 static inline __attribute__((always_inline)) void *tally__malloc_slow_inline(size_t size, int device, void *stream);
 
 /* sleep.c: private tags. At initialisation, the private_tags key (refused
@@ -121,21 +120,13 @@ static inline __attribute__((always_inline)) void *tally__malloc_slow_inline(siz
     return p;
 }
 
-static inline __attribute__((always_inline)) bool tally__malloc_fast(size_t size, int device, void *stream, void **p)
+static inline __attribute__((always_inline)) bool tally__malloc_fast_ok(size_t size, int device)
 {
     /* size - 1 < SIZE_MAX / 2: neither 0 nor negative as a signed size. */
-    if (TALLY_UNLIKELY(size - 1 >= SIZE_MAX / 2) ||
-        TALLY_UNLIKELY(atomic_load_explicit(&tally__initialised, memory_order_acquire) != 1) ||
-        TALLY_UNLIKELY((unsigned)device >= (unsigned)tally__g.ndev) ||
-        TALLY_UNLIKELY(atomic_load_explicit(&tally__alloc_extra, memory_order_relaxed)))
-        return false;
-    tally_device_t *d = tally__g.dev[device];
-    if (TALLY_UNLIKELY(!tally__dev_lock_biased(&d->lock)))
-        return false;
-    tally_block_t *b = tally__cache_malloc_locked(d, size, stream, NULL);
-    *p = b ? (void *)b->addr : NULL;
-    tally__dev_unlock(&d->lock);
-    return true;
+    return TALLY_LIKELY(size - 1 < SIZE_MAX / 2) &&
+           TALLY_LIKELY(atomic_load_explicit(&tally__initialised, memory_order_acquire) == 1) &&
+           TALLY_LIKELY((unsigned)device < (unsigned)tally__g.ndev) &&
+           TALLY_LIKELY(!atomic_load_explicit(&tally__alloc_extra, memory_order_relaxed));
 }
 
 #endif

@@ -391,6 +391,21 @@ void tally__small_free_block_locked(tally_device_t *d, tally_block_t *b);
  * way. */
 tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t size, void *stream, void *site);
 void tally__cache_free_locked(tally_device_t *d, tally_block_t *b);
+/* small.c: the fast halves of the entry points (tally_malloc, tally_free's
+ * PyTorch form), each one function with the lock: d's lock taken by bias,
+ * the cache's allocation or free, the unlock. Each ends in a tail call of
+ * its entry point's miss where it cannot finish, so that the entry point
+ * keeps nothing across it (issue 21, item 7):
+ *  - the allocation: miss(orig, device, stream, false) with nothing done
+ *    when the lock is not this thread's by bias; miss(..., true) when the
+ *    cache failed (its reason set), whose answer is returned;
+ *  - the free: miss(ptr, size, device) with nothing done when the lock is
+ *    not this thread's by bias, or d's map holds no block at ptr whose
+ *    requested size is size. */
+typedef void *(*tally_alloc_miss_fn)(size_t orig, int device, void *stream, bool failed);
+typedef void (*tally_free_miss_fn)(void *ptr, size_t size, int device);
+void *tally__cache_malloc_biased(tally_device_t *d, size_t orig, int device, void *stream, tally_alloc_miss_fn miss);
+void tally__cache_free_biased(tally_device_t *d, void *ptr, size_t size, int device, tally_free_miss_fn miss);
 /* cache.c: the general paths, for what the fast ones do not take
  * (capturing: tally__cache_alloc_begin_locked's answer). */
 tally_block_t *tally__cache_malloc_general_locked(tally_device_t *d, size_t size, void *stream, void *site,

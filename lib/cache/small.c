@@ -524,16 +524,17 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
     return tally__cache_malloc_general_locked(d, orig, stream, site, capturing);
 }
 
-void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
+/* A small block of the device's own pool, never shared with another stream,
+ * not asleep and not in a run of pages (slow_free), on a backend that
+ * caches: nothing to wait for, and no merge past 2 MiB. */
+static inline bool free_fast_ok(const tally_block_t *b)
 {
-    /* A small block of the device's own pool, never shared with another
-     * stream, not asleep and not in a run of pages (slow_free), on a backend
-     * that caches: nothing to wait for, and no merge past 2 MiB. */
-    if (TALLY_LIKELY(b->pool == TALLY_POOL_SMALL && !b->nuses && !b->seg->slow_free && !tally__g.backend->passthrough)) {
-        tally__cache_free_begin_locked(d, b);
-        small_free(d, b, false);
-        return;
-    }
+    return b->pool == TALLY_POOL_SMALL && !b->nuses && !b->seg->slow_free && !tally__g.backend->passthrough;
+}
+
+/* Every free free_fast_ok does not take. */
+static void free_other(tally_device_t *d, tally_block_t *b)
+{
     /* A block of a run of pages (never asleep: runs are no private pool's):
      * the same, its merges filed past the bins when they pass 2 MiB. */
     if (b->seg->run && b->pool == TALLY_POOL_SMALL && !b->nuses && !tally__g.backend->passthrough) {
@@ -542,4 +543,59 @@ void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
         return;
     }
     tally__cache_free_general_locked(d, b);
+}
+
+void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
+{
+    if (TALLY_LIKELY(free_fast_ok(b))) {
+        tally__cache_free_begin_locked(d, b);
+        small_free(d, b, false);
+        return;
+    }
+    free_other(d, b);
+}
+
+/* The fast halves: the same, with the lock. On their fast paths nothing but
+ * the function itself and the ledger's hooks ran under the lock, so it is
+ * still held by bias. */
+void *tally__cache_malloc_biased(tally_device_t *d, size_t orig, int device, void *stream, tally_alloc_miss_fn miss)
+{
+    if (TALLY_UNLIKELY(!tally__dev_lock_biased(&d->lock)))
+        return miss(orig, device, stream, false);
+    bool capturing = tally__cache_alloc_begin_locked(d, stream);
+    tally_block_t *b;
+    if (TALLY_LIKELY(fast_ok(d, orig, capturing)) &&
+        TALLY_LIKELY((b = small_alloc(d, round_small(orig), orig, stream, NULL)) != NULL)) {
+        tally__dev_unlock_biased(&d->lock);
+        return (void *)b->addr;
+    }
+    b = tally__cache_malloc_general_locked(d, orig, stream, NULL, capturing);
+    tally__dev_unlock(&d->lock);
+    if (TALLY_UNLIKELY(!b))
+        return miss(orig, device, stream, true);
+    return (void *)b->addr;
+}
+
+void tally__cache_free_biased(tally_device_t *d, void *ptr, size_t size, int device, tally_free_miss_fn miss)
+{
+    uintptr_t a = (uintptr_t)ptr;
+    if (TALLY_LIKELY(tally__dev_lock_biased(&d->lock))) {
+        tally_ptrslot_t *slot =
+            TALLY_LIKELY(d->map.slots != NULL && a != 0) ? tally__ptrmap_find_inline(&d->map, a) : NULL;
+        if (TALLY_LIKELY(slot != NULL) && TALLY_LIKELY(slot->val->requested == size)) {
+            tally_block_t *b = slot->val;
+            tally__ptrmap_remove_inline(&d->map, slot);
+            if (TALLY_LIKELY(free_fast_ok(b))) {
+                tally__cache_free_begin_locked(d, b);
+                small_free(d, b, false);
+                tally__dev_unlock_biased(&d->lock);
+                return;
+            }
+            free_other(d, b);
+            tally__dev_unlock(&d->lock);
+            return;
+        }
+        tally__dev_unlock_biased(&d->lock);
+    }
+    miss(ptr, size, device);
 }

@@ -161,6 +161,13 @@ static inline void tally__dev_lock(tally_devlock_t *l)
     if (!tally__dev_lock_biased(l))
         tally__devlock_slow(l);
 }
+/* The unlock of a lock taken by tally__dev_lock_biased and not let go
+ * since: tally__dev_unlock without its test of how it was taken. */
+static inline void tally__dev_unlock_biased(tally_devlock_t *l)
+{
+    l->fast = 0;
+    atomic_store_explicit(&atomic_load_explicit(&l->owner, memory_order_relaxed)->busy, 0, memory_order_release);
+}
 static inline void tally__dev_unlock(tally_devlock_t *l)
 {
     if (TALLY_LIKELY(l->fast)) {

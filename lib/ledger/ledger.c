@@ -197,15 +197,21 @@ __attribute__((noinline)) static void alloc_tag_unread(tally_device_t *d, tally_
     alloc_count(d, ld, b);
 }
 
-void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b)
+/* Whether the hooks have their common case only: the ledger on, no
+ * timeline and no trace. One load at the top of each hook instead of three
+ * (issue 21, item 7); written whenever one of them changes. */
+static _Atomic bool plain;
+
+void tally__ledger_options_update(void)
 {
-    /* The owner counters: the row of the allocation before inline (the
-     * common case), any other row and the events out of line. (The stage
-     * window's peaks are the cache's: d->win_alloc, d->win_reserved.) The
-     * tag is read from the bias record of the thread that holds the device
-     * lock (its own), not from thread-local storage: in libtally.so that is
-     * a call to __tls_get_addr, and a call makes the hook save registers. */
-    tally_ledger_dev_t *ld = d->ledger;
+    atomic_store_explicit(&plain, tally__opt.ledger && !TALLY_OPT(timeline) && !TALLY_OPT(trace),
+                          memory_order_relaxed);
+}
+
+/* The allocation hook's every case: the ledger off, or a timeline or trace
+ * to record. */
+__attribute__((noinline)) static void alloc_general(tally_device_t *d, tally_block_t *b)
+{
     b->lentry = UINT32_MAX;
     b->epoch = 0;
     if (tally__opt.ledger) {
@@ -218,17 +224,50 @@ void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b)
             return;
         }
         b->tag = o->tag;
-        alloc_count(d, ld, b);
+        alloc_count(d, d->ledger, b);
         return;
     }
     if (TALLY_UNLIKELY(TALLY_OPT(timeline) | TALLY_OPT(trace)))
         record_events(d, 1, b);
 }
 
+void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b)
+{
+    /* The owner counters: the row of the allocation before inline (the
+     * common case), any other row and the events out of line. (The stage
+     * window's peaks are the cache's: d->win_alloc, d->win_reserved.) The
+     * tag is read from the bias record of the thread that holds the device
+     * lock (its own), not from thread-local storage: in libtally.so that is
+     * a call to __tls_get_addr, and a call makes the hook save registers. */
+    if (TALLY_UNLIKELY(!atomic_load_explicit(&plain, memory_order_relaxed))) {
+        alloc_general(d, b);
+        return;
+    }
+    tally_ledger_dev_t *ld = d->ledger;
+    uint64_t st = atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
+    tally_bias_t *o = tally__dev_lock_record(&d->lock);
+    b->stage = (uint32_t)st;
+    b->epoch = (uint32_t)(st >> 32);
+    if (TALLY_UNLIKELY(!o) || TALLY_UNLIKELY(o->tag == TALLY_BIAS_TAG_UNSET)) {
+        b->lentry = UINT32_MAX;
+        alloc_tag_unread(d, b, o);
+        return;
+    }
+    uint32_t tag = o->tag;
+    b->tag = tag;
+    if (TALLY_UNLIKELY(((uint64_t)tag << 32 | (uint32_t)st) != ld->last_key)) {
+        b->lentry = UINT32_MAX;
+        alloc_other_row(d, b);
+        return;
+    }
+    count_in(ld, ld->last_idx, b);
+}
+
 void tally__ledger_block_free_locked(tally_device_t *d, tally_block_t *b)
 {
     on_free(d, b);
-    if (TALLY_UNLIKELY(TALLY_OPT(timeline) | TALLY_OPT(trace)))
+    if (TALLY_UNLIKELY(!atomic_load_explicit(&plain, memory_order_relaxed)) &&
+        TALLY_UNLIKELY(TALLY_OPT(timeline) | TALLY_OPT(trace)))
         record_events(d, 0, b);
 }
 

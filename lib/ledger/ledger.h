@@ -45,6 +45,9 @@ void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b);
 void tally__ledger_block_free_locked(tally_device_t *d, tally_block_t *b);
 void tally__ledger_device_event_locked(tally_device_t *d, int action, uintptr_t addr, size_t size, void *stream);
 int tally__ledger_device_init(tally_device_t *d);
+/* The hooks' gate: called whenever the ledger, timeline or trace option
+ * changes (initialisation, tally_configure). */
+void tally__ledger_options_update(void);
 
 /* Names (interned once; ids are stable for the process). */
 const char *tally__tag_name(uint32_t id);

@@ -95,14 +95,20 @@ __attribute__((noinline)) static void *torch_alloc_slow(size_t size, int device,
     return p;
 }
 
+/* The fast half's miss: the slow path with nothing done, or the cache's
+ * failure raised. */
+__attribute__((noinline)) static void *torch_alloc_miss(size_t size, int device, void *stream, bool failed)
+{
+    if (!failed)
+        return torch_alloc_slow(size, device, stream);
+    alloc_failed(size, device);
+    return NULL;
+}
+
 void *tally_torch_alloc(size_t size, int device, void *stream)
 {
-    void *p;
-    if (TALLY_LIKELY(tally__malloc_fast(size, device, stream, &p))) {
-        if (TALLY_UNLIKELY(!p))
-            alloc_failed(size, device);
-        return p;
-    }
+    if (TALLY_LIKELY(tally__malloc_fast_ok(size, device)))
+        return tally__cache_malloc_biased(tally__g.dev[device], size, device, stream, torch_alloc_miss);
     return torch_alloc_slow(size, device, stream);
 }
 
@@ -140,38 +146,16 @@ __attribute__((noinline)) static void torch_free_slow(void *ptr, size_t size, in
     free_taken(d, b, ptr, size, device);
 }
 
-/* The fast path's miss, d's lock held: the slow path from the start. */
-__attribute__((noinline)) static void torch_free_miss(tally_device_t *d, void *ptr, size_t size, int device)
-{
-    tally__dev_unlock(&d->lock);
-    torch_free_slow(ptr, size, device);
-}
-
-/* The fast path: initialised, the device PyTorch names holds the block
- * with the size PyTorch names, and its lock is this thread's by bias. The
- * block is checked before it is taken, so that past the check only d and
- * the block are live: the fast path keeps one register across its calls,
- * and anything else is a tail call. */
+/* The fast path: initialised, a device tally has; the rest (the lock by
+ * bias, the block at ptr with the size PyTorch names) is the cache's fast
+ * half, whose miss is the slow path with nothing done. */
 void tally_torch_free(void *ptr, size_t size, int device, void *stream)
 {
     (void)stream;
-    uintptr_t a = (uintptr_t)ptr;
     if (TALLY_LIKELY(atomic_load_explicit(&tally__initialised, memory_order_acquire) == 1) &&
         TALLY_LIKELY((unsigned)device < (unsigned)tally__g.ndev)) {
-        tally_device_t *d = tally__g.dev[device];
-        if (TALLY_LIKELY(tally__dev_lock_biased(&d->lock))) {
-            tally_ptrslot_t *slot =
-                TALLY_LIKELY(d->map.slots != NULL && a != 0) ? tally__ptrmap_find_inline(&d->map, a) : NULL;
-            if (TALLY_UNLIKELY(!slot) || TALLY_UNLIKELY(slot->val->requested != size)) {
-                torch_free_miss(d, ptr, size, device);
-                return;
-            }
-            tally_block_t *b = slot->val;
-            tally__ptrmap_remove_inline(&d->map, slot);
-            tally__cache_free_locked(d, b);
-            tally__dev_unlock(&d->lock);
-            return;
-        }
+        tally__cache_free_biased(tally__g.dev[device], ptr, size, device, torch_free_slow);
+        return;
     }
     torch_free_slow(ptr, size, device);
 }
