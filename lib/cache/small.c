@@ -276,8 +276,15 @@ long tally__bins_verify(const tally_pool_t *p)
 /* A spare block record made ready for a free piece (d->spare_blocks is not
  * empty): every field but those the caller sets (addr, size, stream, seg,
  * pool, prev and next) as a new free block has them, except the pool links
- * (left, right), which going into a pool sets. */
-static inline tally_block_t *record_take(tally_device_t *d)
+ * (left, right), which going into a pool sets, and the owner fields
+ * (requested, tag, stage, lentry, seq, site): nothing reads those of a free
+ * block (a snapshot prints none of them for one, tally_check and every
+ * report read them of handed-out blocks only), and the hand-out and the
+ * ledger's hook write each of them before the block is handed out. They
+ * keep what they held: the values a batch of records starts with
+ * (records_ready), or those of the block's last allocation. Five stores
+ * fewer on the fast path's split (issue 21, item 7). */
+static inline tally_block_t *record_take_free(tally_device_t *d)
 {
     tally_block_t *r = d->spare_blocks;
     d->spare_blocks = r->next;
@@ -287,11 +294,25 @@ static inline tally_block_t *record_take(tally_device_t *d)
     r->event_count = 0;
     r->nuses = r->cap_uses = 0;
     r->uses = NULL;
+    return r;
+}
+
+/* The owner fields as a block that was never handed out has them. */
+static inline void owner_clear(tally_block_t *r)
+{
     r->requested = 0;
     r->tag = r->stage = 0;
     r->lentry = UINT32_MAX;
     r->seq = 0;
     r->site = NULL;
+}
+
+/* The same, the owner fields cleared too: for every record the general
+ * paths take, whatever they make of it. */
+static inline tally_block_t *record_take(tally_device_t *d)
+{
+    tally_block_t *r = record_take_free(d);
+    owner_clear(r);
     return r;
 }
 
@@ -304,6 +325,7 @@ static bool records_ready(tally_device_t *d)
         if (!batch)
             return NULL;
         for (int i = 0; i < BATCH; i++) {
+            owner_clear(&batch[i]);
             batch[i].next = d->spare_blocks;
             d->spare_blocks = &batch[i];
         }
@@ -322,10 +344,12 @@ tally_block_t *tally__cache_block_new(tally_device_t *d)
 
 /* b, out of its pool, keeps its first size bytes; a new free record (d's
  * spare list is not empty) takes the rest and is linked after it, in no
- * pool yet. Returns that record. */
-static inline tally_block_t *cut_front(tally_device_t *d, tally_block_t *b, size_t size)
+ * pool yet. Returns that record, its owner fields cleared when owners is
+ * set (the general path's: it may make the record something else). */
+static inline __attribute__((always_inline)) tally_block_t *cut_front(tally_device_t *d, tally_block_t *b,
+                                                                      size_t size, bool owners)
 {
-    tally_block_t *rest = record_take(d);
+    tally_block_t *rest = owners ? record_take(d) : record_take_free(d);
     rest->addr = b->addr + size;
     rest->size = b->size - size;
     rest->stream = b->stream;
@@ -344,7 +368,7 @@ tally_block_t *tally__cache_cut_front(tally_device_t *d, tally_block_t *b, size_
 {
     if (!records_ready(d))
         return NULL;
-    tally_block_t *rest = cut_front(d, b, size);
+    tally_block_t *rest = cut_front(d, b, size, true);
     rest->left = rest->right = NULL;
     return rest;
 }
@@ -361,7 +385,7 @@ static inline __attribute__((always_inline)) tally_block_t *small_take(tally_dev
     tally_stat_t *split_bytes = &d->stats.inactive_split_bytes[TALLY_POOL_SMALL];
     if (b->size - size >= MIN_BLOCK) {
         /* The rest stays free, in its own bin: the pool's count is unchanged. */
-        tally_block_t *rest = cut_front(d, b, size);
+        tally_block_t *rest = cut_front(d, b, size, false);
         if (any)
             any_insert(set, rest);
         else
