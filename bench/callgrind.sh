@@ -47,15 +47,16 @@ for p in pair fifo lifo; do
 done
 
 # PyTorch's entry points (tally_torch_alloc / tally_torch_free) against
-# mimalloc: inclusive instructions of run_torch and run_malloc, per pair.
+# mimalloc: inclusive instructions of run_torch and pair_sets.c's
+# pair_run_malloc, per pair.
 tp() {
   local pat=$1
   for b in 100 300; do
     valgrind --tool=callgrind --callgrind-out-file="$OUT/torchpath-$pat-$b.cg" "$BIN/torchpath-mimalloc" --reps 1 \
       --batches "$b" --pattern "$pat" >/dev/null 2>"$OUT/torchpath-$pat-$b.log"
     callgrind_annotate --inclusive=yes "$OUT/torchpath-$pat-$b.cg" 2>/dev/null |
-      awk -v b="$b" '$0 !~ /=>/ && match($0, /torchpath\.c:run_(torch|malloc) /) {
-        f = substr($0, RSTART + 16, RLENGTH - 17); n = $1; gsub(",", "", n); print f, b, n }'
+      awk -v b="$b" '$0 !~ /=>/ && match($0, /(torchpath\.c:run_torch|pair_sets\.c:pair_run_malloc) /) {
+        f = $0 ~ /run_torch / ? "torch" : "malloc"; n = $1; gsub(",", "", n); print f, b, n }'
   done | awk -v pat="$pat" -v d=$(((300 - 100) * 64)) '{ v[$1, $2] = $3 }
     END { t = (v["torch", 300] - v["torch", 100]) / d; m = (v["malloc", 300] - v["malloc", 100]) / d
       printf "| %s | %.0f | %.0f | %s |\n", pat, m, t, (m > 0 ? sprintf("%.2f", t / m) : "-") }'
