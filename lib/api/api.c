@@ -372,21 +372,29 @@ tally_device_t *tally__device(int device, const char *fn)
  * compile, GCC makes no tail calls, and a call to an out-of-line slow half
  * would leave tally_malloc's own frame on the stack, to be taken for the
  * site). */
-/* The slow half in a function of its own (the allocation site is captured
- * in it), reached by a tail call; or, from the fast half, the cache's
- * failure, already reported. */
-__attribute__((noinline)) static void *malloc_slow(size_t size, int device, void *stream, bool failed)
+/* The fast half's miss: nothing done (the slow half's, below), or the
+ * cache's failure, already reported. No block starts at address 1 (blocks
+ * are 512-byte aligned). */
+#define MALLOC_MISS ((void *)(uintptr_t)1)
+static void *malloc_miss(size_t size, int device, void *stream, bool failed)
 {
-    if (failed)
-        return NULL;
-    return tally__malloc_slow_inline(size, device, stream);
+    (void)size, (void)device, (void)stream;
+    return failed ? NULL : MALLOC_MISS;
 }
 
+/* The slow half is inline here, not in a function of its own: the site is
+ * captured in this frame, so the frame above it is the caller's whether or
+ * not the compiler makes tail calls (-O1, the sanitizer builds), and in a
+ * program that links libtally.a, where no range of addresses tells tally's
+ * frames from the program's. */
 void *tally_malloc(size_t size, int device, void *stream)
 {
-    if (TALLY_LIKELY(tally__malloc_fast_ok(size, device)))
-        return tally__cache_malloc_biased(tally__g.dev[device], size, device, stream, malloc_slow);
-    return malloc_slow(size, device, stream, false);
+    if (TALLY_LIKELY(tally__malloc_fast_ok(size, device))) {
+        void *p = tally__cache_malloc_biased(tally__g.dev[device], size, device, stream, malloc_miss);
+        if (TALLY_LIKELY(p != MALLOC_MISS))
+            return p;
+    }
+    return tally__malloc_slow_inline(size, device, stream);
 }
 
 size_t tally_empty_cache(int device)

@@ -29,13 +29,15 @@ tally_device_t *tally__device(int device, const char *fn);
  * tally_malloc too. The fast half: a plain allocation (initialised, a
  * device in range, no site to capture and no private tag: fast_ok, inline
  * in both) goes to the cache's fast half (tally__cache_malloc_biased: the
- * lock by bias, the allocation, the unlock) by a tail call, so that the
- * entry point keeps nothing across a call (issue 21, item 7); that function
- * ends in the entry point's miss where it cannot finish. Everything else is
- * the slow half's (slow_inline), inline in a function of its own in each
- * entry point, which captures the allocation site: the frame above it is
- * the caller's, or (without tail calls, as at -O1) one in libtally.so,
- * which the capture skips. */
+ * lock by bias, the allocation, the unlock), which ends in the entry
+ * point's miss where it cannot finish. Everything else is the slow half's
+ * (slow_inline), which captures the allocation site: inline in
+ * tally_malloc, whose miss answers "not done" so that tally_malloc runs it
+ * in its own frame; for PyTorch's entry point in a function of its own,
+ * reached by tail calls only, so that the entry point keeps nothing across
+ * a call (issue 21, item 7) and the frame above the capture is PyTorch's
+ * (or, without tail calls, as at -O1, ones in libtally.so, which the
+ * capture skips). */
 static inline __attribute__((always_inline)) bool tally__malloc_fast_ok(size_t size, int device);
 static inline __attribute__((always_inline)) void *tally__malloc_slow_inline(size_t size, int device, void *stream);
 
