@@ -278,6 +278,56 @@ static void test_check_recounts_a_block_in_the_maps_last_slot(void **state)
     LU_CHECK_OK();
 }
 
+/* An allocation whose (tag, stage) row cannot be made (out of host memory
+ * for the ledger's rows) counts in no row: not in the row its block record
+ * held in an earlier life, which the fast path's records keep (a free piece
+ * keeps its owner fields). Its free then takes nothing from that row, and
+ * tally_check's recount agrees with the rows throughout. */
+static void test_a_block_without_a_row_counts_in_none(void **state)
+{
+    (void)state;
+    tally_ledger_dev_t *ld = tally__g.dev[0]->ledger;
+    /* Rows up to the capacity, so that the next row looked up (a key other
+     * than the allocation before's) must grow the table. */
+    char name[32];
+    for (int i = 0; i == 0 || ld->count < ld->cap; i++) {
+        if (i)
+            LU_OK(tally_tag_pop());
+        snprintf(name, sizeof name, "nr-fill-%d", i);
+        LU_OK(tally_tag_push(name));
+        void *f = tally_malloc(512, 0, NULL);
+        assert_non_null(f);
+        tally_free(f);
+    }
+    /* Under the last row (the key of the allocation before: no look-up), a
+     * block whose record the next allocation takes again. */
+    void *x = tally_malloc(4096, 0, NULL);
+    assert_non_null(x);
+    LU_OK(tally_tag_pop());
+    tally_free(x);
+    uint32_t rows = ld->count;
+    LU_EQ(rows, ld->cap);
+    LU_OK(tally_tag_push("nr-new")); /* interned before memory runs out */
+    tally__meta_fail(1, 1);
+    void *q = tally_malloc(4096, 0, NULL);
+    uint64_t hits = tally__meta_fail_hits();
+    tally__meta_fail(0, 0);
+    assert_non_null(q);
+    assert_ptr_equal(q, x); /* the same record, handed out again */
+    assert_true(hits > 0);
+    LU_EQ(ld->count, rows); /* no row was made */
+    LU_OK(tally_tag_pop());
+    LU_CHECK_OK();
+    tally_free(q);
+    LU_CHECK_OK();
+    tally_json_t *root = lu_report_json("norow.json");
+    const tally_json_t *row = lu_ledger_row(root, name, NULL, 0);
+    assert_non_null(row);
+    LU_EQ(lu_jint(row, "current_bytes"), 0);
+    LU_EQ(lu_jint(row, "live_blocks"), 0);
+    tally__json_free(root);
+}
+
 /* ---- main ------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -288,6 +338,7 @@ int main(int argc, char **argv)
         LU_T(test_counters_agree_with_cache_statistics),
         LU_T(test_counters_agree_under_threads),
         LU_T(test_check_recounts_a_block_in_the_maps_last_slot),
+        LU_T(test_a_block_without_a_row_counts_in_none),
     };
     return LU_LEDGER_RUN("ledger_counters", tests);
 }

@@ -256,7 +256,7 @@ void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b)
     uint32_t tag = o->tag;
     b->tag = tag;
     if (TALLY_UNLIKELY(((uint64_t)tag << 32 | (uint32_t)st) != ld->last_key)) {
-        b->lentry = UINT32_MAX;
+        b->lentry = UINT32_MAX; /* no row until alloc_other_row finds one */
         alloc_other_row(d, b);
         return;
     }
