@@ -517,6 +517,11 @@ static void test_reset_peak_sets_peak_to_current(void **state)
     EQ(s.allocated_bytes[0].peak, 24 * MiB);
     EQ(s.allocation[0].allocated, allocated_before + 1); /* accumulations untouched */
     tu_free(q);
+    /* A reset takes the values of now, not those of the last read. */
+    assert_int_equal(tally_reset_peak_stats(0), 0);
+    s = tu_stats(0);
+    EQ(s.allocation[0].peak, 1);
+    EQ(s.allocated_bytes[0].peak, 12 * MiB);
     tu_free(p[0]);
     CHECK_OK();
 }

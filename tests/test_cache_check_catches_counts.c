@@ -362,7 +362,10 @@ static size_t page_cases(tally_expand_t *ex, tally_block_t *b, page_case_t *c)
     if (n0 >= 2) /* a page of the handle with a spare bit its first page lacks */
         c[n++] = BIT("page 1 spare, its handle not", ex->spare_bits, 1, "is not part of its handle at page 0", NULL);
     c[n++] = FIELD("a handle's idle count one too many", ex->hidle[0], ex->hidle[0] + 1, "pages idle,", NULL);
-    c[n++] = FIELD("one page too many spare", ex->spare, ex->spare + 1, "spare pages,", NULL);
+    /* The recount first, then the count the segment keeps. */
+    static char spare_both[64];
+    snprintf(spare_both, sizeof spare_both, "%zu spare pages, %zu counted", (size_t)ex->spare, (size_t)ex->spare + 1);
+    c[n++] = FIELD("one page too many spare", ex->spare, ex->spare + 1, "spare pages,", spare_both);
     c[n++] = FIELD("a block on the pages not counted on them", b->paged, 0, "page accounting flag is wrong", NULL);
     assert_true(n <= PAGE_CASES_MAX);
     return n;

@@ -219,6 +219,32 @@ static void test_large_block_maps_one_handle(void **state)
     all_back(0);
 }
 
+/* A large block's own pages are one handle; the pages mapped ahead of it
+ * (here to the next growth chunk) are mapped too, in a call of their own
+ * with a handle per page, so that each can be given back alone. */
+static void test_pages_mapped_ahead_of_a_large_block_get_a_handle_each(void **state)
+{
+    (void)state;
+    handles_from(4);
+    assert_int_equal(tally_configure("expandable_grow_chunk_mb:16"), 0); /* chunks of 8 pages */
+    tally_host_calls_t c0 = host_calls();
+    void *big = tally_malloc(8 * MiB, 0, stream_a); /* pages 0-3, then 4-7 ahead to the chunk's end */
+    assert_non_null(big);
+    tally_host_calls_t c1 = host_calls();
+    EQ(c1.map - c0.map, 2);
+    EQ(c1.map_pages - c0.map_pages, 8);
+    EQ(c1.map_handles - c0.map_handles, 5);
+    EQ(stats(0).reserved_bytes[TALLY_POOL_ALL].current, 8 * PAGE);
+    void *next = tally_malloc(8 * MiB, 0, stream_a); /* on the pages mapped ahead: no call */
+    assert_non_null(next);
+    EQ((uintptr_t)next - (uintptr_t)big, 8 * MiB);
+    EQ(host_calls().map, c1.map);
+    CHECK_OK();
+    tally_free(big);
+    tally_free(next);
+    all_back(0);
+}
+
 /* A handle whose pages are partly idle stays mapped, through empty_cache
  * too; once all its pages are idle it goes in one unmap, and the range at
  * empty_cache when every block is free. */
@@ -484,6 +510,7 @@ int main(void)
         cmocka_unit_test_setup(test_host_backend_counts_calls_pages_and_runs, reset),
         cmocka_unit_test_setup(test_host_backend_counts_unmap_runs_over_holes, reset),
         cmocka_unit_test_setup(test_large_block_maps_one_handle, reset),
+        cmocka_unit_test_setup(test_pages_mapped_ahead_of_a_large_block_get_a_handle_each, reset),
         cmocka_unit_test_setup(test_partly_idle_handle_stays_mapped, reset),
         cmocka_unit_test_setup(test_steal_takes_whole_handles_only, reset),
         cmocka_unit_test_setup(test_oom_inside_range_with_handles, reset),

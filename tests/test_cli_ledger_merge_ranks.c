@@ -118,6 +118,12 @@ static void test_merge_totals_every_rank_with_fewer_ranks_than_devices(void **st
     HAS(r.out, "\ntotal                     3.2 GiB  256.0 MiB  256.0 MiB        0 B\n");     /* reserved */
     HAS(r.out, "checkpoint                3.0 GiB      3.0 GiB            3      3\n");
     run_free(&r);
+    /* The JSON form lists every device too, not one per report. */
+    r = tally_run("merge --json '%s/rank2.json' '%s/rank0.json' '%s/rank1.json'", dir, dir, dir);
+    EXPECT_RC(r, 0);
+    HAS(r.out, "\n {\"device\":1,\"allocated_bytes\":268435456,");
+    HAS(r.out, "\n {\"device\":3,\"allocated_bytes\":0,\"reserved_bytes\":0,\"foreign_bytes\":0}],\n\"ranks\":[");
+    run_free(&r);
 }
 
 static void test_merge_duplicate_rank(void **state)

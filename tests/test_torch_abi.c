@@ -19,6 +19,8 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <pthread.h>
+#include <time.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -234,6 +236,42 @@ static void test_free_trusts_the_record(void **state)
     assert_int_equal(after.allocation[TALLY_POOL_ALL].current, before.allocation[TALLY_POOL_ALL].current);
     assert_int_equal(after.requested_bytes[TALLY_POOL_ALL].current, before.requested_bytes[TALLY_POOL_ALL].current);
     assert_int_equal(stats(1).allocation[TALLY_POOL_ALL].current, 0);
+    assert_int_equal(t.check(), 0);
+}
+
+/* Another thread's allocation and free on device 0. */
+static void *other_thread_pair(void *arg)
+{
+    (void)arg;
+    void *p = t.alloc(4096, 0, NULL);
+    if (p)
+        t.free(p, 4096, 0, NULL);
+    return p;
+}
+
+/* A free the fast path cannot finish (NULL, which PyTorch may pass, or a
+ * pointer tally never handed out) lets go of the device lock it took by
+ * bias before it goes down the slow path, which may take no lock at all:
+ * another thread's allocation on that device then gets the lock, where a
+ * lock left held would keep it waiting for good. */
+static void test_missed_free_leaves_the_lock_free(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 256; i++) /* device 0's lock earns this thread's bias */
+        t.free(t.alloc(512, 0, NULL), 512, 0, NULL);
+    t.free(NULL, 0, 0, NULL);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, other_thread_pair, NULL), 0);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 30;
+    void *got = NULL;
+    int rc = pthread_timedjoin_np(th, &got, &until);
+    if (rc)
+        fail_msg("another thread's allocation on device 0 did not finish in 30 s (pthread_timedjoin_np: %d): "
+                 "the missed free left the device lock held",
+                 rc);
+    assert_non_null(got);
     assert_int_equal(t.check(), 0);
 }
 
@@ -458,6 +496,7 @@ int main(void)
         cmocka_unit_test(test_size_zero_is_null),
         cmocka_unit_test(test_alloc_free_moves_stats),
         cmocka_unit_test(test_free_trusts_the_record),
+        cmocka_unit_test(test_missed_free_leaves_the_lock_free),
         cmocka_unit_test(test_bad_free_is_reported_not_fatal),
         cmocka_unit_test(test_empty_cache_hook_releases),
         cmocka_unit_test(test_record_stream_hook),
