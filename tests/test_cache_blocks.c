@@ -100,6 +100,75 @@ static void test_model_rounding_matches_table(void **state)
 
 /* ---- split and merge ------------------------------------------------------- */
 
+/* The small pool's split statistics take their peaks in a running high
+ * that is folded into the pool's and the all entries' peaks before a read
+ * and before the large pool's entries change (lib/cache/cache.h). Here the
+ * small pool's highs (2 blocks, 1.5 MiB) are reached on the fast paths,
+ * fall, and then the large pool's entry rises: folded at the read instead,
+ * the all peaks would add the old small highs to the large value of now
+ * (3 blocks, 17.5 MiB). No statistic is read in between. */
+static void test_split_peaks_fold_before_the_large_pool_changes(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_reset_peak_stats(0), 0);
+    void *a = tu_malloc(512 * 1024, 0, S1); /* a 2 MiB small segment: 1.5 MiB free after it */
+    void *b = tu_malloc(512 * 1024, 0, S1);
+    void *c = tu_malloc(512 * 1024, 0, S1);
+    tu_free(b);                                 /* 2 pieces, 1 MiB */
+    tu_free(a);                                 /* a and b merge: 2 pieces, 1.5 MiB */
+    void *ab = tu_malloc(MiB, 0, S1);           /* takes a and b: 1 piece, 512 KiB */
+    assert_ptr_equal(ab, a);
+    void *big = tu_malloc(4 * MiB, 0, S1);      /* a 20 MiB large segment: 1 piece, 16 MiB */
+    tally_stats_t s = tu_stats(0);
+    EQ(s.inactive_split[TALLY_POOL_SMALL].current, 1);
+    EQ(s.inactive_split[TALLY_POOL_SMALL].peak, 2);
+    EQ(s.inactive_split_bytes[TALLY_POOL_SMALL].current, 512 * 1024);
+    EQ(s.inactive_split_bytes[TALLY_POOL_SMALL].peak, 3 * MiB / 2);
+    EQ(s.inactive_split[TALLY_POOL_LARGE].peak, 1);
+    EQ(s.inactive_split_bytes[TALLY_POOL_LARGE].peak, 16 * MiB);
+    EQ(s.inactive_split[TALLY_POOL_ALL].peak, 2);
+    EQ(s.inactive_split_bytes[TALLY_POOL_ALL].peak, 16 * MiB + 512 * 1024);
+    /* The large piece goes, then the small pool rises again on its own:
+     * the all peaks stay where they were until the small pool passes them
+     * with the large pool at 0. */
+    tu_free(big);
+    tu_free(ab); /* 2 pieces, 1.5 MiB */
+    s = tu_stats(0);
+    EQ(s.inactive_split[TALLY_POOL_ALL].peak, 2);
+    EQ(s.inactive_split_bytes[TALLY_POOL_ALL].peak, 16 * MiB + 512 * 1024);
+    EQ(s.inactive_split[TALLY_POOL_SMALL].current, 2);
+    EQ(s.inactive_split_bytes[TALLY_POOL_SMALL].current, 3 * MiB / 2);
+    tu_free(c);
+    CHECK_OK();
+}
+
+/* The same when the large pool's entry falls: the large piece is there
+ * while the small pool reaches its highs, and goes before anything reads
+ * the statistics. The all peaks are the sums of that moment (3 blocks,
+ * 17.5 MiB); folded at the read, they would be the small highs alone. */
+static void test_split_peaks_fold_before_a_large_free(void **state)
+{
+    (void)state;
+    assert_int_equal(tally_reset_peak_stats(0), 0);
+    void *big = tu_malloc(4 * MiB, 0, S1); /* a 20 MiB large segment: 1 piece, 16 MiB */
+    void *a = tu_malloc(512 * 1024, 0, S1);
+    void *b = tu_malloc(512 * 1024, 0, S1);
+    void *c = tu_malloc(512 * 1024, 0, S1);
+    tu_free(b);
+    tu_free(a);                       /* small: 2 pieces, 1.5 MiB */
+    void *ab = tu_malloc(MiB, 0, S1); /* small: 1 piece, 512 KiB */
+    tu_free(big);                     /* large: whole again, no piece */
+    tally_stats_t s = tu_stats(0);
+    EQ(s.inactive_split[TALLY_POOL_LARGE].current, 0);
+    EQ(s.inactive_split[TALLY_POOL_ALL].peak, 3);
+    EQ(s.inactive_split_bytes[TALLY_POOL_ALL].peak, 16 * MiB + 3 * MiB / 2);
+    EQ(s.inactive_split[TALLY_POOL_SMALL].peak, 2);
+    EQ(s.inactive_split_bytes[TALLY_POOL_SMALL].peak, 3 * MiB / 2);
+    tu_free(ab);
+    tu_free(c);
+    CHECK_OK();
+}
+
 static void test_small_split_merge_and_segment_reuse(void **state)
 {
     (void)state;
@@ -499,6 +568,8 @@ int main(void)
         cmocka_unit_test_setup(test_empty_cache_releases_whole_segments_only, tu_setup_clean),
         cmocka_unit_test_setup(test_empty_cache_keeps_segment_with_free_head, tu_setup_clean),
         cmocka_unit_test_setup(test_segment_size_boundary_at_10MiB, tu_setup_clean),
+        cmocka_unit_test_setup(test_split_peaks_fold_before_the_large_pool_changes, tu_setup_clean),
+        cmocka_unit_test_setup(test_split_peaks_fold_before_a_large_free, tu_setup_clean),
         cmocka_unit_test_setup(test_small_best_fit_lowest_address_in_a_bin, tu_setup_clean),
         cmocka_unit_test_setup(test_small_best_fit_lowest_address_in_a_bin_under_a_memory_fraction, tu_setup_clean),
     };

@@ -20,6 +20,8 @@
 
 #include <time.h>
 
+#include "cache/cache.h"
+
 #define NDEV 2
 #define MAXLIVE 2000
 #define NHOLD 4 /* streams that get held: bits 0..3 of a use mask */
@@ -58,6 +60,11 @@ typedef struct model {
     int64_t small_rounded[NDEV];
     int64_t peak_alloc_n[NDEV], peak_alloc_b[NDEV];
     int64_t peak[5][NDEV][3]; /* the five statistics of count(), in its order */
+    /* The highest inactive_split (0) and inactive_split_bytes (1) seen
+     * after an operation, per device and pool: the library's peaks are at
+     * least these (a peak reached inside one operation, between a malloc's
+     * pending frees and its own split, is not seen here). */
+    int64_t split_seen[2][NDEV][3];
     int64_t mallocs[NDEV], frees[NDEV]; /* since the run began */
     tally_stats_t base[NDEV];           /* statistics when it began */
     int64_t retries[NDEV];              /* num_alloc_retries last seen */
@@ -148,6 +155,22 @@ static void resolve(int dev, bool all)
     }
 }
 
+/* The split statistics of every device now, read from the device (which
+ * takes no peak), into split_seen (reset: set to them). */
+static void split_watch(bool reset)
+{
+    for (int d = 0; d < NDEV; d++)
+        for (int k = 0; k < 2; k++) {
+            const tally_stats_t *st = &tally__g.dev[d]->stats;
+            const tally_stat_t *arr = k ? st->inactive_split_bytes : st->inactive_split;
+            int64_t small = tally__stat_now(&arr[TALLY_POOL_SMALL]), large = tally__stat_now(&arr[TALLY_POOL_LARGE]);
+            int64_t now[3] = {small + large, small, large};
+            for (int p = 0; p < 3; p++)
+                if (reset || now[p] > M.split_seen[k][d][p])
+                    M.split_seen[k][d][p] = now[p];
+        }
+}
+
 static void compare(int dev, const char *when, long op)
 {
     tally_stats_t s = tu_stats(dev);
@@ -172,6 +195,14 @@ static void compare(int dev, const char *when, long op)
     EQ(s.allocation[0].allocated - M.base[dev].allocation[0].allocated, M.mallocs[dev]);
     EQ(s.allocation[0].freed - M.base[dev].allocation[0].freed, M.frees[dev]);
     EQ(s.inactive_split[0].current >= 0, 1);
+    for (int p = 0; p < 3; p++) {
+        tu_ctx("device %d, %s, op %ld, pool %d: split peaks %lld, %lld against %lld, %lld seen", dev, when, op, p,
+               (long long)s.inactive_split[p].peak, (long long)s.inactive_split_bytes[p].peak,
+               (long long)M.split_seen[0][dev][p], (long long)M.split_seen[1][dev][p]);
+        EQ(s.inactive_split[p].peak >= M.split_seen[0][dev][p], 1);
+        EQ(s.inactive_split_bytes[p].peak >= M.split_seen[1][dev][p], 1);
+        EQ(s.inactive_split[p].peak >= s.inactive_split[p].current, 1);
+    }
     assert_true(s.reserved_bytes[0].current >= s.active_bytes[0].current);
     tu_ctx("%s", "");
 }
@@ -289,6 +320,12 @@ static void do_reset_peak(void)
 {
     int d = (int)below(NDEV);
     assert_int_equal(tally_reset_peak_stats(d), 0);
+    for (int k = 0; k < 2; k++)
+        for (int p = 0; p < 3; p++) {
+            const tally_stat_t *arr = k ? tally__g.dev[d]->stats.inactive_split_bytes : tally__g.dev[d]->stats.inactive_split;
+            M.split_seen[k][d][p] = p ? tally__stat_now(&arr[p]) : tally__stat_now(&arr[TALLY_POOL_SMALL]) +
+                                                                     tally__stat_now(&arr[TALLY_POOL_LARGE]);
+        }
     M.peak_alloc_n[d] = M.alloc_n[d][0];
     M.peak_alloc_b[d] = M.alloc_b[d][0];
     for (int k = 0; k < 5; k++)
@@ -319,6 +356,7 @@ static void run_random(long ops, uint64_t seed, uint64_t fault_every)
         M.base[d] = tu_stats(d);
         M.retries[d] = M.base[d].num_alloc_retries;
     }
+    split_watch(true);
     M.faults = fault_every != 0;
     if (fault_every)
         assert_int_equal(tally_host_fail_alloc(fault_every, fault_every), 0);
@@ -337,6 +375,7 @@ static void run_random(long ops, uint64_t seed, uint64_t fault_every)
         else if (r < 9915)
             do_reset_peak();
         /* else: nothing this time */
+        split_watch(false);
         if (op % 1000 == 0)
             check_all("periodic", op);
     }

@@ -122,8 +122,27 @@ void tally__cache_block_delete_locked(tally_device_t *d, tally_block_t *b)
 
 /* ---- free ---------------------------------------------------------------- */
 
+void tally__cache_split_fold_locked(tally_device_t *d)
+{
+    for (int k = 0; k < 2; k++) {
+        tally_stat_t *arr = k ? d->stats.inactive_split_bytes : d->stats.inactive_split;
+        int64_t hi = d->split_hi[k];
+        if (hi < 0)
+            continue; /* no change since the last fold */
+        if (hi > arr[TALLY_POOL_SMALL].peak)
+            arr[TALLY_POOL_SMALL].peak = hi;
+        int64_t all = hi + tally__stat_now(&arr[TALLY_POOL_LARGE]);
+        if (all > arr[TALLY_POOL_ALL].peak)
+            arr[TALLY_POOL_ALL].peak = all;
+        /* The value now is in the peaks: each change taken since without
+         * its peak wrote it here, and each taken with it wrote the peaks. */
+        d->split_hi[k] = -1;
+    }
+}
+
 void tally__cache_stats_sync_locked(tally_device_t *d)
 {
+    tally__cache_split_fold_locked(d); /* the split peaks, before they are read */
     for (int p = TALLY_POOL_SMALL; p <= TALLY_POOL_LARGE; p++) {
         d->stats.active[p].allocated = d->stats.allocation[p].allocated + d->held[p].allocated;
         d->stats.active[p].freed = d->stats.allocation[p].freed + d->held[p].freed;
@@ -194,6 +213,8 @@ void tally__cache_free_block_locked(tally_device_t *d, tally_block_t *b)
     /* Free pieces of an expandable segment can always be released (their
      * pages unmapped), so they are not "non-releasable" (PyTorch agrees). */
     if (!seg->ex) {
+        if (b->pool == TALLY_POOL_LARGE && (dblocks || dbytes))
+            tally__cache_split_fold_locked(d);
         if (dblocks)
             tally__stat_pool(d->stats.inactive_split, b->pool, dblocks);
         if (dbytes)
@@ -513,6 +534,8 @@ static inline __attribute__((always_inline)) void take_front(tally_device_t *d, 
                               bool counted, int kind)
 {
     bool already_split = b->prev || b->next;
+    if (kind == TALLY_POOL_LARGE && counted)
+        tally__cache_split_fold_locked(d);
     tally_block_t *rest = split ? tally__cache_cut_front(d, b, size) : NULL;
     if (rest) {
         tally__pool_insert(pool, rest);

@@ -150,6 +150,11 @@ typedef struct tally_device {
     /* The small fast path's allocation statistics have risen since their
      * peaks were last taken (tally__cache_peaks_locked). */
     uint8_t peaks_pending;
+    /* The highest values the small pool's inactive_split and
+     * inactive_split_bytes reached since their peaks (pool and all) were
+     * last folded in (tally__cache_split_fold_locked), -1 when neither has
+     * changed since: the small pool's fast paths compare with these alone. */
+    int64_t split_hi[2];
     /* The highest allocated and reserved bytes (all pools) since they were
      * last set: the ledger's stage window (lib/ledger/stage.c sets them when
      * a stage begins and ends). The allocated one is taken with the peaks
@@ -264,6 +269,25 @@ static inline void tally__cache_peaks_locked(tally_device_t *d)
 {
     if (d->peaks_pending)
         tally__cache_peaks_take_locked(d);
+}
+/* The split statistics' peaks (pool and all) of the small pool, taken
+ * from split_hi. Between two folds the large pool's entries do not change
+ * (each change of them folds first), so the highest all reached is
+ * split_hi plus the large pool's value now. Before a read (the sync), a
+ * reset and a change of the large pool's split statistics. */
+void tally__cache_split_fold_locked(tally_device_t *d);
+/* A change of the small pool's entry of a split statistic (k: 0 for
+ * inactive_split, 1 for inactive_split_bytes), its peak taken into
+ * split_hi. */
+static inline void tally__cache_split_small_locked(tally_device_t *d, int k, int64_t amount)
+{
+    tally_stat_t *s = k ? &d->stats.inactive_split_bytes[TALLY_POOL_SMALL] : &d->stats.inactive_split[TALLY_POOL_SMALL];
+    int64_t up = amount > 0 ? amount : 0;
+    s->allocated += up;
+    s->freed += up - amount;
+    int64_t now = tally__stat_now(s);
+    if (now > d->split_hi[k])
+        d->split_hi[k] = now;
 }
 /* The window's allocated peak, taken now (with the peaks, and after an
  * allocation whose statistics took theirs at once). */

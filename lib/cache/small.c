@@ -393,8 +393,8 @@ static inline __attribute__((always_inline)) tally_block_t *small_take(tally_dev
         if (already_split) {
             tally__stat_dec(split_bytes, (int64_t)size);
         } else {
-            tally__stat_pool_inc(d->stats.inactive_split_bytes, TALLY_POOL_SMALL, (int64_t)rest->size);
-            tally__stat_pool_inc(d->stats.inactive_split, TALLY_POOL_SMALL, 1);
+            tally__cache_split_small_locked(d, 1, (int64_t)rest->size);
+            tally__cache_split_small_locked(d, 0, 1);
             if (TALLY_UNLIKELY(b->seg == d->lent_kept)) /* a wholly free segment is in use again */
                 d->lent_kept = NULL;
         }
@@ -505,8 +505,8 @@ static inline __attribute__((always_inline)) void small_free(tally_device_t *d, 
     int64_t split = !whole;
     dblocks += split;
     dbytes += (int64_t)b->size & -split;
-    tally__stat_pool(d->stats.inactive_split, TALLY_POOL_SMALL, dblocks);
-    tally__stat_pool(d->stats.inactive_split_bytes, TALLY_POOL_SMALL, dbytes);
+    tally__cache_split_small_locked(d, 0, dblocks);
+    tally__cache_split_small_locked(d, 1, dbytes);
     tally__stat_dec(&d->stats.requested_bytes[TALLY_POOL_SMALL], (int64_t)b->requested);
     if (TALLY_UNLIKELY(whole) && b->seg->lender != NULL)
         tally__lend_idle_locked(d, b);
