@@ -537,14 +537,24 @@ static inline size_t round_small(size_t orig)
     return orig < MIN_BLOCK ? MIN_BLOCK : (orig + MIN_BLOCK - 1) & ~(size_t)(MIN_BLOCK - 1);
 }
 
+/* An allocation's first steps (the capture check, the event queue) and the
+ * small fast path: the block, or NULL with nothing handed out (*capturing
+ * then says what the general path needs to know). */
+static inline __attribute__((always_inline)) tally_block_t *malloc_fast(tally_device_t *d, size_t orig, void *stream,
+                                                                        void *site, bool *capturing)
+{
+    *capturing = tally__cache_alloc_begin_locked(d, stream);
+    if (TALLY_LIKELY(fast_ok(d, orig, *capturing)))
+        return small_alloc(d, round_small(orig), orig, stream, site);
+    return NULL;
+}
+
 tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *stream, void *site)
 {
-    bool capturing = tally__cache_alloc_begin_locked(d, stream);
-    if (TALLY_LIKELY(fast_ok(d, orig, capturing))) {
-        tally_block_t *b = small_alloc(d, round_small(orig), orig, stream, site);
-        if (b)
-            return b;
-    }
+    bool capturing;
+    tally_block_t *b = malloc_fast(d, orig, stream, site, &capturing);
+    if (b)
+        return b;
     return tally__cache_malloc_general_locked(d, orig, stream, site, capturing);
 }
 
@@ -569,13 +579,20 @@ static void free_other(tally_device_t *d, tally_block_t *b)
     tally__cache_free_general_locked(d, b);
 }
 
+/* The fast free of b (out of the pointer map): true when it took it. */
+static inline __attribute__((always_inline)) bool free_fast(tally_device_t *d, tally_block_t *b)
+{
+    if (TALLY_UNLIKELY(!free_fast_ok(b)))
+        return false;
+    tally__cache_free_begin_locked(d, b);
+    small_free(d, b, false);
+    return true;
+}
+
 void tally__cache_free_locked(tally_device_t *d, tally_block_t *b)
 {
-    if (TALLY_LIKELY(free_fast_ok(b))) {
-        tally__cache_free_begin_locked(d, b);
-        small_free(d, b, false);
+    if (TALLY_LIKELY(free_fast(d, b)))
         return;
-    }
     free_other(d, b);
 }
 
@@ -586,10 +603,9 @@ void *tally__cache_malloc_biased(tally_device_t *d, size_t orig, int device, voi
 {
     if (TALLY_UNLIKELY(!tally__dev_lock_biased(&d->lock)))
         return miss(orig, device, stream, false);
-    bool capturing = tally__cache_alloc_begin_locked(d, stream);
-    tally_block_t *b;
-    if (TALLY_LIKELY(fast_ok(d, orig, capturing)) &&
-        TALLY_LIKELY((b = small_alloc(d, round_small(orig), orig, stream, NULL)) != NULL)) {
+    bool capturing;
+    tally_block_t *b = malloc_fast(d, orig, stream, NULL, &capturing);
+    if (TALLY_LIKELY(b != NULL)) {
         tally__dev_unlock_biased(&d->lock);
         return (void *)b->addr;
     }
@@ -609,9 +625,7 @@ void tally__cache_free_biased(tally_device_t *d, void *ptr, size_t size, int dev
         if (TALLY_LIKELY(slot != NULL) && TALLY_LIKELY(slot->val->requested == size)) {
             tally_block_t *b = slot->val;
             tally__ptrmap_remove_inline(&d->map, slot);
-            if (TALLY_LIKELY(free_fast_ok(b))) {
-                tally__cache_free_begin_locked(d, b);
-                small_free(d, b, false);
+            if (TALLY_LIKELY(free_fast(d, b))) {
                 tally__dev_unlock_biased(&d->lock);
                 return;
             }

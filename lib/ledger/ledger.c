@@ -160,41 +160,58 @@ __attribute__((noinline)) static void record_events(tally_device_t *d, int alloc
     tally__trace_block_locked(d, alloc, b);
 }
 
+/* The owner counters of an allocation whose row is not the one of the
+ * allocation before. */
 __attribute__((noinline)) static void alloc_other_row(tally_device_t *d, tally_block_t *b)
 {
     tally_ledger_dev_t *ld = d->ledger;
     uint32_t r = row_find(ld, b->tag, b->stage);
     if (TALLY_LIKELY(r != UINT32_MAX))
         count_in(ld, r, b);
-    if (TALLY_UNLIKELY(TALLY_OPT(timeline) | TALLY_OPT(trace)))
-        record_events(d, 1, b);
 }
 
-/* The rest of the allocation hook once b's tag and stage are set: the row
- * of the allocation before inline, any other row out of line, then the
- * events. */
+/* The owner counters once b's tag and stage are set: the row of the
+ * allocation before inline, any other row out of line. b has no row until
+ * one is found (the fast split leaves a record's last row in it). */
 static inline __attribute__((always_inline)) void alloc_count(tally_device_t *d, tally_ledger_dev_t *ld,
                                                               tally_block_t *b)
 {
     if (TALLY_UNLIKELY(((uint64_t)b->tag << 32 | b->stage) != ld->last_key)) {
+        b->lentry = UINT32_MAX; /* no row until alloc_other_row finds one */
         alloc_other_row(d, b);
         return;
     }
     count_in(ld, ld->last_idx, b);
-    if (TALLY_UNLIKELY(TALLY_OPT(timeline) | TALLY_OPT(trace)))
-        record_events(d, 1, b);
 }
 
 /* The allocating thread's tag when the hot half cannot read it from its
  * bias record: from thread-local storage, written to the record for the
- * next allocation when there is one. Then the rest of the hook. */
+ * next allocation when there is one. Then the owner counters. */
 __attribute__((noinline)) static void alloc_tag_unread(tally_device_t *d, tally_block_t *b, tally_bias_t *o)
 {
-    tally_ledger_dev_t *ld = d->ledger;
     b->tag = tally__current_tag();
     if (o)
         o->tag = b->tag;
-    alloc_count(d, ld, b);
+    alloc_count(d, d->ledger, b);
+}
+
+/* The ledger's part of an allocation: b's stage, epoch and tag, and its
+ * row. The tag is read from the bias record of the thread that holds the
+ * device lock (its own), not from thread-local storage: in libtally.so that
+ * is a call to __tls_get_addr, and a call makes the hook save registers.
+ * (The stage window's peaks are the cache's: d->win_alloc, d->win_reserved.) */
+static inline __attribute__((always_inline)) void alloc_owner(tally_device_t *d, tally_block_t *b)
+{
+    uint64_t st = atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
+    tally_bias_t *o = tally__dev_lock_record(&d->lock);
+    b->stage = (uint32_t)st;
+    b->epoch = (uint32_t)(st >> 32);
+    if (TALLY_UNLIKELY(!o) || TALLY_UNLIKELY(o->tag == TALLY_BIAS_TAG_UNSET)) {
+        alloc_tag_unread(d, b, o);
+        return;
+    }
+    b->tag = o->tag;
+    alloc_count(d, d->ledger, b);
 }
 
 /* Whether the hooks have their common case only: the ledger on, no
@@ -214,53 +231,22 @@ __attribute__((noinline)) static void alloc_general(tally_device_t *d, tally_blo
 {
     b->lentry = UINT32_MAX;
     b->epoch = 0;
-    if (tally__opt.ledger) {
-        uint64_t st = atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
-        b->stage = (uint32_t)st;
-        b->epoch = (uint32_t)(st >> 32);
-        tally_bias_t *o = tally__dev_lock_record(&d->lock);
-        if (TALLY_UNLIKELY(!o) || TALLY_UNLIKELY(o->tag == TALLY_BIAS_TAG_UNSET)) {
-            alloc_tag_unread(d, b, o);
-            return;
-        }
-        b->tag = o->tag;
-        alloc_count(d, d->ledger, b);
-        return;
-    }
+    if (tally__opt.ledger)
+        alloc_owner(d, b);
     if (TALLY_UNLIKELY(TALLY_OPT(timeline) | TALLY_OPT(trace)))
         record_events(d, 1, b);
 }
 
 void tally__ledger_block_alloc_locked(tally_device_t *d, tally_block_t *b)
 {
-    /* The owner counters: the row of the allocation before inline (the
-     * common case), any other row and the events out of line. (The stage
-     * window's peaks are the cache's: d->win_alloc, d->win_reserved.) The
-     * tag is read from the bias record of the thread that holds the device
-     * lock (its own), not from thread-local storage: in libtally.so that is
-     * a call to __tls_get_addr, and a call makes the hook save registers. */
+    /* The common case (the plain flag) is a leaf function: the owner
+     * counters of the row of the allocation before; any other row, the
+     * ledger off, the timeline and the trace are out of line. */
     if (TALLY_UNLIKELY(!atomic_load_explicit(&plain, memory_order_relaxed))) {
         alloc_general(d, b);
         return;
     }
-    tally_ledger_dev_t *ld = d->ledger;
-    uint64_t st = atomic_load_explicit(&tally__current_stage, memory_order_relaxed);
-    tally_bias_t *o = tally__dev_lock_record(&d->lock);
-    b->stage = (uint32_t)st;
-    b->epoch = (uint32_t)(st >> 32);
-    if (TALLY_UNLIKELY(!o) || TALLY_UNLIKELY(o->tag == TALLY_BIAS_TAG_UNSET)) {
-        b->lentry = UINT32_MAX;
-        alloc_tag_unread(d, b, o);
-        return;
-    }
-    uint32_t tag = o->tag;
-    b->tag = tag;
-    if (TALLY_UNLIKELY(((uint64_t)tag << 32 | (uint32_t)st) != ld->last_key)) {
-        b->lentry = UINT32_MAX; /* no row until alloc_other_row finds one */
-        alloc_other_row(d, b);
-        return;
-    }
-    count_in(ld, ld->last_idx, b);
+    alloc_owner(d, b);
 }
 
 void tally__ledger_block_free_locked(tally_device_t *d, tally_block_t *b)
