@@ -52,6 +52,20 @@ static FILE *open_timeline_report(const char *name, char path[PATH_MAX + 16], ch
  * columns (870) times two and the points drawn are per column, far fewer:
  * a report written by hand with 1000 allocations of 1 MiB, each freed at
  * once, one microsecond apart (2000 events). */
+/* Close the report f holds (at path), plot it into out with the options
+ * opts ("" for none, else ending in a space), and expect tally plot's line
+ * to hold want (NULL: any). */
+static void plot_report(FILE *f, const char *path, const char *out, const char *opts, const char *want)
+{
+    fputs("]}\n", f);
+    assert_int_equal(fclose(f), 0);
+    run_t r = tally_run("plot '%s' %s-o '%s'", path, opts, out);
+    EXPECT_RC(r, 0);
+    if (want)
+        HAS(r.out, want);
+    run_free(&r);
+}
+
 static void test_plot_by_events_axis_counts_the_devices_events(void **state)
 {
     (void)state;
@@ -64,12 +78,7 @@ static void test_plot_by_events_axis_counts_the_devices_events(void **state)
         fprintf(f, ev, i ? "," : "", 1000LL + i, alloc ? "alloc" : "free_requested", 4 * MiB, MiB,
                 alloc ? MiB : 0, 32 * MiB);
     }
-    fputs("]}\n", f);
-    assert_int_equal(fclose(f), 0);
-    run_t r = tally_run("plot '%s' --x events -o '%s'", path, out);
-    EXPECT_RC(r, 0);
-    HAS(r.out, "ev2k.svg: device 0, 2000 events, 1 tag group");
-    run_free(&r);
+    plot_report(f, path, out, "--x events ", "ev2k.svg: device 0, 2000 events, 1 tag group");
     char *svg = slurp(out);
     assert_non_null(svg);
     HAS(svg, ">event number (of 2000 on this device)</text>");
@@ -112,12 +121,7 @@ static void test_plot_burst_in_one_column_shows_a_pixel_wide(void **state)
                 allocated, 32 * MiB);
     }
     fprintf(f, ev, ",", 1001000LL, "alloc", 100 * MiB, MiB, MiB, 32 * MiB);
-    fputs("]}\n", f);
-    assert_int_equal(fclose(f), 0);
-    run_t r = tally_run("plot '%s' --x time -o '%s'", path, out);
-    EXPECT_RC(r, 0);
-    HAS(r.out, "burst.svg: device 0, 41 events, 1 tag group, peak allocated 20.0 MiB\n");
-    run_free(&r);
+    plot_report(f, path, out, "--x time ", "burst.svg: device 0, 41 events, 1 tag group, peak allocated 20.0 MiB\n");
     double zero_y;
     char *svg = slurp_plot(out, &zero_y);
     const char *at = strstr(svg, "<path class=\"tag\"");
@@ -214,12 +218,7 @@ static void test_plot_other_tags_on_top_of_nine(void **state)
                 k ? "," : "", 1000 * (k + 1), (size_t)(k + 1) * 64 * MiB, (size_t)(k + 1) * MiB, allocated,
                 128 * MiB, k);
     }
-    fputs("]}\n", f);
-    assert_int_equal(fclose(f), 0);
-    run_t r = tally_run("plot '%s' -o '%s'", path, out);
-    EXPECT_RC(r, 0);
-    HAS(r.out, "eleven.svg: device 0, 11 events, 10 tag groups, peak allocated 66.0 MiB\n");
-    run_free(&r);
+    plot_report(f, path, out, "", "eleven.svg: device 0, 11 events, 10 tag groups, peak allocated 66.0 MiB\n");
     double zero_y;
     char *svg = slurp_plot(out, &zero_y);
     HAS(svg, "other tags (peaks add to 3.0 MiB)");
@@ -256,11 +255,7 @@ static void test_plot_legend_shortens_names_past_24_characters(void **state)
                 "\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"%s\",\"stage\":\"s\"}\n",
                 k ? "," : "", 1000 * (k + 1), (size_t)(k + 1) * 64 * MiB, MiB, (size_t)(k + 1) * MiB, 64 * MiB,
                 names[k]);
-    fputs("]}\n", f);
-    assert_int_equal(fclose(f), 0);
-    run_t r = tally_run("plot '%s' -o '%s'", path, out);
-    EXPECT_RC(r, 0);
-    run_free(&r);
+    plot_report(f, path, out, "", NULL);
     double zero_y;
     char *svg = slurp_plot(out, &zero_y);
     char want[64];
@@ -290,12 +285,7 @@ static void test_plot_free_takes_the_latest_alloc_at_its_address(void **state)
     fprintf(f, ev, ",", 2000, "alloc", 64 * MiB, MiB, 2 * MiB, 8 * MiB, "b");
     fprintf(f, ev, ",", 3000, "free_requested", 64 * MiB, MiB, MiB, 8 * MiB, "b");
     fprintf(f, ev, ",", 4000, "alloc", 128 * MiB, MiB, 2 * MiB, 8 * MiB, "b");
-    fputs("]}\n", f);
-    assert_int_equal(fclose(f), 0);
-    run_t r = tally_run("plot '%s' -o '%s'", path, out);
-    EXPECT_RC(r, 0);
-    HAS(r.out, "readdr.svg: device 0, 4 events, 2 tag groups");
-    run_free(&r);
+    plot_report(f, path, out, "", "readdr.svg: device 0, 4 events, 2 tag groups");
     double zero_y;
     char *svg = slurp_plot(out, &zero_y);
     HAS(svg, ">a (peak 1.0 MiB)<");
@@ -341,12 +331,7 @@ static void test_plot_frees_find_their_tags_among_hundreds_live(void **state)
     }
     assert_true(at - addr[0] < 400 * MiB); /* so the last block sets the peak */
     fprintf(f, ev, ",", t++, "alloc", at, 400 * MiB, 400 * MiB, reserved);
-    fputs("]}\n", f);
-    assert_int_equal(fclose(f), 0);
-    run_t r = tally_run("plot '%s' -o '%s'", path, out);
-    EXPECT_RC(r, 0);
-    HAS(r.out, "crowd.svg: device 0, 601 events, 1 tag group, peak allocated 400.0 MiB");
-    run_free(&r);
+    plot_report(f, path, out, "", "crowd.svg: device 0, 601 events, 1 tag group, peak allocated 400.0 MiB");
     double zero_y;
     char *svg = slurp_plot(out, &zero_y);
     HAS(svg, ">a (peak 400.0 MiB)<");
@@ -402,12 +387,7 @@ static void test_plot_busiest_device_counts_no_stage_marks(void **state)
     fprintf(f, ev, ",", 0, t++, "alloc", 64 * MiB, MiB, MiB, 2 * MiB, 0);
     fprintf(f, ev, ",", 1, t++, "alloc", 96 * MiB, MiB, MiB, 2 * MiB, 0);
     fprintf(f, ev, ",", 1, t++, "alloc", 97 * MiB, MiB, 2 * MiB, 2 * MiB, 0);
-    fputs("]}\n", f);
-    assert_int_equal(fclose(f), 0);
-    run_t r = tally_run("plot '%s' -o '%s'", path, out);
-    EXPECT_RC(r, 0);
-    HAS(r.out, "marks.svg: device 1, 2 events");
-    run_free(&r);
+    plot_report(f, path, out, "", "marks.svg: device 1, 2 events");
 }
 
 /* The x of a legend key (a rect's or path's first coordinate) just before
@@ -446,11 +426,7 @@ static void test_plot_marks_each_out_of_memory(void **state)
     fprintf(f, ev, ",", 2000, "oom", (size_t)0, 8192 * MiB, MiB, 2 * MiB);
     fprintf(f, ev, ",", 4000, "oom", (size_t)0, 3 * MiB, MiB, 2 * MiB);
     fprintf(f, ev, ",", 5000, "free", 64 * MiB, MiB, (size_t)0, 2 * MiB);
-    fputs("]}\n", f);
-    assert_int_equal(fclose(f), 0);
-    run_t r = tally_run("plot '%s' -o '%s'", path, out);
-    EXPECT_RC(r, 0);
-    run_free(&r);
+    plot_report(f, path, out, "", NULL);
     double zero_y;
     char *svg = slurp_plot(out, &zero_y);
     assert_int_equal(count(svg, "<path class=\"oom\""), 2);
@@ -476,11 +452,7 @@ static void test_plot_marks_each_out_of_memory(void **state)
     f = open_timeline_report("no-ooms", path, out);
     fprintf(f, ev, "", 1000, "alloc", 64 * MiB, MiB, MiB, 2 * MiB);
     fprintf(f, ev, ",", 5000, "free", 64 * MiB, MiB, (size_t)0, 2 * MiB);
-    fputs("]}\n", f);
-    assert_int_equal(fclose(f), 0);
-    r = tally_run("plot '%s' -o '%s'", path, out);
-    EXPECT_RC(r, 0);
-    run_free(&r);
+    plot_report(f, path, out, "", NULL);
     svg = slurp_plot(out, &zero_y);
     assert_int_equal(count(svg, "class=\"oom\""), 0);
     if (strstr(svg, "out of memory"))
@@ -500,12 +472,7 @@ static void test_plot_events_at_one_time_stay_finite(void **state)
     fprintf(f, ev, "", "alloc", 4 * MiB, 2 * MiB, 2 * MiB, 4 * MiB);
     fprintf(f, ev, ",", "alloc", 8 * MiB, MiB, 3 * MiB, 4 * MiB);
     fprintf(f, ev, ",", "free_requested", 4 * MiB, 2 * MiB, MiB, 4 * MiB);
-    fputs("]}\n", f);
-    assert_int_equal(fclose(f), 0);
-    run_t r = tally_run("plot '%s' --x time -o '%s'", path, out);
-    EXPECT_RC(r, 0);
-    HAS(r.out, "instant.svg: device 0, 3 events, 1 tag group, peak allocated 3.0 MiB\n");
-    run_free(&r);
+    plot_report(f, path, out, "--x time ", "instant.svg: device 0, 3 events, 1 tag group, peak allocated 3.0 MiB\n");
     double zero_y;
     char *svg = slurp_plot(out, &zero_y);
     if (strstr(svg, "nan") || strstr(svg, "inf"))
@@ -531,11 +498,7 @@ static char *plot_two_events(size_t peak, int span_us)
                              "\"stream\":0,\"allocated\":%zu,\"reserved\":%zu,\"tag\":\"kv\",\"stage\":\"s\"}\n";
     fprintf(f, ev, "", 1000, "alloc", 4 * MiB, (size_t)512, (size_t)512, peak);
     fprintf(f, ev, ",", 1000 + span_us, "free_requested", 4 * MiB, (size_t)512, (size_t)0, peak);
-    fputs("]}\n", f);
-    assert_int_equal(fclose(f), 0);
-    run_t r = tally_run("plot '%s' -o '%s'", path, out);
-    EXPECT_RC(r, 0);
-    run_free(&r);
+    plot_report(f, path, out, "", NULL);
     char *svg = slurp(out);
     assert_non_null(svg);
     return svg;
@@ -664,12 +627,7 @@ static void test_plot_by_time_when_the_clock_steps_back(void **state)
     fprintf(f, ev, ",", -9000000000000000000LL, "alloc", 8 * MiB, MiB, 3 * MiB, 4 * MiB);
     fprintf(f, ev, ",", 9000000000000000000LL, "free_requested", 8 * MiB, MiB, 2 * MiB, 4 * MiB);
     fprintf(f, ev, ",", 6000LL, "free_requested", 4 * MiB, 2 * MiB, (size_t)0, 4 * MiB);
-    fputs("]}\n", f);
-    assert_int_equal(fclose(f), 0);
-    run_t r = tally_run("plot '%s' --x time -o '%s'", path, out);
-    EXPECT_RC(r, 0);
-    HAS(r.out, "clock.svg: device 0, 4 events, 1 tag group, peak allocated 3.0 MiB\n");
-    run_free(&r);
+    plot_report(f, path, out, "--x time ", "clock.svg: device 0, 4 events, 1 tag group, peak allocated 3.0 MiB\n");
     double zero_y;
     char *svg = slurp_plot(out, &zero_y);
     if (strstr(svg, "nan") || strstr(svg, "inf"))
