@@ -610,7 +610,7 @@ void *tally__cache_malloc_biased(tally_device_t *d, size_t orig, int device, voi
         return (void *)b->addr;
     }
     b = tally__cache_malloc_general_locked(d, orig, stream, NULL, capturing);
-    tally__dev_unlock(&d->lock);
+    tally__dev_unlock(&d->lock); /* after the general allocation */
     if (TALLY_UNLIKELY(!b))
         return miss(orig, device, stream, true);
     return (void *)b->addr;
@@ -630,7 +630,7 @@ void tally__cache_free_biased(tally_device_t *d, void *ptr, size_t size, int dev
                 return;
             }
             free_other(d, b);
-            tally__dev_unlock(&d->lock);
+            tally__dev_unlock(&d->lock); /* after the general free */
             return;
         }
         tally__dev_unlock_biased(&d->lock);
