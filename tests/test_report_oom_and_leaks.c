@@ -117,6 +117,46 @@ static int child_oom_eleven_holders(void)
     return 0;
 }
 
+/* Two holders of 1 MiB each: tag tie-named-first is named before
+ * tie-used-first, but the ledger's row of tie-used-first is made first. */
+static int child_oom_ties(void)
+{
+    LU_REQUIRE(tally_tag_push("tie-named-first") == 0);
+    LU_REQUIRE(tally_tag_pop() == 0);
+    LU_REQUIRE(tally_tag_push("tie-used-first") == 0);
+    void *a = tally_malloc(MB, 0, NULL);
+    LU_REQUIRE(tally_tag_pop() == 0);
+    LU_REQUIRE(tally_tag_push("tie-named-first") == 0);
+    void *b = tally_malloc(MB, 0, NULL);
+    LU_REQUIRE(tally_tag_pop() == 0);
+    LU_REQUIRE(a && b);
+    fprintf(stderr, "--- before the failing allocation\n");
+    void *p = tally_malloc(100 * MB, 0, NULL);
+    printf("result=%s\n", p ? "non-null" : "null");
+    tally_free(a);
+    tally_free(b);
+    return 0;
+}
+
+/* Holders of equal size go by tag, in the order the tags were first named
+ * (as the leak report's groups), not in the order their rows were made. */
+static void test_oom_report_orders_equal_holders_by_tag(void **state)
+{
+    (void)state;
+    lu_child_t c;
+    lu_child_run(&c, "oom-ties", "backend:host,host_devices:1,host_capacity:64MiB,host_mode:virtual,leak_report:off",
+                 NULL);
+    LU_CHILD_EXIT(&c, 0);
+    LU_HAS(c.out, "result=null\n");
+    const char *e = strstr(c.err, "--- before the failing allocation");
+    assert_non_null(e);
+    const char *first = strstr(e, "tally:     1.0 MiB in 1 block: tag tie-named-first, stage ");
+    const char *second = strstr(e, "tally:     1.0 MiB in 1 block: tag tie-used-first, stage ");
+    if (!first || !second || first > second)
+        fail_msg("the holders of 1.0 MiB are missing or not in the order their tags were named:\n%s", e);
+    lu_child_free(&c);
+}
+
 static void test_oom_report_lists_the_ten_largest_holders(void **state)
 {
     (void)state;
@@ -428,6 +468,7 @@ static const lu_role_t roles[] = {
     {"oom", child_oom},
     {"oom-segment", child_oom_segment},
     {"oom-eleven", child_oom_eleven_holders},
+    {"oom-ties", child_oom_ties},
     {NULL, NULL},
 };
 
@@ -439,6 +480,7 @@ int main(int argc, char **argv)
         LU_T(test_oom_report_names_the_holders),
         LU_T(test_oom_report_names_the_segment_it_needed),
         LU_T(test_oom_report_lists_the_ten_largest_holders),
+        LU_T(test_oom_report_orders_equal_holders_by_tag),
         LU_T(test_backtrace_sites_split_leak_groups),
         LU_T(test_one_frame_sites_are_the_callers),
         LU_T(test_leak_report_without_sites_groups_by_owner),

@@ -70,11 +70,18 @@ static void rows_now(tally_ledger_entry_t *rows, uint32_t n)
     }
 }
 
+/* The largest first; equal sizes by tag, then by stage, each in the order
+ * its name was first used (as the leak report orders its groups), so that
+ * the order does not hang on the sort's handling of ties. */
 static int row_cmp(const void *x, const void *y)
 {
     const tally_ledger_entry_t *a = x, *b = y;
     if (a->bytes.current != b->bytes.current)
         return a->bytes.current < b->bytes.current ? 1 : -1;
+    if (a->tag != b->tag)
+        return a->tag < b->tag ? -1 : 1;
+    if (a->stage != b->stage)
+        return a->stage < b->stage ? -1 : 1;
     return 0;
 }
 
