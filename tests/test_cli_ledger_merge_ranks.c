@@ -117,6 +117,19 @@ static void test_merge_totals_every_rank_with_fewer_ranks_than_devices(void **st
     HAS(r.out, "\ntotal                     3.2 GiB   256.0 MiB   256.0 MiB         0 B\n"); /* allocated */
     HAS(r.out, "\ntotal                     3.2 GiB  256.0 MiB  256.0 MiB        0 B\n");     /* reserved */
     HAS(r.out, "checkpoint                3.0 GiB      3.0 GiB            3      3\n");
+    /* Each rank's row of the matrices names its home device and its pid, as
+     * its report has them. */
+    for (int k = 0; k < 3; k++) {
+        char path[PATH_MAX + 32], want[64];
+        snprintf(path, sizeof path, "%s/rank%d.json", dir, k);
+        char *text = slurp(path);
+        assert_non_null(text);
+        const char *pid = strstr(text, "\"pid\":");
+        assert_non_null(pid);
+        snprintf(want, sizeof want, "\n%-6d %-5d %-9lld", k, k, strtoll(pid + 6, NULL, 10));
+        HAS(r.out, want);
+        free(text);
+    }
     run_free(&r);
     /* The JSON form lists every device too, not one per report. */
     r = tally_run("merge --json '%s/rank2.json' '%s/rank0.json' '%s/rank1.json'", dir, dir, dir);

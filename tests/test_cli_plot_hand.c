@@ -608,6 +608,9 @@ static void test_plot_time_unit_changes_at_an_axis_of_2000_of_it(void **state)
     plot_time_unit(1961, "ms", "0 0.5 1 1.5 2");
     plot_time_unit(1960784, "ms", "0 500 1000 1500");
     plot_time_unit(1960785, "s", "0 0.5 1 1.5 2");
+    /* An eighth of the span over 5 of its power of ten (75 us) rounds up to
+     * the next power of ten: ticks 100 us apart. */
+    plot_time_unit(588, "\xc2\xb5s", "0 100 200 300 400 500");
 }
 
 /* The timeline's clock is the wall clock (lib/ledger/recorders.c), which a

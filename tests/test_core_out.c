@@ -5,6 +5,10 @@
 
 #include "core/internal.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 /* buf[0..n-1] filled with c, NUL-terminated. */
 static const char *filled(char *buf, size_t n, char c)
 {
@@ -112,6 +116,29 @@ static void test_cleared_error_is_empty(void **state)
     tu_buf_free(&sunk);
 }
 
+/* The default sink writes to fd 2 and gives up when a write fails: with fd
+ * 2 closed a diagnostic returns (a child, which an alarm ends if the sink
+ * keeps trying). */
+static void test_default_sink_returns_when_stderr_is_closed(void **state)
+{
+    (void)state;
+    tally_set_sink(NULL, NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(10);
+        close(2);
+        tally__diag("a diagnostic with nowhere to go");
+        tally__diag("and another");
+        _exit(0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("the child did not return from the diagnostic (status %#x%s)", status,
+                 WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? ": still writing after 10 s" : "");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -120,6 +147,7 @@ int main(void)
         cmocka_unit_test(test_long_line_without_memory_marks_the_output_failed),
         cmocka_unit_test(test_json_string_escapes),
         cmocka_unit_test(test_cleared_error_is_empty),
+        cmocka_unit_test(test_default_sink_returns_when_stderr_is_closed),
     };
     return cmocka_run_group_tests_name("out", tests, NULL, NULL);
 }

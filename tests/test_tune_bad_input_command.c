@@ -58,6 +58,7 @@ static void test_command_refuses_bad_arguments(void **state)
 {
     (void)state;
     expect_error(tune("--frobnicate '%s'", small_csv), 2, "unknown option '--frobnicate' (tally tune --help lists them)");
+    expect_error(tune("-z '%s'", small_csv), 2, "unknown option '-z' (tally tune --help lists them)");
     expect_error(tune("a.csv b.csv"), 2, "one FILE expected, got 'a.csv' and 'b.csv'");
     expect_error(tune("--capacity 0.5 a.csv"), 2, "--capacity '0.5' is not a size (e.g. 80GiB, 40960MiB, 85899345920)");
     expect_error(tune("--capacity 2000000TB a.csv"), 2,
