@@ -43,13 +43,23 @@ static int child_oom(void)
     return 0;
 }
 
+/* Run child role on one host device of capacity_mib MiB (no leak report):
+ * it exits 0 after an allocation that failed (result=null). */
+static void run_oom_child(lu_child_t *c, const char *role, int capacity_mib)
+{
+    char conf[128];
+    snprintf(conf, sizeof conf, "backend:host,host_devices:1,host_capacity:%dMiB,host_mode:virtual,leak_report:off",
+             capacity_mib);
+    lu_child_run(c, role, conf, NULL);
+    LU_CHILD_EXIT(c, 0);
+    LU_HAS(c->out, "result=null\n");
+}
+
 static void test_oom_report_names_the_holders(void **state)
 {
     (void)state;
     lu_child_t c;
-    lu_child_run(&c, "oom", "backend:host,host_devices:1,host_capacity:64MiB,host_mode:virtual,leak_report:off", NULL);
-    LU_CHILD_EXIT(&c, 0);
-    LU_HAS(c.out, "result=null\n");
+    run_oom_child(&c, "oom", 64);
     LU_HAS(c.out, "error=out of memory");
     LU_HAS(c.out, "num_ooms=1\n");
     LU_HAS(c.out, "check=0\n");
@@ -84,10 +94,7 @@ static void test_oom_report_names_the_segment_it_needed(void **state)
 {
     (void)state;
     lu_child_t c;
-    lu_child_run(&c, "oom-segment", "backend:host,host_devices:1,host_capacity:16MiB,host_mode:virtual,leak_report:off",
-                 NULL);
-    LU_CHILD_EXIT(&c, 0);
-    LU_HAS(c.out, "result=null\n");
+    run_oom_child(&c, "oom-segment", 16);
     LU_HAS(c.err, "tally: out of memory on device 0: asked 3145728 bytes (3.0 MiB, rounded to 3145728, needing a "
                   "20.0 MiB segment): ");
     lu_child_free(&c);
@@ -144,10 +151,7 @@ static void test_oom_report_orders_equal_holders_by_tag(void **state)
 {
     (void)state;
     lu_child_t c;
-    lu_child_run(&c, "oom-ties", "backend:host,host_devices:1,host_capacity:64MiB,host_mode:virtual,leak_report:off",
-                 NULL);
-    LU_CHILD_EXIT(&c, 0);
-    LU_HAS(c.out, "result=null\n");
+    run_oom_child(&c, "oom-ties", 64);
     const char *e = strstr(c.err, "--- before the failing allocation");
     assert_non_null(e);
     const char *first = strstr(e, "tally:     1.0 MiB in 1 block: tag tie-named-first, stage ");
@@ -161,10 +165,7 @@ static void test_oom_report_lists_the_ten_largest_holders(void **state)
 {
     (void)state;
     lu_child_t c;
-    lu_child_run(&c, "oom-eleven", "backend:host,host_devices:1,host_capacity:64MiB,host_mode:virtual,leak_report:off",
-                 NULL);
-    LU_CHILD_EXIT(&c, 0);
-    LU_HAS(c.out, "result=null\n");
+    run_oom_child(&c, "oom-eleven", 64);
     const char *e = strstr(c.err, "--- before the failing allocation");
     assert_non_null(e);
     e = strstr(e, "tally:   who holds device 0:\n");
