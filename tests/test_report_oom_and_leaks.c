@@ -55,17 +55,25 @@ static void run_oom_child(lu_child_t *c, const char *role, int capacity_mib)
     LU_HAS(c->out, "result=null\n");
 }
 
+/* The same for a child that writes a marker before its failing allocation:
+ * the report from there on. */
+static const char *oom_child_report(lu_child_t *c, const char *role, int capacity_mib)
+{
+    run_oom_child(c, role, capacity_mib);
+    const char *e = strstr(c->err, "--- before the failing allocation");
+    assert_non_null(e);
+    return e;
+}
+
 static void test_oom_report_names_the_holders(void **state)
 {
     (void)state;
     lu_child_t c;
-    run_oom_child(&c, "oom", 64);
+    const char *e = oom_child_report(&c, "oom", 64);
     LU_HAS(c.out, "error=out of memory");
     LU_HAS(c.out, "num_ooms=1\n");
     LU_HAS(c.out, "check=0\n");
     LU_HAS(c.out, "after=non-null\n");
-    const char *e = strstr(c.err, "--- before the failing allocation");
-    assert_non_null(e);
     LU_HAS(e, "tally: out of memory on device 0: asked 16777216 bytes (16.0 MiB");
     LU_HAS(e, "simulated device 0 is full");
     LU_HAS(e, "tally:   reserved 50.0 MiB, of which 15.0 MiB cached and unallocated");
@@ -151,9 +159,7 @@ static void test_oom_report_orders_equal_holders_by_tag(void **state)
 {
     (void)state;
     lu_child_t c;
-    run_oom_child(&c, "oom-ties", 64);
-    const char *e = strstr(c.err, "--- before the failing allocation");
-    assert_non_null(e);
+    const char *e = oom_child_report(&c, "oom-ties", 64);
     const char *first = strstr(e, "tally:     1.0 MiB in 1 block: tag tie-named-first, stage ");
     const char *second = strstr(e, "tally:     1.0 MiB in 1 block: tag tie-used-first, stage ");
     if (!first || !second || first > second)
@@ -165,9 +171,7 @@ static void test_oom_report_lists_the_ten_largest_holders(void **state)
 {
     (void)state;
     lu_child_t c;
-    run_oom_child(&c, "oom-eleven", 64);
-    const char *e = strstr(c.err, "--- before the failing allocation");
-    assert_non_null(e);
+    const char *e = oom_child_report(&c, "oom-eleven", 64);
     e = strstr(e, "tally:   who holds device 0:\n");
     assert_non_null(e);
     const char *at = e;
