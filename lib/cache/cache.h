@@ -276,19 +276,6 @@ static inline void tally__cache_peaks_locked(tally_device_t *d)
  * split_hi plus the large pool's value now. Before a read (the sync), a
  * reset and a change of the large pool's split statistics. */
 void tally__cache_split_fold_locked(tally_device_t *d);
-/* A change of the small pool's entry of a split statistic (k: 0 for
- * inactive_split, 1 for inactive_split_bytes), its peak taken into
- * split_hi. */
-static inline void tally__cache_split_small_locked(tally_device_t *d, int k, int64_t amount)
-{
-    tally_stat_t *s = k ? &d->stats.inactive_split_bytes[TALLY_POOL_SMALL] : &d->stats.inactive_split[TALLY_POOL_SMALL];
-    int64_t up = amount > 0 ? amount : 0;
-    s->allocated += up;
-    s->freed += up - amount;
-    int64_t now = tally__stat_now(s);
-    if (now > d->split_hi[k])
-        d->split_hi[k] = now;
-}
 /* The window's allocated peak, taken now (with the peaks, and after an
  * allocation whose statistics took theirs at once). */
 static inline void tally__cache_window_alloc_locked(tally_device_t *d)

@@ -271,6 +271,22 @@ long tally__bins_verify(const tally_pool_t *p)
     return n;
 }
 
+/* ---- the split statistics ------------------------------------------------ */
+
+/* A change of the small pool's entry of a split statistic (k: 0 for
+ * inactive_split, 1 for inactive_split_bytes), its peak taken into
+ * split_hi. */
+static inline void split_small(tally_device_t *d, int k, int64_t amount)
+{
+    tally_stat_t *s = k ? &d->stats.inactive_split_bytes[TALLY_POOL_SMALL] : &d->stats.inactive_split[TALLY_POOL_SMALL];
+    int64_t up = amount > 0 ? amount : 0;
+    s->allocated += up;
+    s->freed += up - amount;
+    int64_t now = tally__stat_now(s);
+    if (now > d->split_hi[k])
+        d->split_hi[k] = now;
+}
+
 /* ---- the fast allocation -------------------------------------------------- */
 
 /* A spare block record made ready for a free piece (d->spare_blocks is not
@@ -393,8 +409,8 @@ static inline __attribute__((always_inline)) tally_block_t *small_take(tally_dev
         if (already_split) {
             tally__stat_dec(split_bytes, (int64_t)size);
         } else {
-            tally__cache_split_small_locked(d, 1, (int64_t)rest->size);
-            tally__cache_split_small_locked(d, 0, 1);
+            split_small(d, 1, (int64_t)rest->size);
+            split_small(d, 0, 1);
             if (TALLY_UNLIKELY(b->seg == d->lent_kept)) /* a wholly free segment is in use again */
                 d->lent_kept = NULL;
         }
@@ -505,8 +521,8 @@ static inline __attribute__((always_inline)) void small_free(tally_device_t *d, 
     int64_t split = !whole;
     dblocks += split;
     dbytes += (int64_t)b->size & -split;
-    tally__cache_split_small_locked(d, 0, dblocks);
-    tally__cache_split_small_locked(d, 1, dbytes);
+    split_small(d, 0, dblocks);
+    split_small(d, 1, dbytes);
     tally__stat_dec(&d->stats.requested_bytes[TALLY_POOL_SMALL], (int64_t)b->requested);
     if (TALLY_UNLIKELY(whole) && b->seg->lender != NULL)
         tally__lend_idle_locked(d, b);
