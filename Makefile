@@ -184,6 +184,8 @@ $(BUILD)/tests/test_tune_output: tools/tune_output.c tools/tune.h tests/standin/
 $(BUILD)/tests/test_expand_vs_pytorch: tools/tune_run.c tools/tune_run_replay.c tools/pt_expand.c bench/trace.c bench/gen_trace.c tests/standin/cost.c $(wildcard tools/*.h) bench/trace.h tests/standin/cost.h
 $(BUILD)/tests/test_expand_vs_pytorch: TEST_LINK := tools/tune_run_replay.c bench/gen_trace.c
 $(BUILD)/tests/test_expand_vs_pytorch: CFLAGS += -DGEN_TRACE_NO_MAIN
+# test_rmm_model compiles the model of RMM's pool in.
+$(BUILD)/tests/test_rmm_model: tools/rmm_pool.c tools/rmm_pool.h bench/trace.c bench/trace.h
 # test_tune_replay compiles the model of PyTorch's expandable segments in.
 $(BUILD)/tests/test_tune_replay: tools/pt_expand.c tools/pt_expand.h bench/trace.c bench/trace.h
 

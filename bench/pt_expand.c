@@ -21,15 +21,8 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 
 #define MiB ((uint64_t)1 << 20)
-
-static bool is_dir(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 static int run(const char *path)
 {
@@ -77,24 +70,5 @@ int main(int argc, char **argv)
     printf("| trace | peak live MiB | PyTorch expandable reserved MiB | res/live | map calls | pages mapped "
            "| ranges reserved | CUDA driver calls | ms A100 | ms Blackwell |\n");
     printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    int failures = 0;
-    for (int i = 1; i < argc; i++) {
-        if (is_dir(argv[i])) {
-            char **list;
-            char err[1400];
-            int n = trace_dir_list(argv[i], &list, err, sizeof err);
-            if (n < 0) {
-                fprintf(stderr, "pt-expand-model: %s\n", err);
-                return 1;
-            }
-            for (int k = 0; k < n; k++) {
-                failures += run(list[k]);
-                free(list[k]);
-            }
-            free(list);
-        } else {
-            failures += run(argv[i]);
-        }
-    }
-    return failures ? 1 : 0;
+    return trace_each_path("pt-expand-model", argv + 1, argc - 1, run) != 0;
 }

@@ -29,7 +29,7 @@ BIN=$BUILD/bench
 for f in "$BIN/hotpath-glibc" "$BIN/hotpath-jemalloc" "$BIN/hotpath-mimalloc" "$BUILD/bin/tally-replay" \
   "$BUILD/bin/tally-driver-cost" "$BUILD/standin/libcuda.so.1" \
   "$BIN/torchpath-mimalloc" "$BIN/pt-expand-model" "$BIN/unwind" "$BIN/tally-steps" "$BIN/turns" "$BIN/pair-ab" \
-  "$BIN/tally-empty-cache"; do
+  "$BIN/tally-empty-cache" "$BIN/rmm-pool-model"; do
   if [ ! -x "$f" ]; then
     echo "run.sh: $f is missing; run: make -C bench BUILD=$BUILD" >&2
     exit 1
@@ -80,6 +80,10 @@ step "replay with expandable segments"
 "$BUILD/bin/tally-replay" --check "${REPLAY_REPS[@]}" --conf expandable_segments:true "${replay_args[@]}" >"$OUT/replay-expandable.txt"
 step "PyTorch's expandable segments (model), the expandable_grow_chunk_mb and expandable_handle_mb curves"
 "$BIN/pt-expand-model" "$TRACES" >"$OUT/pt-expandable.txt"
+step "RAPIDS RMM's pool_memory_resource (model)"
+rmm_args=("$TRACES")
+if [ -d "$BUILD/traces" ]; then rmm_args+=("$BUILD/traces"); fi
+"$BIN/rmm-pool-model" "${rmm_args[@]}" >"$OUT/rmm-pool.txt"
 for f in $GROW; do
   "$BUILD/bin/tally-replay" --reps 1 --quiet --conf "expandable_segments:true,expandable_grow_chunk_mb:$f" "$TRACES" \
     >"$OUT/grow-chunk-$f.txt"
@@ -304,6 +308,12 @@ END {
     printf "CUDA driver calls summed: default %d, tally expandable %d = %.1fx default (worst trace %s at %.1fx), PyTorch expandable model %d = %.1fx; tally / PyTorch expandable %.1fx.\n", sdd, sed, sdd ? sed / sdd : 0, dwt, dworst, smd, sdd ? smd / sdd : 0, smd ? sed / smd : 0
   }
 }' "$OUT/replay.txt" "$OUT/replay-expandable.txt" "$OUT/pt-expandable.txt"
+echo
+echo "### RAPIDS RMM's pool_memory_resource (bench/rmm_pool.c, a model of its placement and growth: tools/rmm_pool.c)"
+echo
+echo "Grown: no initial pool, no maximum (each growth asks for the pool's size again). Least: the least pool, on a 2 MiB grid, that serves the trace when made at the start."
+echo
+cat "$OUT/rmm-pool.txt"
 echo
 echo "### expandable_grow_chunk_mb: the trade-off (recorded traces, 1 repetition; 20 is the default)"
 echo

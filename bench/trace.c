@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t errlen, const char *fmt, ...)
@@ -507,4 +508,28 @@ size_t trace_period(const trace_t *t)
     free(frac);
     free(a);
     return period;
+}
+
+int trace_each_path(const char *prog, char **paths, int n, int (*run)(const char *path))
+{
+    int failures = 0;
+    for (int i = 0; i < n; i++) {
+        struct stat st;
+        if (stat(paths[i], &st) != 0 || !S_ISDIR(st.st_mode)) {
+            failures += run(paths[i]) != 0;
+            continue;
+        }
+        char **list, err[1400];
+        int k = trace_dir_list(paths[i], &list, err, sizeof err);
+        if (k < 0) {
+            fprintf(stderr, "%s: %s\n", prog, err);
+            return -1;
+        }
+        for (int j = 0; j < k; j++) {
+            failures += run(list[j]) != 0;
+            free(list[j]);
+        }
+        free(list);
+    }
+    return failures;
 }

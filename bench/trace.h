@@ -90,4 +90,9 @@ size_t trace_period(const trace_t *t);
 /* The .csv files of dir, sorted, as malloc'ed paths; returns the count or -1. */
 int trace_dir_list(const char *dir, char ***paths, char *err, size_t errlen);
 
+/* run(path) for each of paths[0..n-1], a directory standing for its .csv
+ * files (trace_dir_list). Returns how many runs failed (run returned
+ * nonzero), or -1 when a directory cannot be read ("prog: why" on stderr). */
+int trace_each_path(const char *prog, char **paths, int n, int (*run)(const char *path));
+
 #endif
