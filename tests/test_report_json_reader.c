@@ -601,11 +601,32 @@ static void test_json_out_of_memory_names_the_byte_being_read(void **state)
     tally__json_free(v);
 }
 
+/* A literal that ends the document is whole, not cut short: each of the
+ * three, alone, parses to its type (a literal is only cut when fewer bytes
+ * are left than it has). */
+static void test_json_literal_at_the_end_of_input(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        tally_json_type_t type;
+    } lit[] = {{"true", TALLY_JSON_TRUE}, {"false", TALLY_JSON_FALSE}, {"null", TALLY_JSON_NULL}};
+    for (size_t k = 0; k < sizeof lit / sizeof lit[0]; k++) {
+        char err[256] = "";
+        tally_json_t *v = tally__json_parse(lit[k].text, strlen(lit[k].text), err, sizeof err, NULL);
+        if (!v)
+            fail_msg("'%s': %s", lit[k].text, err);
+        assert_int_equal(v->type, lit[k].type);
+        tally__json_free(v);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_out_of_memory_names_the_byte_being_read),
         cmocka_unit_test(test_json_values),
+        cmocka_unit_test(test_json_literal_at_the_end_of_input),
         cmocka_unit_test(test_json_strings),
         cmocka_unit_test(test_json_number_grammar),
         cmocka_unit_test(test_json_numbers_end_at_the_given_length),

@@ -308,6 +308,25 @@ static void test_general_alloc_and_free_leave_the_lock_free(void **state)
     expect_lock_not_left_held("a free on the general path");
 }
 
+/* The same for the fast paths themselves, each checked on its own: an
+ * allocation the small fast path serves, with no free after it (a free
+ * lets the lock go and would hide an allocation that did not), and then
+ * its fast free. */
+static void test_fast_alloc_and_free_leave_the_lock_free(void **state)
+{
+    (void)state;
+    bias_device_0();
+    void *p = t.alloc(512, 0, NULL);
+    assert_non_null(p);
+    expect_lock_not_left_held("an allocation on the small fast path");
+    bias_device_0();
+    void *q = t.alloc(512, 0, NULL);
+    assert_non_null(q);
+    t.free(p, 512, 0, NULL);
+    expect_lock_not_left_held("a free on the small fast path");
+    t.free(q, 512, 0, NULL);
+}
+
 static void test_bad_free_is_reported_not_fatal(void **state)
 {
     (void)state;
@@ -531,6 +550,7 @@ int main(void)
         cmocka_unit_test(test_free_trusts_the_record),
         cmocka_unit_test(test_missed_free_leaves_the_lock_free),
         cmocka_unit_test(test_general_alloc_and_free_leave_the_lock_free),
+        cmocka_unit_test(test_fast_alloc_and_free_leave_the_lock_free),
         cmocka_unit_test(test_bad_free_is_reported_not_fatal),
         cmocka_unit_test(test_empty_cache_hook_releases),
         cmocka_unit_test(test_record_stream_hook),
