@@ -220,10 +220,16 @@ test-py: lib $(STANDIN_LIB)
 # static link line links, make uninstall leaves nothing), tools/setup.sh as
 # a non-root user, tests/run.sh's own output, the demo's, and the figures
 # the docs quote (tests/docs_figures.py).
-test-sh: lib $(CLI) $(BUILD)/bin/demo $(BUILD)/bin/demo-sleep
+test-sh: lib $(CLI) $(BUILD)/bin/demo $(BUILD)/bin/demo-sleep $(BUILD)/bench/rmm-pool-model
 	@MAKE="$(MAKE)" BUILD=$(BUILD) TEST_RESULTS=$(TEST_RESULTS)/sh bash tests/run.sh \
 		tests/check_install.sh tests/check_setup.sh tests/check_run.sh tests/check_demo.sh tests/check_demo_sleep.sh \
 		tests/check_layers.sh tests/check_docs.sh tests/check_fuzz_replay.sh
+
+# The model of RMM's pool, for the figure docs/benchmarks.md quotes from it
+# (built by bench/Makefile, which make bench runs whole).
+$(BUILD)/bench/rmm-pool-model: bench/rmm_pool.c tools/rmm_pool.c tools/rmm_pool.h bench/trace.c bench/trace.h \
+		tests/standin/cost.c $(BUILD)/lib/libtally.a
+	$(MAKE) -C bench BUILD=$(abspath $(BUILD)) $(abspath $(BUILD))/bench/rmm-pool-model
 
 # ---- install ----
 PREFIX       ?= /usr/local

@@ -253,6 +253,49 @@ def issue21_goals():
     return "\n".join(out)
 
 
+RMM_MODEL = os.path.join(BUILD, "bench", "rmm-pool-model")
+LEAST_ROWS = [("tally", "expandable_segments:True"), ("tally", "expandable_segments:True,expandable_move_budget:-1"),
+              ("PyTorch (model)", "expandable_segments:True")]
+
+
+def rmm_pool_table():
+    """docs/benchmarks.md: the model of RAPIDS RMM's pool (bench's
+    rmm-pool-model: grown from nothing, and its least pool) beside tally
+    tune's rows on the nine shared CSV traces: peak reserved untuned, and
+    the least device each needs (min_device_bytes). In bold the least of a
+    row's four least-memory cells, where one is least alone."""
+    need_traces()
+    if not os.access(RMM_MODEL, os.X_OK):
+        raise RuntimeError(f"{rel(RMM_MODEL)} is not built (make test builds it)")
+    rmm = {}
+    for line in run([RMM_MODEL, TRACES]).stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 12 and cells[0].endswith(".csv"):
+            rmm[cells[0]] = (float(cells[2]), float(cells[3]), float(cells[5]), float(cells[6]))
+    names = sorted(f for f in os.listdir(TRACES) if f.endswith(".csv"))
+    out = ["`build/bench/rmm-pool-model` and `build/bin/tally tune -q --json TRACE` on each shared CSV trace "
+           "(`tests/docs_figures.py` remakes this table and `make test` compares it): MiB (/ peak live); in bold the "
+           "least of a row's four least-memory cells where one is least alone:", "",
+           "| trace | peak live | RMM grown | tally, no setting (PyTorch's rules) | tally, expandable segments "
+           "| RMM least pool | tally expandable, least device | tally, `expandable_move_budget:-1`, least device "
+           "| PyTorch expandable (model), least device |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in names:
+        rows = {(r["allocator"], r["setting"]): r for r in tune_rows(name)}
+        default, expand = rows[("PyTorch/tally", "")], rows[("tally", "expandable_segments:True")]
+        live = default["peak_live_bytes"]
+        grown, grown_ratio, least, least_ratio = rmm[name]
+        cell = lambda b: f"{b / MIB:,.0f} ({b / live:.3f})"
+        leasts = [(least, f"{least:,.0f} ({least_ratio:.3f})")]
+        leasts += [(rows[k]["min_device_bytes"] / MIB, cell(rows[k]["min_device_bytes"])) for k in LEAST_ROWS]
+        low = min(v for v, _ in leasts)
+        alone = sum(1 for v, _ in leasts if v == low) == 1
+        shown = [f"**{t}**" if alone and v == low else t for v, t in leasts]
+        out.append(f"| {name[:-4]} | {live / MIB:,.0f} | {grown:,.0f} ({grown_ratio:.3f}) | {cell(default['peak_reserved_bytes'])} "
+                   f"| {cell(expand['peak_reserved_bytes'])} | " + " | ".join(shown) + " |")
+    return "\n".join(out)
+
+
 # Figures quoted as single values inside prose or a table of measurements:
 # NAME -> (doc, function(text) -> (what the doc says, what the program gives)).
 VALUES = {
@@ -266,6 +309,7 @@ FIGURES = {
     "tune-budgets": ("docs/tune.md", tune_budgets),
     "tune-grid-size": ("docs/tune.md", tune_grid_size),
     "issue21-goals": ("docs/benchmarks.md", issue21_goals),
+    "rmm-pool": ("docs/benchmarks.md", rmm_pool_table),
 }
 
 REGION = re.compile(r"(<!-- figure: ([a-z0-9-]+) -->\n)(.*?)(\n<!-- /figure -->)", re.S)
