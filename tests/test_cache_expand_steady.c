@@ -558,6 +558,34 @@ static void test_step_detector_steady_after_a_whole_step(void **state)
     expect_child_ok(env, body_detector);
 }
 
+/* A step longer than STEADY_RUN (256 allocations in expand_move.c): the job
+ * counts as steady once 256 allocations have held, not a whole step: a
+ * step of 300 is found at allocation 308 (its first 8 sizes again, which
+ * count as held) and steady from allocation 300 + 256 on. */
+static void body_detector_long_step(int fd)
+{
+    (void)fd;
+    NEED(tally_configure("backend:host,host_mode:virtual,expandable_segments:true,leak_report:off") == 0);
+    NEED(tally_init() == 0);
+    tally_device_t *d = tally__g.dev[0];
+    enum { P = 300, RUN = 256 };
+    uint64_t n = 0;
+    for (int step = 0; step < 3; step++)
+        for (int k = 0; k < P; k++, n++) {
+            tally__expand_note_alloc_locked(d, (size_t)(k + 1) << 20, (uint64_t)k * 4096);
+            if (tally__expand_steady(d) != (n + 1 >= P + RUN))
+                fail_msg("allocation %llu: steady %d", (unsigned long long)(n + 1), tally__expand_steady(d));
+        }
+    NEED(tally__expand_period(d) == P);
+}
+
+static void test_step_detector_long_step_steady_after_256(void **state)
+{
+    (void)state;
+    const char *const env[] = {"TALLY_CONF", "", NULL};
+    expect_child_ok(env, body_detector_long_step);
+}
+
 /* The budget set at run time watches small requests too: the step detector
  * sees every allocation once a budget is on, so tally_configure must take
  * small requests off the cache's fast path (tally__g.small_fast), which
@@ -641,6 +669,7 @@ int main(void)
         cmocka_unit_test(test_random_workload_without_moves_keeps_invariants),
         cmocka_unit_test(test_move_budget_key),
         cmocka_unit_test(test_step_detector_steady_after_a_whole_step),
+        cmocka_unit_test(test_step_detector_long_step_steady_after_256),
         cmocka_unit_test(test_budget_set_at_run_time_watches_small_requests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
