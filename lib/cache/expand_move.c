@@ -47,9 +47,9 @@ typedef struct steady {
 
 static steady_t steady[TALLY_MAX_DEVICES];
 
-/* FNV-1a over the last KGRAM sizes, then mixed: a product's low bits
+/* FNV-1a over the last KGRAM sizes, its high half folded into the low: a product's low bits
  * depend only on its operands' low bits, and sizes are multiples of 512 B
- * (of 2 MiB for most large ones), so without the mixing every window would
+ * (of 2 MiB for most large ones), so without the high half every window would
  * fall in the same few of the KG_SLOTS slots (taken modulo), and a period
  * whose last match lies more than CHAIN_WALK ends back would not be found. */
 static uint64_t kgram_hash(const steady_t *st)
@@ -57,9 +57,7 @@ static uint64_t kgram_hash(const steady_t *st)
     uint64_t h = 1469598103934665603ull;
     for (size_t k = 0; k < KGRAM; k++)
         h = (h ^ st->size[(st->n - 1 - k) % LEARN]) * 1099511628211ull;
-    h ^= h >> 31;
-    h *= 0x9e3779b97f4a7c15ull;
-    return h ^ (h >> 29);
+    return h ^ (h >> 32); /* the slot's low bits from the high half too */
 }
 
 /* One allocation of rounded size, with live: the bytes requested by the

@@ -113,7 +113,7 @@ fuzz_names=$(cd "$src" && ls tests/fuzz/fuzz_*.c 2>/dev/null | sed 's|tests/fuzz
 all_tests="$c_tests${fuzz_names:+ fuzz-replay} $py_tests $sh_tests"
 soversion=$(sed -n 's/^#define TALLY_VERSION "\([0-9]*\)\..*/\1/p' "$src/include/tally.h")
 # What every suite needs: the libraries, the tools, the CUDA stand-in.
-libs() { printf '%s/lib/libtally.so %s/lib/libtally.so.%s %s/lib/libtally.a %s/bin/tally %s/bin/demo %s/bin/demo-sleep %s/standin/libcuda.so.1' "$1" "$1" "$soversion" "$1" "$1" "$1" "$1" "$1"; }
+libs() { printf '%s/lib/libtally.so %s/lib/libtally.so.%s %s/lib/libtally.a %s/bin/tally %s/bin/demo %s/bin/demo-sleep %s/standin/libcuda.so.1 %s/bench/rmm-pool-model' "$1" "$1" "$soversion" "$1" "$1" "$1" "$1" "$1" "$1"; }
 # The tests run the cuda and async backends against the CUDA stand-in
 # (tests/standin/, a libcuda.so.1 on host memory), first on the library
 # search path as the Makefile's STANDIN_ENV puts it, unless TALLY_REAL_CUDA=1
