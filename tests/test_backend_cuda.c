@@ -75,6 +75,20 @@ static void body_malloc_free(void)
         EXPECT(a == b); /* served from the cache */
     tally_free(b);
     EXPECT(tally_check() == 0);
+    if (!is_cuda()) {
+        /* A small block of the async backend goes back to the driver's pool
+         * at its free (the general free, never the small fast path's bins):
+         * tally holds no segment of it after. */
+        tally_stats_t st0, st1;
+        EXPECT(tally_get_stats(0, &st0) == 0);
+        void *c = tally_malloc(4096, 0, s);
+        EXPECT(c != NULL);
+        tally_free(c);
+        EXPECT(tally_get_stats(0, &st1) == 0);
+        EXPECT(st1.segment[TALLY_POOL_SMALL].current == st0.segment[TALLY_POOL_SMALL].current);
+        EXPECT(st1.num_device_free == st0.num_device_free + 1);
+        EXPECT(tally_check() == 0);
+    }
     CU_EXPECT(cu.cuStreamSynchronize(s));
     tally_stats_t before, after;
     EXPECT(tally_get_stats(0, &before) == 0);

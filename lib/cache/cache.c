@@ -385,6 +385,7 @@ static bool alloc_block(tally_device_t *d, alloc_params_t *p, bool retry)
     s->device = d->id;
     s->gp = p->gp;
     s->vm = vm;
+    s->direct = tally__g.backend->passthrough; /* its frees go back to the backend (small.c) */
     if (p->gp)
         p->gp->nsegments++;
     s->head = b;

@@ -74,9 +74,11 @@ struct tally_segment {
         struct {
             uint8_t asleep; /* vm: its pages are unmapped, its addresses kept (private.c) */
             uint8_t run;    /* a small pool's run of pages (small_run.c) */
+            uint8_t direct; /* from a pass-through backend, which caches nothing (cache.c) */
+            uint8_t spare;
         };
-        uint16_t slow_free; /* either: a small block's free takes the general path (the fast one
-                             * reads both in one load; a run's merges may pass 2 MiB) */
+        uint32_t slow_free; /* any: a small block's free takes the general path (the fast one
+                             * reads them in one load; a run's merges may pass 2 MiB) */
     };
 };
 

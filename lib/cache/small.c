@@ -575,11 +575,11 @@ tally_block_t *tally__cache_malloc_locked(tally_device_t *d, size_t orig, void *
 }
 
 /* A small block of the device's own pool, never shared with another stream,
- * not asleep and not in a run of pages (slow_free), on a backend that
- * caches: nothing to wait for, and no merge past 2 MiB. */
+ * not asleep, not in a run of pages and not from a pass-through backend
+ * (slow_free): nothing to wait for, and no merge past 2 MiB. */
 static inline bool free_fast_ok(const tally_block_t *b)
 {
-    return b->pool == TALLY_POOL_SMALL && !b->nuses && !b->seg->slow_free && !tally__g.backend->passthrough;
+    return b->pool == TALLY_POOL_SMALL && !b->nuses && !b->seg->slow_free;
 }
 
 /* Every free free_fast_ok does not take. */
