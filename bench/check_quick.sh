@@ -36,6 +36,7 @@ section "## Replay with expandable_segments" "tally-replay (expandable segments)
 section "### PyTorch's placement (default)" "tally-driver-cost"
 section "### expandable_segments:true" "tally-driver-cost (expandable segments)"
 section "## Expandable segments: memory" "pt-expand-model"
+section "### RAPIDS RMM's pool_memory_resource" "rmm-pool-model"
 section "### expandable_grow_chunk_mb" "tally-replay expandable_grow_chunk_mb"
 section "### expandable_handle_mb" "tally-replay expandable_handle_mb"
 section "## Hot path through PyTorch" "torchpath-mimalloc"
