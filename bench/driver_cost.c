@@ -61,17 +61,6 @@ static int standin_open(standin_t *s)
     return s->calls && s->mappings && s->driver_us && s->reset && s->write ? 0 : -1;
 }
 
-static uint64_t peak_live(const trace_t *t)
-{
-    uint64_t live = 0, peak = 0;
-    for (size_t e = 0; e < t->nev; e++) {
-        live = t->ev[e].op == 'a' ? live + t->ev[e].size : live - t->ev[e].size;
-        if (live > peak)
-            peak = live;
-    }
-    return peak;
-}
-
 static int usage(void)
 {
     fprintf(stderr, "usage: tally-driver-cost [--conf KEYS] [--table] [--unannounced] TRACE.csv|DIR ... | --cost-table\n");
@@ -133,7 +122,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "tally-driver-cost: %s\n", err);
             return 1;
         }
-        uint64_t p = peak_live(&t);
+        uint64_t p = trace_peak_live(&t);
         peak = p > peak ? p : peak;
         trace_free(&t);
     }
@@ -210,7 +199,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "tally-driver-cost: %s: tally_check: %s\n", t.name, tally_last_error());
             return 1;
         }
-        uint64_t live = peak_live(&t);
+        uint64_t live = trace_peak_live(&t);
         long long backend = (long long)(s.num_device_alloc + s.num_device_free);
         if (table) {
             printf("| %s | %.1f | %.4f | %lld |", t.name, s.reserved_bytes[TALLY_POOL_ALL].peak / 1048576.0,

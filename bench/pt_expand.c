@@ -32,11 +32,7 @@ static int run(const char *path)
         fprintf(stderr, "pt-expand-model: %s\n", err);
         return 1;
     }
-    uint64_t live = 0, peak_live = 0;
-    for (size_t i = 0; i < t.nev; i++) {
-        live = t.ev[i].op == 'a' ? live + t.ev[i].size : live - t.ev[i].size;
-        peak_live = live > peak_live ? live : peak_live;
-    }
+    uint64_t peak_live = trace_peak_live(&t);
     ptx_opts_t o = {(uint64_t)80 << 30, 0};
     ptx_result_t r;
     if (ptx_replay(&t, &o, NULL, &r, NULL, err, sizeof err)) {

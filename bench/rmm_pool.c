@@ -33,13 +33,7 @@ static int run(const char *path)
         fprintf(stderr, "rmm-pool-model: %s\n", err);
         return 1;
     }
-    uint64_t live = 0, peak_live = 0;
-    for (size_t i = 0; i < t.nev; i++) {
-        if (t.ev[i].op == 'e')
-            continue;
-        live = t.ev[i].op == 'a' ? live + t.ev[i].size : live - t.ev[i].size;
-        peak_live = live > peak_live ? live : peak_live;
-    }
+    uint64_t peak_live = trace_peak_live(&t);
     rmm_opts_t o = {0, 0, CAPACITY};
     rmm_result_t r;
     if (rmm_replay(&t, &o, &r, NULL, err, sizeof err) || r.oom_event >= 0) {

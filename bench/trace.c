@@ -533,3 +533,16 @@ int trace_each_path(const char *prog, char **paths, int n, int (*run)(const char
     }
     return failures;
 }
+
+uint64_t trace_peak_live(const trace_t *t)
+{
+    uint64_t live = 0, peak = 0;
+    for (size_t e = 0; e < t->nev; e++) {
+        if (t->ev[e].op == 'e')
+            continue;
+        live = t->ev[e].op == 'a' ? live + t->ev[e].size : live - t->ev[e].size;
+        if (live > peak)
+            peak = live;
+    }
+    return peak;
+}

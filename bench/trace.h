@@ -87,6 +87,9 @@ int trace_dir_sizes(const char *dir, uint64_t **sizes, size_t *n, size_t *cap, c
  * 0 when the trace does not repeat. */
 size_t trace_period(const trace_t *t);
 
+/* The most bytes live at once over t (its allocations' sizes as asked). */
+uint64_t trace_peak_live(const trace_t *t);
+
 /* The .csv files of dir, sorted, as malloc'ed paths; returns the count or -1. */
 int trace_dir_list(const char *dir, char ***paths, char *err, size_t errlen);
 
