@@ -287,21 +287,6 @@ static void body_replay(int fd)
         NEED(tally__cu_vmm_mapped_bytes(0) == 0);
 }
 
-/* Peak live bytes of a trace: what its device must hold at least. */
-static uint64_t trace_peak_live(const trace_t *t)
-{
-    uint64_t live = 0, peak = 0;
-    for (size_t e = 0; e < t->nev; e++) {
-        if (t->ev[e].op == 'a')
-            live += t->ev[e].size;
-        else
-            live -= t->ev[e].size;
-        if (live > peak)
-            peak = live;
-    }
-    return peak;
-}
-
 /* The simulated device's size in GiB, from the traces: one and a half times
  * the largest peak live (room for rounding, splitting and the cache), and
  * never under 32 GiB, the size the older traces were checked at. Both the
